@@ -1,0 +1,620 @@
+//! The sans-IO decision core of one candidate: the client-go algorithm, driven by explicit time.
+//!
+//! [`Candidate`] never reads a clock and never does I/O. Its driver asks it what to do
+//! ([`Candidate::poll_action`]), performs the action on the lock, and feeds the result back
+//! ([`Candidate::on_read`], [`Candidate::on_write`], [`Candidate::on_change`]), passing the local
+//! monotonic time of each step. Leadership changes come out as [`Event`]s. Because time is an
+//! input, every timing rule is testable with virtual time, and the randomized simulation can give
+//! each candidate a clock running at its own rate.
+//!
+//! The rules, beyond client-go:
+//! - **S1 self-fencing**: leadership is valid until the *start* of the last successful renew plus
+//!   the renew deadline; past that instant [`Candidate::is_leader`] is `None` even before anyone
+//!   told the candidate anything.
+//! - **S2 terms**: every acquisition writes `leaderTransitions + 1`, also when this identity held
+//!   the lock before, so the term of each tenure is strictly greater than all earlier ones.
+//! - **S3 skew**: another holder's lease is counted from the local time at which this candidate
+//!   saw the record change, never from the timestamps inside it.
+//! - **Push**: with a watchable lock a follower makes no request until the exact moment the lease
+//!   runs out (or a change arrives); without one it polls every jittered retry period.
+//! - **Identities**: only a tenure this candidate acquired is its own. A record naming this
+//!   identity with another term (a restarted process, or a duplicate identity) is waited out
+//!   like any other holder's, because the two cannot be told apart.
+//! - **Corrupt records** are held by an unknown holder for one full lease from when they were
+//!   first seen, then taken over.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::clock::MonotonicTime;
+use crate::lock::{LockError, StoredRecord, Version};
+use crate::record::LeaderElectionRecord;
+use crate::term::Term;
+use crate::timing::Timing;
+
+/// What the driver must do next on the lock.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Read the record ([`crate::RecordLock::get`]), then call [`Candidate::on_read`].
+    Read,
+    /// Create the record, then call [`Candidate::on_write`].
+    Create(LeaderElectionRecord),
+    /// Replace the record if still at `expected`, then call [`Candidate::on_write`].
+    Update {
+        /// The version the record must still have.
+        expected: Version,
+        /// The new record.
+        record: LeaderElectionRecord,
+    },
+}
+
+/// Why a candidate stopped leading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// No renew succeeded within the renew deadline (store unreachable, slow, or this process was
+    /// paused): the candidate fenced itself.
+    RenewDeadlineExceeded,
+    /// The record now names another holder or tenure, or was deleted.
+    LockLost,
+    /// The user asked to resign or shut down.
+    SteppedDown,
+}
+
+/// A change the driver publishes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// This candidate became leader with this term.
+    StartedLeading {
+        /// The fencing term of the new tenure.
+        term: Term,
+    },
+    /// This candidate, which was leading, stopped.
+    StoppedLeading {
+        /// The term of the tenure that ended.
+        term: Term,
+        /// Why it ended.
+        reason: StopReason,
+    },
+    /// The holder seen in the lock changed (including to or from this candidate).
+    LeaderObserved {
+        /// The holder's identity; `None` when the lock is free, absent, or unreadable.
+        leader: Option<String>,
+        /// The holder's term, when the record is readable and held.
+        term: Option<Term>,
+    },
+}
+
+/// What this candidate does once it has released the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterRelease {
+    /// Stop for good (shutdown).
+    Stop,
+    /// Stay a candidate, but leave the lock to others for one lease (resign).
+    Campaign,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Campaigning,
+    /// Not leading any more but still holding (and renewing) the lock while the user's work stops.
+    Draining,
+    Releasing(AfterRelease),
+    Stopped,
+}
+
+#[derive(Debug, Clone)]
+struct Observed {
+    stored: Option<StoredRecord>,
+    seen_at: MonotonicTime,
+}
+
+#[derive(Debug, Clone)]
+struct OwnTenure {
+    term: Term,
+    acquire_time: Option<DateTime<Utc>>,
+    valid_until: MonotonicTime,
+    leading: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WriteKind {
+    Acquire,
+    Renew,
+    Release,
+}
+
+#[derive(Debug, Clone)]
+enum Pending {
+    Read,
+    Write { started: MonotonicTime, kind: WriteKind, record: LeaderElectionRecord },
+}
+
+/// How the observed record relates to this candidate.
+#[derive(Debug)]
+enum Holder {
+    Absent,
+    Free,
+    Ours,
+    Other { expires_at: MonotonicTime },
+}
+
+/// The decision state of one candidate in one election. See the module documentation.
+///
+/// ```
+/// use std::time::Duration;
+/// use tenure::{Action, Candidate, MonotonicTime, Timing};
+/// let mut c = Candidate::new("a", Timing::default(), true, 7);
+/// let t0 = MonotonicTime::ZERO;
+/// assert_eq!(c.poll_action(t0, chrono::Utc::now()), Some(Action::Read));
+/// c.on_read(t0, Ok(None));
+/// let Some(Action::Create(record)) = c.poll_action(t0, chrono::Utc::now()) else { panic!() };
+/// c.on_write(t0, Ok(tenure::Version("1".into())));
+/// assert_eq!(c.is_leader(t0), Some(tenure::Term(1)));
+/// assert_eq!(c.is_leader(t0 + Duration::from_secs(10)), None); // fenced at the renew deadline
+/// # let _ = record;
+/// ```
+#[derive(Debug)]
+pub struct Candidate {
+    identity: String,
+    timing: Timing,
+    has_watch: bool,
+    rng: SmallRng,
+    mode: Mode,
+    observed: Option<Observed>,
+    tenure: Option<OwnTenure>,
+    /// The term of the last tenure this candidate acquired; a record with it and our identity is ours.
+    last_own_term: Option<Term>,
+    highest_term_seen: Term,
+    pending: Option<Pending>,
+    needs_read: bool,
+    next_attempt: MonotonicTime,
+    /// After a resign, do not try to acquire before this instant.
+    hold_off_until: Option<MonotonicTime>,
+    published_holder: Option<(Option<String>, Option<Term>)>,
+    events: VecDeque<Event>,
+}
+
+impl Candidate {
+    /// A candidate named `identity`. `has_watch` says whether its lock pushes changes (then it
+    /// does not poll); `seed` makes the jitter of its retries reproducible.
+    pub fn new(identity: impl Into<String>, timing: Timing, has_watch: bool, seed: u64) -> Self {
+        Candidate {
+            identity: identity.into(),
+            timing,
+            has_watch,
+            rng: SmallRng::seed_from_u64(seed),
+            mode: Mode::Campaigning,
+            observed: None,
+            tenure: None,
+            last_own_term: None,
+            highest_term_seen: Term(0),
+            pending: None,
+            needs_read: true,
+            next_attempt: MonotonicTime::ZERO,
+            hold_off_until: None,
+            published_holder: None,
+            events: VecDeque::new(),
+        }
+    }
+
+    /// This candidate's identity.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// The timing it runs with.
+    pub fn timing(&self) -> &Timing {
+        &self.timing
+    }
+
+    /// The term of the current tenure if this candidate leads at `now` (S1: only until the start
+    /// of its last successful renew plus the renew deadline).
+    pub fn is_leader(&self, now: MonotonicTime) -> Option<Term> {
+        self.tenure
+            .as_ref()
+            .filter(|t| t.leading && now < t.valid_until)
+            .map(|t| t.term)
+    }
+
+    /// Until when the current leadership is valid, if this candidate leads.
+    pub fn leader_valid_until(&self) -> Option<MonotonicTime> {
+        self.tenure.as_ref().filter(|t| t.leading).map(|t| t.valid_until)
+    }
+
+    /// The holder seen in the lock: `None` when free, absent, unreadable or never read.
+    pub fn observed_leader(&self) -> Option<&str> {
+        match self.observed_record() {
+            Some(r) if !r.holder_identity.is_empty() => Some(r.holder_identity.as_str()),
+            _ => None,
+        }
+    }
+
+    /// The record last seen, if it was readable.
+    pub fn observed_record(&self) -> Option<&LeaderElectionRecord> {
+        self.observed.as_ref()?.stored.as_ref()?.record.as_ref().ok()
+    }
+
+    /// When the observed record last changed, on this candidate's clock.
+    pub fn observed_at(&self) -> Option<MonotonicTime> {
+        self.observed.as_ref().map(|o| o.seen_at)
+    }
+
+    /// True once the candidate has stopped for good (after a shutdown released the lock).
+    pub fn is_stopped(&self) -> bool {
+        self.mode == Mode::Stopped
+    }
+
+    /// True between a step-down and the end of the release (the lock may still be ours).
+    pub fn is_releasing(&self) -> bool {
+        matches!(self.mode, Mode::Draining | Mode::Releasing(_))
+    }
+
+    /// True when the record last seen holds this candidate's own tenure.
+    pub fn holds_lock(&self) -> bool {
+        matches!(self.classify(), Holder::Ours)
+    }
+
+    /// Schedules a fresh read now: changes may have been missed (a watch was re-opened).
+    pub fn resync(&mut self, now: MonotonicTime) {
+        self.needs_read = true;
+        self.next_attempt = self.next_attempt.min(now);
+    }
+
+    /// True while an action handed out by [`Candidate::poll_action`] awaits its result.
+    pub fn is_busy(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// The next leadership change to publish.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The instant at which the driver must call [`Candidate::poll_action`] again if nothing else
+    /// happens: the next attempt, or the self-fencing deadline.
+    pub fn next_wakeup(&self) -> Option<MonotonicTime> {
+        if self.mode == Mode::Stopped {
+            return None;
+        }
+        let fence = self.tenure.as_ref().map(|t| t.valid_until);
+        let attempt = if self.pending.is_some() { None } else { Some(self.next_attempt) };
+        match (fence, attempt) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Decides what to do at `now`. `None`: nothing until [`Candidate::next_wakeup`] or a result or
+    /// change arrives. `wall` only fills the informational times of the record.
+    pub fn poll_action(&mut self, now: MonotonicTime, wall: DateTime<Utc>) -> Option<Action> {
+        self.fence(now);
+        if self.pending.is_some() || self.mode == Mode::Stopped || now < self.next_attempt {
+            return None;
+        }
+        if self.needs_read || self.observed.is_none() {
+            self.pending = Some(Pending::Read);
+            return Some(Action::Read);
+        }
+        let holder = self.classify();
+        let may_acquire = self.mode == Mode::Campaigning && self.hold_off_until.map_or(true, |t| now >= t);
+        match (self.mode, holder) {
+            (Mode::Releasing(_), Holder::Ours) => {
+                let record = self.released_record(wall);
+                return self.write(now, WriteKind::Release, record);
+            }
+            (Mode::Releasing(after), _) => {
+                self.finish_release(now, after);
+                return None;
+            }
+            (_, Holder::Ours) if self.tenure.is_some() => {
+                let record = self.renewed_record(wall);
+                return self.write(now, WriteKind::Renew, record);
+            }
+            (_, Holder::Absent | Holder::Free | Holder::Ours) if may_acquire => {
+                let record = self.acquired_record(wall);
+                return self.write(now, WriteKind::Acquire, record);
+            }
+            (_, Holder::Other { expires_at }) if may_acquire && now >= expires_at => {
+                let record = self.acquired_record(wall);
+                return self.write(now, WriteKind::Acquire, record);
+            }
+            (_, Holder::Other { expires_at }) => {
+                // Wait for the exact moment the lease runs out; without notifications, look again
+                // every jittered retry period meanwhile.
+                let mut next = expires_at;
+                if let Some(hold) = self.hold_off_until.filter(|_| self.mode == Mode::Campaigning) {
+                    next = next.max(hold);
+                }
+                if !self.has_watch {
+                    let poll = now + self.jittered_retry();
+                    if poll < next {
+                        self.needs_read = true;
+                        next = poll;
+                    }
+                }
+                self.next_attempt = next;
+            }
+            (Mode::Campaigning, _) => {
+                // Held off after a resign: look again when the hold-off ends.
+                self.next_attempt = self.hold_off_until.unwrap_or(now).max(now + Duration::from_millis(1));
+                if !self.has_watch {
+                    self.needs_read = true;
+                }
+            }
+            _ => {
+                // Draining without a record of ours: nothing to renew, nothing to take.
+                self.next_attempt = now + self.timing.retry_period;
+            }
+        }
+        None
+    }
+
+    /// The result of an [`Action::Read`] that completed at `now`.
+    pub fn on_read(&mut self, now: MonotonicTime, result: Result<Option<StoredRecord>, LockError>) {
+        if matches!(self.pending, Some(Pending::Read)) {
+            self.pending = None;
+        }
+        match result {
+            Ok(stored) => {
+                self.needs_read = false;
+                self.observe(now, stored, true);
+                self.next_attempt = now;
+            }
+            Err(_) => {
+                self.needs_read = true;
+                self.next_attempt = now + self.failure_backoff();
+            }
+        }
+    }
+
+    /// The result of an [`Action::Create`] or [`Action::Update`] that completed at `now`.
+    pub fn on_write(&mut self, now: MonotonicTime, result: Result<Version, LockError>) {
+        let Some(Pending::Write { started, kind, record }) = self.pending.take() else {
+            return;
+        };
+        let version = match result {
+            Ok(version) => version,
+            Err(error) => {
+                self.needs_read = true;
+                self.next_attempt = if error.is_conflict() {
+                    if self.has_watch && self.tenure.is_none() {
+                        // The winner's record is on its way through the watch; read only if it
+                        // does not arrive within a retry period.
+                        now + self.timing.retry_period
+                    } else {
+                        now
+                    }
+                } else {
+                    now + self.failure_backoff()
+                };
+                return;
+            }
+        };
+        let term = Term(u64::try_from(record.leader_transitions).unwrap_or(0));
+        self.observed = Some(Observed {
+            stored: Some(StoredRecord { version, record: Ok(record.clone()) }),
+            seen_at: now,
+        });
+        self.note_term(term);
+        self.needs_read = false;
+        self.next_attempt = (started + self.timing.retry_period).max(now);
+        let valid_until = started + self.timing.renew_deadline;
+        match kind {
+            WriteKind::Acquire => {
+                self.last_own_term = Some(term);
+                let leading = self.mode == Mode::Campaigning && now < valid_until;
+                self.tenure = Some(OwnTenure { term, acquire_time: record.acquire_time, valid_until, leading });
+                if leading {
+                    self.events.push_back(Event::StartedLeading { term });
+                }
+            }
+            WriteKind::Renew => {
+                if let Some(tenure) = self.tenure.as_mut().filter(|t| t.term == term) {
+                    tenure.valid_until = tenure.valid_until.max(valid_until);
+                }
+            }
+            WriteKind::Release => {
+                self.tenure = None;
+                if let Mode::Releasing(after) = self.mode {
+                    self.finish_release(now, after);
+                }
+            }
+        }
+        self.publish_holder();
+    }
+
+    /// A change pushed by the lock's watch, received at `now`.
+    pub fn on_change(&mut self, now: MonotonicTime, stored: Option<StoredRecord>) {
+        self.observe(now, stored, false);
+    }
+
+    /// Stops leading now but keeps holding (and renewing) the lock, so that nobody else starts
+    /// leading while the user's work finishes. Follow with [`Candidate::release`].
+    pub fn step_down(&mut self, _now: MonotonicTime) {
+        if self.mode == Mode::Campaigning {
+            self.mode = Mode::Draining;
+        }
+        self.stop_leading(StopReason::SteppedDown);
+    }
+
+    /// Writes the release (holder cleared, `leaseDurationSeconds: 1`) if the lock still holds
+    /// this candidate's tenure, then stops or campaigns again as `after` says.
+    pub fn release(&mut self, now: MonotonicTime, after: AfterRelease) {
+        self.step_down(now);
+        if self.mode != Mode::Stopped {
+            self.mode = Mode::Releasing(after);
+            self.next_attempt = now;
+        }
+    }
+
+    /// Forgets any in-flight action, as if its reply was lost (used when the driver gives up on a
+    /// call that timed out).
+    pub fn abandon_pending(&mut self, now: MonotonicTime) {
+        if self.pending.take().is_some() {
+            self.needs_read = true;
+            self.next_attempt = now;
+        }
+    }
+
+    fn finish_release(&mut self, now: MonotonicTime, after: AfterRelease) {
+        self.tenure = None;
+        match after {
+            AfterRelease::Stop => self.mode = Mode::Stopped,
+            AfterRelease::Campaign => {
+                self.mode = Mode::Campaigning;
+                self.hold_off_until = Some(now + self.timing.lease_duration);
+                self.next_attempt = now;
+            }
+        }
+    }
+
+    fn fence(&mut self, now: MonotonicTime) {
+        if let Some(tenure) = &self.tenure {
+            if now >= tenure.valid_until {
+                self.stop_leading(StopReason::RenewDeadlineExceeded);
+                self.tenure = None;
+            }
+        }
+    }
+
+    fn stop_leading(&mut self, reason: StopReason) {
+        if let Some(tenure) = self.tenure.as_mut().filter(|t| t.leading) {
+            tenure.leading = false;
+            self.events.push_back(Event::StoppedLeading { term: tenure.term, reason });
+        }
+    }
+
+    fn observe(&mut self, now: MonotonicTime, stored: Option<StoredRecord>, authoritative: bool) {
+        let same_version = matches!(
+            (&self.observed, &stored),
+            (Some(Observed { stored: Some(old), .. }), Some(new)) if old.version == new.version
+        ) || matches!((&self.observed, &stored), (Some(Observed { stored: None, .. }), None));
+        if same_version {
+            return;
+        }
+        let ours = self.is_own_tenure(stored.as_ref());
+        if self.tenure.is_some() && !ours {
+            if !authoritative {
+                // A watch may deliver an event older than our last write; confirm with a read
+                // before giving up a tenure.
+                self.needs_read = true;
+                self.next_attempt = now;
+                return;
+            }
+            self.stop_leading(StopReason::LockLost);
+            self.tenure = None;
+        }
+        if let Some(Ok(record)) = stored.as_ref().map(|s| &s.record) {
+            self.note_term(Term(u64::try_from(record.leader_transitions).unwrap_or(0)));
+        }
+        self.observed = Some(Observed { stored, seen_at: now });
+        if !authoritative && self.pending.is_none() {
+            // Fresh news: decide again now rather than at the next poll.
+            self.needs_read = false;
+            self.next_attempt = now;
+        }
+        self.publish_holder();
+    }
+
+    fn publish_holder(&mut self) {
+        let (leader, term) = match self.observed_record() {
+            Some(r) if !r.holder_identity.is_empty() => (
+                Some(r.holder_identity.clone()),
+                Some(Term(u64::try_from(r.leader_transitions).unwrap_or(0))),
+            ),
+            _ => (None, None),
+        };
+        let current = (leader, term);
+        if self.published_holder.as_ref() != Some(&current) {
+            self.published_holder = Some(current.clone());
+            self.events.push_back(Event::LeaderObserved { leader: current.0, term: current.1 });
+        }
+    }
+
+    fn is_own_tenure(&self, stored: Option<&StoredRecord>) -> bool {
+        match (stored.map(|s| &s.record), self.last_own_term) {
+            (Some(Ok(r)), Some(own)) => {
+                r.holder_identity == self.identity && u64::try_from(r.leader_transitions).ok() == Some(own.0)
+            }
+            _ => false,
+        }
+    }
+
+    fn classify(&self) -> Holder {
+        let Some(observed) = &self.observed else { return Holder::Absent };
+        let Some(stored) = &observed.stored else { return Holder::Absent };
+        if self.is_own_tenure(Some(stored)) {
+            return Holder::Ours;
+        }
+        let lease = match &stored.record {
+            Ok(r) if r.holder_identity.is_empty() => return Holder::Free,
+            Ok(r) => Duration::from_secs(u64::try_from(r.lease_duration_seconds).unwrap_or(0)),
+            // Unknown holder: respect one full lease of our own configuration.
+            Err(_) => self.timing.lease_duration,
+        };
+        Holder::Other { expires_at: observed.seen_at + lease }
+    }
+
+    fn write(&mut self, now: MonotonicTime, kind: WriteKind, record: LeaderElectionRecord) -> Option<Action> {
+        let expected = self.observed.as_ref().and_then(|o| o.stored.as_ref()).map(|s| s.version.clone());
+        self.pending = Some(Pending::Write { started: now, kind, record: record.clone() });
+        Some(match expected {
+            Some(expected) => Action::Update { expected, record },
+            None => Action::Create(record),
+        })
+    }
+
+    fn acquired_record(&self, wall: DateTime<Utc>) -> LeaderElectionRecord {
+        let observed = self.observed_record().map_or(0, |r| r.leader_transitions.max(0) as u64);
+        let term = Term(observed.max(self.highest_term_seen.0)).next();
+        LeaderElectionRecord {
+            holder_identity: self.identity.clone(),
+            lease_duration_seconds: i64::from(self.timing.lease_seconds()),
+            acquire_time: Some(wall),
+            renew_time: Some(wall),
+            leader_transitions: i64::try_from(term.0).unwrap_or(i64::MAX),
+        }
+    }
+
+    fn renewed_record(&self, wall: DateTime<Utc>) -> LeaderElectionRecord {
+        let term = self.tenure.as_ref().map_or(Term(0), |t| t.term);
+        LeaderElectionRecord {
+            holder_identity: self.identity.clone(),
+            lease_duration_seconds: i64::from(self.timing.lease_seconds()),
+            acquire_time: self.tenure.as_ref().and_then(|t| t.acquire_time),
+            renew_time: Some(wall),
+            leader_transitions: i64::try_from(term.0).unwrap_or(i64::MAX),
+        }
+    }
+
+    fn released_record(&self, wall: DateTime<Utc>) -> LeaderElectionRecord {
+        LeaderElectionRecord {
+            holder_identity: String::new(),
+            lease_duration_seconds: 1,
+            acquire_time: Some(wall),
+            renew_time: Some(wall),
+            leader_transitions: self.observed_record().map_or(0, |r| r.leader_transitions),
+        }
+    }
+
+    fn note_term(&mut self, term: Term) {
+        self.highest_term_seen = self.highest_term_seen.max(term);
+    }
+
+    fn jittered_retry(&mut self) -> Duration {
+        let spread = self.rng.gen::<f64>() * self.timing.jitter_factor;
+        self.timing.retry_period.mul_f64(1.0 + spread)
+    }
+
+    fn failure_backoff(&mut self) -> Duration {
+        if self.tenure.is_some() {
+            self.timing.retry_period
+        } else {
+            self.jittered_retry()
+        }
+    }
+}

@@ -1,0 +1,462 @@
+//! The async driver: runs a [`Candidate`] against a [`RecordLock`] on tokio, and the [`Elector`]
+//! handle users hold.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, timeout, Instant};
+
+use crate::candidate::{Action, AfterRelease, Candidate, Event, StopReason};
+use crate::clock::MonotonicTime;
+use crate::leadership::{Leadership, Publisher, Role, Subscriber, Tenure};
+use crate::lock::{ChangeStream, LockError, RecordLock, StoredRecord, Version};
+use crate::term::Term;
+use crate::timing::{Timing, TimingError};
+
+/// Why an elector could not be built or used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ElectorError {
+    /// The identity is empty; candidates must be told apart.
+    #[error("the identity of a candidate must not be empty")]
+    EmptyIdentity,
+    /// The timing breaks a rule (see [`Timing::validate`]).
+    #[error("invalid timing: {0}")]
+    Timing(#[from] TimingError),
+    /// The elector's task is gone (it was shut down).
+    #[error("the elector has stopped")]
+    Stopped,
+    /// Shutdown gave up before the release was written; followers take over when the lease ends.
+    #[error("the lock could not be released in time; followers take over when the lease runs out")]
+    ReleaseTimedOut,
+}
+
+/// Builds an [`Elector`].
+///
+/// ```
+/// # async fn f() -> Result<(), tenure::ElectorError> {
+/// use std::time::Duration;
+/// use tenure::{locks::memory::MemoryStore, Elector, Timing};
+/// let store = MemoryStore::new();
+/// let elector = Elector::builder("replica-a", store.client("replica-a"))
+///     .timing(Timing::from_ttl(Duration::from_secs(5))?)
+///     .drain_timeout(Duration::from_secs(3))
+///     .spawn()?;
+/// let tenure = elector.acquired().await?;
+/// println!("leading with term {}", tenure.term());
+/// drop(tenure);
+/// elector.shutdown().await?;
+/// # Ok(()) }
+/// ```
+pub struct ElectorBuilder {
+    identity: String,
+    lock: Arc<dyn RecordLock>,
+    timing: Timing,
+    drain_timeout: Duration,
+    seed: Option<u64>,
+}
+
+impl ElectorBuilder {
+    /// The election timing; client-go's defaults if not set.
+    pub fn timing(mut self, timing: Timing) -> Self {
+        self.timing = timing;
+        self
+    }
+
+    /// How long a resign or shutdown waits for the [`Tenure`] guards of the ending term to be
+    /// dropped before it releases the lock anyway. Default: the renew deadline.
+    pub fn drain_timeout(mut self, drain_timeout: Duration) -> Self {
+        self.drain_timeout = drain_timeout;
+        self
+    }
+
+    /// Seeds the retry jitter, for reproducible tests.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Validates the configuration and starts campaigning on the current tokio runtime.
+    pub fn spawn(self) -> Result<Elector, ElectorError> {
+        if self.identity.is_empty() {
+            return Err(ElectorError::EmptyIdentity);
+        }
+        self.timing.validate()?;
+        let has_watch = self.lock.watch();
+        let seed = self.seed.unwrap_or_else(rand::random);
+        let candidate = Candidate::new(self.identity.clone(), self.timing, has_watch.is_some(), seed);
+        let (publisher, subscriber) = Publisher::new();
+        let (commands, command_rx) = mpsc::channel(8);
+        let driver = Driver {
+            origin: Instant::now(),
+            candidate,
+            lock: self.lock,
+            publisher,
+            drain_timeout: self.drain_timeout,
+            changes: has_watch,
+            reopen_watch_at: None,
+        };
+        let task = tokio::spawn(driver.run(command_rx));
+        Ok(Elector {
+            identity: self.identity,
+            timing: self.timing,
+            subscriber,
+            commands,
+            task: Some(task),
+        })
+    }
+}
+
+/// A running candidate in one election.
+///
+/// Why a handle with a background task: leadership must be renewed on time whatever the user's
+/// code is doing, and followers must react to changes the moment they happen. Dropping the handle
+/// shuts the elector down (releasing the lock) in the background; call [`Elector::shutdown`] to
+/// wait for the release.
+pub struct Elector {
+    identity: String,
+    timing: Timing,
+    subscriber: Subscriber,
+    commands: mpsc::Sender<Command>,
+    task: Option<JoinHandle<()>>,
+}
+
+enum Command {
+    Resign(oneshot::Sender<Result<(), ElectorError>>),
+    Shutdown(oneshot::Sender<Result<(), ElectorError>>),
+}
+
+impl Elector {
+    /// Starts building a candidate named `identity` on `lock`.
+    pub fn builder(identity: impl Into<String>, lock: impl RecordLock) -> ElectorBuilder {
+        let timing = Timing::default();
+        ElectorBuilder {
+            identity: identity.into(),
+            lock: Arc::new(lock),
+            timing,
+            drain_timeout: timing.renew_deadline,
+            seed: None,
+        }
+    }
+
+    /// This candidate's identity.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// The timing it runs with.
+    pub fn timing(&self) -> &Timing {
+        &self.timing
+    }
+
+    /// A receiver that wakes on every change of leader, term or role.
+    pub fn subscribe(&self) -> watch::Receiver<Leadership> {
+        self.subscriber.leadership()
+    }
+
+    /// The latest leadership snapshot.
+    pub fn leadership(&self) -> Leadership {
+        self.subscriber.current()
+    }
+
+    /// The current term if this instance leads right now, checked against the self-fencing
+    /// deadline on the local clock. Cheap: no I/O.
+    pub fn is_leader(&self) -> Option<Term> {
+        self.subscriber.tenure().map(|t| t.term())
+    }
+
+    /// A guard for the current tenure, if this instance leads.
+    pub fn tenure(&self) -> Option<Tenure> {
+        self.subscriber.tenure()
+    }
+
+    /// Waits until this instance leads and returns the guard of its tenure.
+    pub async fn acquired(&self) -> Result<Tenure, ElectorError> {
+        self.subscriber.acquired().await.ok_or(ElectorError::Stopped)
+    }
+
+    /// Gives up leadership if held: ends the tenure, waits for its guards (up to the drain
+    /// timeout), releases the lock so another candidate takes over at once, and stays a candidate
+    /// that will not take the lock back for one lease unless nobody else does.
+    pub async fn resign(&self) -> Result<(), ElectorError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands.send(Command::Resign(reply)).await.map_err(|_| ElectorError::Stopped)?;
+        answer.await.map_err(|_| ElectorError::Stopped)?
+    }
+
+    /// Stops: ends the tenure if leading, waits for its guards (up to the drain timeout), writes
+    /// the release, and ends the background task.
+    pub async fn shutdown(mut self) -> Result<(), ElectorError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands.send(Command::Shutdown(reply)).await.map_err(|_| ElectorError::Stopped)?;
+        let result = answer.await.map_err(|_| ElectorError::Stopped)?;
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        result
+    }
+}
+
+impl Drop for Elector {
+    fn drop(&mut self) {
+        // The driver sees its command channel close and shuts down, releasing the lock.
+    }
+}
+
+type OpFuture = Pin<Box<dyn Future<Output = OpResult> + Send>>;
+
+enum OpResult {
+    Read(Result<Option<StoredRecord>, LockError>),
+    Write(Result<Version, LockError>),
+}
+
+type Reply = Option<oneshot::Sender<Result<(), ElectorError>>>;
+
+/// A resign or shutdown in progress.
+struct Stopping {
+    after: AfterRelease,
+    stage: StopStage,
+    reply: Reply,
+}
+
+enum StopStage {
+    /// Waiting for the guards of the ended tenure to be dropped.
+    Draining { deadline: Instant },
+    /// The release write is under way.
+    Releasing { deadline: Instant },
+}
+
+/// Why the driver woke up.
+enum Wake {
+    Op(OpResult),
+    Timer,
+    Change(Option<Result<Option<StoredRecord>, LockError>>),
+    ReopenWatch,
+    Command(Option<Command>),
+    Drained,
+}
+
+struct Driver {
+    origin: Instant,
+    candidate: Candidate,
+    lock: Arc<dyn RecordLock>,
+    publisher: Publisher,
+    drain_timeout: Duration,
+    changes: Option<ChangeStream>,
+    reopen_watch_at: Option<Instant>,
+}
+
+impl Driver {
+    fn now(&self) -> MonotonicTime {
+        MonotonicTime(self.origin.elapsed())
+    }
+
+    fn instant(&self, time: MonotonicTime) -> Instant {
+        self.origin + time.0
+    }
+
+    async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        tracing::debug!(identity = self.candidate.identity(), lock = %self.lock.describe(), "campaigning");
+        let mut op: Option<OpFuture> = None;
+        let mut stopping: Option<Stopping> = None;
+        let mut commands_open = true;
+        let mut drained: Option<Pin<Box<dyn Future<Output = ()> + Send>>> = None;
+        loop {
+            let now = self.now();
+            let action = self.candidate.poll_action(now, chrono::Utc::now());
+            if let Some(action) = action {
+                op = Some(self.start(action));
+            }
+            self.publish();
+
+            if let Some(stop) = stopping.as_mut() {
+                if let StopStage::Releasing { deadline } = stop.stage {
+                    let done = match stop.after {
+                        AfterRelease::Stop => self.candidate.is_stopped(),
+                        AfterRelease::Campaign => !self.candidate.is_releasing(),
+                    };
+                    if done || Instant::now() >= deadline {
+                        let result = if done { Ok(()) } else { Err(ElectorError::ReleaseTimedOut) };
+                        if let Some(reply) = stop.reply.take() {
+                            let _ = reply.send(result);
+                        }
+                        if stop.after == AfterRelease::Stop {
+                            break;
+                        }
+                        stopping = None;
+                    }
+                }
+            }
+
+            let mut timer = self.candidate.next_wakeup().map(|t| self.instant(t));
+            if let Some(stop) = &stopping {
+                let deadline = match stop.stage {
+                    StopStage::Draining { deadline } | StopStage::Releasing { deadline } => deadline,
+                };
+                timer = Some(timer.map_or(deadline, |t| t.min(deadline)));
+            }
+            let reopen_at = self.reopen_watch_at;
+            let wake = tokio::select! {
+                result = async { op.as_mut().expect("guarded by precondition").await }, if op.is_some() => Wake::Op(result),
+                _ = sleep_until(timer.unwrap_or_else(Instant::now)), if timer.is_some() => Wake::Timer,
+                item = next_change(&mut self.changes) => Wake::Change(item),
+                _ = sleep_until(reopen_at.unwrap_or_else(Instant::now)), if reopen_at.is_some() => Wake::ReopenWatch,
+                command = commands.recv(), if commands_open && stopping.is_none() => Wake::Command(command),
+                _ = async { drained.as_mut().expect("guarded by precondition").await }, if drained.is_some() => Wake::Drained,
+            };
+
+            let now = self.now();
+            match wake {
+                Wake::Op(result) => {
+                    op = None;
+                    match result {
+                        OpResult::Read(result) => {
+                            if let Err(error) = &result {
+                                tracing::warn!(identity = self.candidate.identity(), %error, "reading the lock failed");
+                            }
+                            self.candidate.on_read(now, result)
+                        }
+                        OpResult::Write(result) => {
+                            match &result {
+                                Err(error) if !error.is_conflict() => {
+                                    tracing::warn!(identity = self.candidate.identity(), %error, "writing the lock failed")
+                                }
+                                _ => {}
+                            }
+                            self.candidate.on_write(now, result)
+                        }
+                    }
+                }
+                Wake::Timer => {}
+                Wake::Change(Some(Ok(stored))) => self.candidate.on_change(now, stored),
+                Wake::Change(Some(Err(error))) => {
+                    tracing::warn!(identity = self.candidate.identity(), %error, "watch of the lock failed; reopening");
+                    self.changes = None;
+                    self.reopen_watch_at = Some(Instant::now() + self.candidate.timing().retry_period);
+                }
+                Wake::Change(None) => {
+                    self.changes = None;
+                    self.reopen_watch_at = Some(Instant::now() + self.candidate.timing().retry_period);
+                }
+                Wake::ReopenWatch => {
+                    self.reopen_watch_at = None;
+                    self.changes = self.lock.watch();
+                    // Changes may have been missed while the watch was down.
+                    self.candidate.resync(now);
+                }
+                Wake::Command(command) => {
+                    let (after, reply) = match command {
+                        Some(Command::Resign(reply)) => (AfterRelease::Campaign, Some(reply)),
+                        Some(Command::Shutdown(reply)) => (AfterRelease::Stop, Some(reply)),
+                        None => {
+                            commands_open = false;
+                            (AfterRelease::Stop, None)
+                        }
+                    };
+                    self.candidate.step_down(now);
+                    self.publish();
+                    drained = Some(Box::pin(self.publisher.wait_for_ended_tenures()));
+                    let deadline = Instant::now() + self.drain_timeout;
+                    stopping = Some(Stopping { after, stage: StopStage::Draining { deadline }, reply });
+                }
+                Wake::Drained => drained = None,
+            }
+
+            // Move from draining to releasing once the guards are gone or the drain timed out.
+            if let Some(stop) = stopping.as_mut() {
+                if let StopStage::Draining { deadline } = stop.stage {
+                    if drained.is_none() || Instant::now() >= deadline {
+                        drained = None;
+                        self.candidate.release(self.now(), stop.after);
+                        let deadline = Instant::now() + self.candidate.timing().renew_deadline;
+                        stop.stage = StopStage::Releasing { deadline };
+                    }
+                }
+            }
+        }
+        self.publisher.end_tenure();
+        self.publish();
+        tracing::debug!(identity = self.candidate.identity(), "stopped");
+    }
+}
+
+impl Driver {
+    fn start(&self, action: Action) -> OpFuture {
+        let lock = self.lock.clone();
+        let limit = self.candidate.timing().call_timeout;
+        match action {
+            Action::Read => Box::pin(async move {
+                OpResult::Read(timeout(limit, lock.get()).await.unwrap_or(Err(LockError::Timeout(limit))))
+            }),
+            Action::Create(record) => Box::pin(async move {
+                OpResult::Write(timeout(limit, lock.create(&record)).await.unwrap_or(Err(LockError::Timeout(limit))))
+            }),
+            Action::Update { expected, record } => Box::pin(async move {
+                OpResult::Write(
+                    timeout(limit, lock.update(&expected, &record)).await.unwrap_or(Err(LockError::Timeout(limit))),
+                )
+            }),
+        }
+    }
+
+    /// Turns the candidate's events into log lines, tenure guards and a leadership snapshot.
+    fn publish(&mut self) {
+        let identity = self.candidate.identity().to_owned();
+        while let Some(event) = self.candidate.poll_event() {
+            match event {
+                Event::StartedLeading { term } => {
+                    let valid_until = self.candidate.leader_valid_until().unwrap_or_default();
+                    self.publisher.start_tenure(term, self.instant(valid_until));
+                    tracing::info!(identity = %identity, term = term.0, "started leading");
+                }
+                Event::StoppedLeading { term, reason } => {
+                    self.publisher.end_tenure();
+                    let reason = match reason {
+                        StopReason::RenewDeadlineExceeded => "renew deadline exceeded",
+                        StopReason::LockLost => "lock taken by another holder or deleted",
+                        StopReason::SteppedDown => "stepped down",
+                    };
+                    tracing::info!(identity = %identity, term = term.0, reason, "stopped leading");
+                }
+                Event::LeaderObserved { leader, term } => {
+                    tracing::info!(
+                        identity = %identity,
+                        leader = leader.as_deref().unwrap_or(""),
+                        term = term.map(|t| t.0),
+                        "leader observed"
+                    );
+                }
+            }
+        }
+        self.publisher.prune_ended();
+        if let Some(valid_until) = self.candidate.leader_valid_until() {
+            self.publisher.extend_tenure(self.instant(valid_until));
+        }
+        let now = self.now();
+        let role = if self.candidate.is_leader(now).is_some() {
+            Role::Leader
+        } else if self.candidate.is_releasing() && self.candidate.holds_lock() {
+            Role::Releasing
+        } else {
+            Role::Follower
+        };
+        let record = self.candidate.observed_record().filter(|r| !r.holder_identity.is_empty());
+        self.publisher.publish(Leadership {
+            leader: record.map(|r| r.holder_identity.clone()),
+            term: record.map(|r| Term(u64::try_from(r.leader_transitions).unwrap_or(0))),
+            role,
+        });
+    }
+}
+
+/// The next change from the lock's watch; pending forever when there is no watch.
+async fn next_change(changes: &mut Option<ChangeStream>) -> Option<Result<Option<StoredRecord>, LockError>> {
+    match changes {
+        Some(stream) => stream.next().await,
+        None => std::future::pending().await,
+    }
+}

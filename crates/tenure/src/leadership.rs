@@ -1,0 +1,272 @@
+//! What an elector tells its users: who leads, whether it is us, with which term, and a guard to
+//! check before every side effect. Every backend (record locks, etcd, ZooKeeper) publishes these
+//! same types through a [`Publisher`], so everything above the backends is backend-agnostic.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::term::Term;
+
+/// This instance's part in the election.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Role {
+    /// This instance leads (its self-fencing deadline has not passed).
+    Leader,
+    /// Another instance leads, or nobody does and this one is trying.
+    Follower,
+    /// This instance stopped leading and still holds the lock while its work stops, before it
+    /// releases the lock (resign or shutdown).
+    Releasing,
+}
+
+/// A snapshot of the election as one instance sees it, published on a `tokio::sync::watch`
+/// channel whenever the leader, the term or this instance's role changes (not on every renew).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Leadership {
+    /// Identity of the holder of the lock, `None` when it is free or unknown.
+    pub leader: Option<String>,
+    /// Term of the holder's tenure, when known.
+    pub term: Option<Term>,
+    /// This instance's role.
+    pub role: Role,
+}
+
+impl Leadership {
+    /// Nothing known yet: the state before the first read of the lock.
+    pub fn unknown() -> Self {
+        Leadership { leader: None, term: None, role: Role::Follower }
+    }
+
+    /// True when this snapshot says this instance leads.
+    pub fn is_leader(&self) -> bool {
+        self.role == Role::Leader
+    }
+}
+
+/// The error returned by [`Tenure::check`] once the tenure is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("leadership of term {term} has ended")]
+pub struct NotLeader {
+    /// The term that ended.
+    pub term: Term,
+}
+
+#[derive(Debug)]
+struct TenureShared {
+    term: Term,
+    valid_until: Mutex<Instant>,
+    ended: CancellationToken,
+    guards: AtomicUsize,
+    all_dropped: Notify,
+}
+
+/// Proof of one tenure, to hold while doing leader work and to check before each side effect.
+///
+/// Why a guard rather than a flag: a graceful handover releases the lock only after every
+/// `Tenure` of the ending term has been dropped (or a deadline passed), so the next leader never
+/// overlaps with work this instance is still finishing.
+///
+/// ```no_run
+/// # async fn f(elector: tenure::Elector) -> Result<(), Box<dyn std::error::Error>> {
+/// let tenure = elector.acquired().await?;
+/// while tenure.is_valid() {
+///     let term = tenure.check()?;        // cheap: no I/O
+///     // write to the protected resource with `term` as fencing token
+/// #   let _ = term; break;
+/// }
+/// drop(tenure);                          // lets a graceful release proceed
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Tenure {
+    shared: Arc<TenureShared>,
+}
+
+impl Tenure {
+    /// The fencing term of this tenure.
+    pub fn term(&self) -> Term {
+        self.shared.term
+    }
+
+    /// True while the tenure lasts: not ended by the elector and within its self-fencing deadline
+    /// on the local monotonic clock (so a process resumed after a long pause sees `false` at once).
+    pub fn is_valid(&self) -> bool {
+        !self.shared.ended.is_cancelled() && Instant::now() < self.valid_until()
+    }
+
+    /// The term if the tenure is still valid: call before a side effect.
+    pub fn check(&self) -> Result<Term, NotLeader> {
+        if self.is_valid() {
+            Ok(self.shared.term)
+        } else {
+            Err(NotLeader { term: self.shared.term })
+        }
+    }
+
+    /// The instant at which the tenure ends unless the next renew succeeds.
+    pub fn valid_until(&self) -> Instant {
+        *self.shared.valid_until.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Completes when the tenure ends (lost, self-fenced, resigned or shut down).
+    pub async fn ended(&self) {
+        self.shared.ended.cancelled().await
+    }
+
+    /// A token cancelled when the tenure ends, to hand to tasks that take one.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.shared.ended.child_token()
+    }
+}
+
+impl Clone for Tenure {
+    fn clone(&self) -> Self {
+        Tenure::from_shared(self.shared.clone())
+    }
+}
+
+impl Drop for Tenure {
+    fn drop(&mut self) {
+        if self.shared.guards.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.shared.all_dropped.notify_waiters();
+        }
+    }
+}
+
+impl Tenure {
+    fn from_shared(shared: Arc<TenureShared>) -> Self {
+        shared.guards.fetch_add(1, Ordering::AcqRel);
+        Tenure { shared }
+    }
+}
+
+/// The publishing side that an elector's driver owns: it turns the driver's view into
+/// [`Leadership`] snapshots and [`Tenure`] guards. Public so that native electors (etcd,
+/// ZooKeeper) publish exactly what record-lock electors publish.
+#[derive(Debug)]
+pub struct Publisher {
+    leadership: watch::Sender<Leadership>,
+    current: watch::Sender<Option<Arc<TenureShared>>>,
+    ending: Vec<Arc<TenureShared>>,
+}
+
+/// The receiving side, held by the [`crate::Elector`] handle.
+#[derive(Debug, Clone)]
+pub struct Subscriber {
+    leadership: watch::Receiver<Leadership>,
+    current: watch::Receiver<Option<Arc<TenureShared>>>,
+}
+
+impl Publisher {
+    /// A publisher and the subscriber half that handles give to users.
+    pub fn new() -> (Publisher, Subscriber) {
+        let (leadership, leadership_rx) = watch::channel(Leadership::unknown());
+        let (current, current_rx) = watch::channel(None);
+        (
+            Publisher { leadership, current, ending: Vec::new() },
+            Subscriber { leadership: leadership_rx, current: current_rx },
+        )
+    }
+
+    /// Publishes a snapshot; subscribers wake only if it differs from the last one.
+    pub fn publish(&self, leadership: Leadership) {
+        self.leadership.send_if_modified(|old| {
+            if *old == leadership {
+                false
+            } else {
+                *old = leadership;
+                true
+            }
+        });
+    }
+
+    /// Starts a tenure: guards handed out from now on carry `term`.
+    pub fn start_tenure(&mut self, term: Term, valid_until: Instant) {
+        self.end_tenure();
+        let shared = Arc::new(TenureShared {
+            term,
+            valid_until: Mutex::new(valid_until),
+            ended: CancellationToken::new(),
+            guards: AtomicUsize::new(0),
+            all_dropped: Notify::new(),
+        });
+        self.current.send_replace(Some(shared));
+    }
+
+    /// Moves the self-fencing deadline of the current tenure after a successful renew.
+    pub fn extend_tenure(&self, valid_until: Instant) {
+        if let Some(shared) = self.current.borrow().as_ref() {
+            *shared.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = valid_until;
+        }
+    }
+
+    /// Ends the current tenure: its guards turn invalid and `ended()` completes.
+    pub fn end_tenure(&mut self) {
+        if let Some(shared) = self.current.send_replace(None) {
+            shared.ended.cancel();
+            self.ending.push(shared);
+        }
+    }
+
+    /// A future that completes once every guard of every tenure ended so far has been dropped.
+    pub fn wait_for_ended_tenures(&mut self) -> impl Future<Output = ()> + Send + 'static {
+        let ending = std::mem::take(&mut self.ending);
+        async move {
+            for shared in ending {
+                loop {
+                    let notified = shared.all_dropped.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    if shared.guards.load(Ordering::Acquire) == 0 {
+                        break;
+                    }
+                    notified.await;
+                }
+            }
+        }
+    }
+
+    /// Forgets ended tenures whose guards are all gone (keeps the list short).
+    pub fn prune_ended(&mut self) {
+        self.ending.retain(|s| s.guards.load(Ordering::Acquire) > 0);
+    }
+}
+
+impl Subscriber {
+    /// A receiver of leadership snapshots.
+    pub fn leadership(&self) -> watch::Receiver<Leadership> {
+        self.leadership.clone()
+    }
+
+    /// The latest snapshot.
+    pub fn current(&self) -> Leadership {
+        self.leadership.borrow().clone()
+    }
+
+    /// A guard for the current tenure, if this instance leads.
+    pub fn tenure(&self) -> Option<Tenure> {
+        let shared = self.current.borrow().clone()?;
+        let tenure = Tenure::from_shared(shared);
+        tenure.is_valid().then_some(tenure)
+    }
+
+    /// Waits until this instance leads, then returns a guard; `None` if the elector stopped.
+    pub async fn acquired(&self) -> Option<Tenure> {
+        let mut current = self.current.clone();
+        loop {
+            if let Some(shared) = current.borrow_and_update().clone() {
+                let tenure = Tenure::from_shared(shared);
+                if tenure.is_valid() {
+                    return Some(tenure);
+                }
+            }
+            current.changed().await.ok()?;
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! Record locks that need no server.
+
+pub mod memory;

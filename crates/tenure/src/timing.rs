@@ -1,0 +1,232 @@
+//! Timing of an election: how long a lease lasts, when a leader gives up renewing, how often
+//! candidates retry. The defaults and the validation rules are client-go's, so a Tenure
+//! candidate and a client-go candidate configured alike behave alike on the same lock.
+
+use std::time::Duration;
+
+/// client-go's `JitterFactor`: a polling candidate waits between `retry` and `(1 + 1.2) * retry`.
+pub const DEFAULT_JITTER_FACTOR: f64 = 1.2;
+
+/// The timing rules of one election.
+///
+/// Why these three numbers: a follower may take the lock `lease_duration` after it saw the
+/// record change; the leader stops believing it leads `renew_deadline` after the *start* of
+/// its last successful renew (self-fencing, invariant S1). Because `renew_deadline <
+/// lease_duration`, the old leader has stopped before anybody may take over, as long as the two
+/// clocks run at rates within [`Timing::max_clock_drift`] of each other.
+///
+/// ```
+/// use std::time::Duration;
+/// use tenure::Timing;
+/// let timing = Timing::from_ttl(Duration::from_secs(5)).unwrap();
+/// assert_eq!(timing.renew_deadline, Duration::from_millis(2500));
+/// assert!(Timing::new(Duration::from_secs(5), Duration::from_secs(6), Duration::from_secs(1)).is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    /// How long followers wait, from the moment they see the record change, before they may
+    /// take the lock from a holder that stopped renewing.
+    pub lease_duration: Duration,
+    /// How long the leader keeps leading without a successful renew, counted from the start of
+    /// its last successful renew.
+    pub renew_deadline: Duration,
+    /// How often the leader renews, and how often a candidate retries after a failure or polls a
+    /// lock that cannot notify it of changes.
+    pub retry_period: Duration,
+    /// Spread of the polling interval of candidates (client-go's `JitterFactor`).
+    pub jitter_factor: f64,
+    /// Time limit of one call to the store. A hanging call must never hold up a step-down, so it
+    /// is shorter than the renew deadline.
+    pub call_timeout: Duration,
+}
+
+/// Why a [`Timing`] was rejected.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TimingError {
+    /// A duration is zero.
+    #[error("{0} must be positive")]
+    NotPositive(&'static str),
+    /// The leader would keep leading after followers may take over.
+    #[error("lease duration ({lease:?}) must be greater than the renew deadline ({renew:?})")]
+    LeaseNotAboveRenewDeadline {
+        /// The lease duration given.
+        lease: Duration,
+        /// The renew deadline given.
+        renew: Duration,
+    },
+    /// The leader would not get a second renew attempt before its deadline.
+    #[error("renew deadline ({renew:?}) must be greater than {jitter} x retry period ({retry:?})")]
+    RenewDeadlineTooShort {
+        /// The renew deadline given.
+        renew: Duration,
+        /// The retry period given.
+        retry: Duration,
+        /// The jitter factor given.
+        jitter: f64,
+    },
+    /// Jitter must be a finite, non-negative factor.
+    #[error("jitter factor must be finite and >= 0, got {0}")]
+    BadJitter(f64),
+    /// A single call could outlast the renew deadline.
+    #[error("call timeout ({call:?}) must be shorter than the renew deadline ({renew:?})")]
+    CallTimeoutTooLong {
+        /// The call timeout given.
+        call: Duration,
+        /// The renew deadline given.
+        renew: Duration,
+    },
+    /// The lease is written in whole seconds; anything above a day is a typo.
+    #[error("lease duration {0:?} is out of range (1 s to 24 h)")]
+    LeaseOutOfRange(Duration),
+}
+
+impl Default for Timing {
+    /// client-go's defaults: 15 s lease, 10 s renew deadline, 2 s retry, jitter 1.2.
+    fn default() -> Self {
+        Timing::new(Duration::from_secs(15), Duration::from_secs(10), Duration::from_secs(2))
+            .expect("client-go's defaults are valid")
+    }
+}
+
+impl Timing {
+    /// Timing from the three client-go durations, with the default jitter and a call timeout of
+    /// half the renew deadline.
+    pub fn new(
+        lease_duration: Duration,
+        renew_deadline: Duration,
+        retry_period: Duration,
+    ) -> Result<Self, TimingError> {
+        let timing = Timing {
+            lease_duration,
+            renew_deadline,
+            retry_period,
+            jitter_factor: DEFAULT_JITTER_FACTOR,
+            call_timeout: renew_deadline / 2,
+        };
+        timing.validate()?;
+        Ok(timing)
+    }
+
+    /// leader-elector:0.5's `--ttl` mapping: lease = ttl, renew deadline = ttl/2, retry = ttl/4.
+    pub fn from_ttl(ttl: Duration) -> Result<Self, TimingError> {
+        Timing::new(ttl, ttl / 2, ttl / 4)
+    }
+
+    /// Checks client-go's rules (lease > renew deadline > jitter x retry, all positive) and
+    /// ours (call timeout < renew deadline, lease between 1 s and 24 h).
+    pub fn validate(&self) -> Result<(), TimingError> {
+        for (name, value) in [
+            ("lease duration", self.lease_duration),
+            ("renew deadline", self.renew_deadline),
+            ("retry period", self.retry_period),
+            ("call timeout", self.call_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(TimingError::NotPositive(name));
+            }
+        }
+        if !self.jitter_factor.is_finite() || self.jitter_factor < 0.0 {
+            return Err(TimingError::BadJitter(self.jitter_factor));
+        }
+        if self.lease_duration < Duration::from_secs(1)
+            || self.lease_duration > Duration::from_secs(24 * 3600)
+        {
+            return Err(TimingError::LeaseOutOfRange(self.lease_duration));
+        }
+        if self.lease_duration <= self.renew_deadline {
+            return Err(TimingError::LeaseNotAboveRenewDeadline {
+                lease: self.lease_duration,
+                renew: self.renew_deadline,
+            });
+        }
+        if self.renew_deadline.as_secs_f64() <= self.jitter_factor * self.retry_period.as_secs_f64() {
+            return Err(TimingError::RenewDeadlineTooShort {
+                renew: self.renew_deadline,
+                retry: self.retry_period,
+                jitter: self.jitter_factor,
+            });
+        }
+        if self.call_timeout >= self.renew_deadline {
+            return Err(TimingError::CallTimeoutTooLong {
+                call: self.call_timeout,
+                renew: self.renew_deadline,
+            });
+        }
+        Ok(())
+    }
+
+    /// The lease as written into the record: whole seconds, rounded up so that followers never
+    /// wait less than this candidate's configured lease.
+    pub fn lease_seconds(&self) -> u32 {
+        let secs = self.lease_duration.as_secs() + u64::from(self.lease_duration.subsec_nanos() > 0);
+        u32::try_from(secs).unwrap_or(u32::MAX)
+    }
+
+    /// The largest relative clock-rate difference between two candidates for which self-fencing
+    /// still guarantees a single leader.
+    ///
+    /// The old leader stops at `renew_deadline` on its clock; a follower may take over at
+    /// `lease_duration` on its own clock, counted from a later moment. With rates `1 + d` and
+    /// `1 - d` the old leader stops first while `renew_deadline / (1 - d) < lease_duration /
+    /// (1 + d)`, that is `d < (lease - renew) / (lease + renew)`: 20 % for client-go's
+    /// defaults, 33 % for the `--ttl` mapping.
+    pub fn max_clock_drift(&self) -> f64 {
+        let lease = self.lease_duration.as_secs_f64();
+        let renew = self.renew_deadline.as_secs_f64();
+        (lease - renew) / (lease + renew)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_client_go_defaults() {
+        let t = Timing::default();
+        assert_eq!(t.lease_duration, Duration::from_secs(15));
+        assert_eq!(t.renew_deadline, Duration::from_secs(10));
+        assert_eq!(t.retry_period, Duration::from_secs(2));
+        assert_eq!(t.jitter_factor, 1.2);
+        assert_eq!(t.lease_seconds(), 15);
+    }
+
+    #[test]
+    fn rejects_lease_not_above_renew_deadline() {
+        let err = Timing::new(Duration::from_secs(10), Duration::from_secs(10), Duration::from_secs(2));
+        assert!(matches!(err, Err(TimingError::LeaseNotAboveRenewDeadline { .. })));
+    }
+
+    #[test]
+    fn rejects_renew_deadline_within_jittered_retry() {
+        let err = Timing::new(Duration::from_secs(15), Duration::from_secs(2), Duration::from_secs(2));
+        assert!(matches!(err, Err(TimingError::RenewDeadlineTooShort { .. })));
+    }
+
+    #[test]
+    fn rejects_zero_and_tiny_durations() {
+        assert!(matches!(
+            Timing::new(Duration::ZERO, Duration::from_secs(1), Duration::from_secs(1)),
+            Err(TimingError::NotPositive("lease duration"))
+        ));
+        assert!(matches!(Timing::from_ttl(Duration::from_millis(500)), Err(TimingError::LeaseOutOfRange(_))));
+    }
+
+    #[test]
+    fn ttl_mapping_matches_leader_elector() {
+        let t = Timing::from_ttl(Duration::from_secs(10)).unwrap();
+        assert_eq!((t.lease_duration, t.renew_deadline, t.retry_period),
+            (Duration::from_secs(10), Duration::from_secs(5), Duration::from_millis(2500)));
+    }
+
+    #[test]
+    fn fractional_lease_rounds_up_in_record() {
+        let t = Timing::new(Duration::from_millis(1500), Duration::from_secs(1), Duration::from_millis(300)).unwrap();
+        assert_eq!(t.lease_seconds(), 2);
+    }
+
+    #[test]
+    fn drift_bound_for_defaults_is_twenty_percent() {
+        assert!((Timing::default().max_clock_drift() - 0.2).abs() < 1e-9);
+    }
+}
