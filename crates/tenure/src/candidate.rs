@@ -300,7 +300,7 @@ impl Candidate {
             return Some(Action::Read);
         }
         let holder = self.classify();
-        let may_acquire = self.mode == Mode::Campaigning && self.hold_off_until.map_or(true, |t| now >= t);
+        let may_acquire = self.mode == Mode::Campaigning && self.hold_off_until.is_none_or(|t| now >= t);
         match (self.mode, holder) {
             (Mode::Releasing(_), Holder::Ours) => {
                 let record = self.released_record(wall);

@@ -432,8 +432,7 @@ async fn rejects_invalid_configuration_with_a_clear_error() {
     let store = MemoryStore::new();
     let err = Elector::builder("", store.client("x")).spawn().err().unwrap();
     assert_eq!(err.to_string(), "the identity of a candidate must not be empty");
-    let mut timing = Timing::default();
-    timing.renew_deadline = Duration::from_secs(20);
+    let timing = Timing { renew_deadline: Duration::from_secs(20), ..Timing::default() };
     let err = Elector::builder("x", store.client("x")).timing(timing).spawn().err().unwrap();
     assert!(err.to_string().contains("must be greater than the renew deadline"), "{err}");
 }
