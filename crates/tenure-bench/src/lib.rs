@@ -7,6 +7,7 @@
 //! but must report them alike and clean up alike; each `benches/*.rs` file only holds its method.
 
 pub mod binary;
+pub mod cluster;
 pub mod lock_watch;
 pub mod procfs;
 pub mod process;

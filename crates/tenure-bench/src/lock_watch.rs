@@ -33,6 +33,7 @@ pub struct Seen {
 /// Stops (and joins its thread) when dropped.
 pub struct LockWatcher {
     seen: mpsc::Receiver<Result<Seen, String>>,
+    last: Option<Seen>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -50,15 +51,18 @@ impl LockWatcher {
             .spawn(move || watch_thread(lock, sender, stopped, ready_tx))
             .map_err(|e| format!("cannot start the watcher thread: {e}"))?;
         ready.recv().map_err(|_| "the watcher thread ended at start".to_owned())??;
-        Ok(LockWatcher { seen, stop: Some(stop), thread: Some(thread) })
+        Ok(LockWatcher { seen, last: None, stop: Some(stop), thread: Some(thread) })
     }
 
     /// The next state seen, waiting at most until `deadline`; `None` on timeout. Panics if the
     /// watch failed (the measurement would be meaningless).
-    pub fn next_until(&self, deadline: Instant) -> Option<Seen> {
+    pub fn next_until(&mut self, deadline: Instant) -> Option<Seen> {
         let wait = deadline.saturating_duration_since(Instant::now());
         match self.seen.recv_timeout(wait) {
-            Ok(Ok(seen)) => Some(seen),
+            Ok(Ok(seen)) => {
+                self.last = Some(seen.clone());
+                Some(seen)
+            }
             Ok(Err(error)) => panic!("the watch of the lock failed: {error}"),
             Err(mpsc::RecvTimeoutError::Timeout) => None,
             Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the watcher thread stopped"),
@@ -68,7 +72,7 @@ impl LockWatcher {
     /// Waits until a state satisfies `wanted`, at most `limit`; every state seen on the way
     /// (including the one returned) is passed to `each` first.
     pub fn wait_for(
-        &self,
+        &mut self,
         limit: Duration,
         mut each: impl FnMut(&Seen),
         mut wanted: impl FnMut(&Seen) -> bool,
@@ -83,13 +87,22 @@ impl LockWatcher {
         None
     }
 
-    /// Forgets states already received.
-    pub fn drain(&self) -> Vec<Seen> {
-        let mut drained = Vec::new();
-        while let Ok(item) = self.seen.try_recv() {
-            drained.push(item.unwrap_or_else(|error| panic!("the watch of the lock failed: {error}")));
+    /// Waits at most `limit` for a renew: a state with the same holder and term as the state
+    /// seen just before it. Returns it.
+    ///
+    /// Why: a leader's "last successful renew" is only defined once it has renewed, and waiting
+    /// for a renew puts the next step at a known phase of the renew cycle.
+    pub fn wait_for_renew(&mut self, limit: Duration) -> Option<Seen> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let previous = self.last.clone();
+            let seen = self.next_until(deadline)?;
+            if let Some(previous) = previous {
+                if seen.holder.is_some() && seen.holder == previous.holder && seen.term == previous.term {
+                    return Some(seen);
+                }
+            }
         }
-        drained
     }
 }
 
