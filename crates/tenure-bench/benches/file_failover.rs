@@ -75,7 +75,9 @@ fn main() {
             .wait_for(LEASE + Duration::from_secs(5), &mut note_renew, |seen| {
                 seen.holder.is_some() && seen.holder.as_deref() != Some(leader.as_str())
             })
-            .unwrap_or_else(|| panic!("round {round}: nobody took over from {leader} within {:?}", LEASE + Duration::from_secs(5)));
+            .unwrap_or_else(|| {
+                panic!("round {round}: nobody took over from {leader} within {:?}", LEASE + Duration::from_secs(5))
+            });
         victim.kill_and_reap().expect("reap the killed leader");
         if new.term != term.map(|t| t + 1) {
             term_errors += 1;
@@ -99,14 +101,23 @@ fn main() {
     let from_kill = Summary::of(&after_kill).expect("at least one kill");
     let mut report = Report::new("file_failover");
     report
-        .distribution("failover_ms", "failover (last renew -> new holder)", &failover, "ms", Some(ms(LEASE) + GOAL_EXCESS_MS))
+        .distribution(
+            "failover_ms",
+            "failover (last renew -> new holder)",
+            &failover,
+            "ms",
+            Some(ms(LEASE) + GOAL_EXCESS_MS),
+        )
         .distribution("excess_ms", "failover - lease", &excess, "ms", Some(GOAL_EXCESS_MS))
         .distribution("kill_to_new_ms", "SIGKILL -> new holder", &from_kill, "ms", None)
         .info("term_errors", "new term != old term + 1", term_errors as f64, "")
         .extra("kills", json!(kills))
         .extra("ttl", json!(TTL))
         .extra("binary", json!(binary.display().to_string()))
-        .note(format!("{kills} SIGKILLs of the leader among {CANDIDATES} `tenure elect --ttl {TTL}` processes in {:.0} s", elapsed.as_secs_f64()))
+        .note(format!(
+            "{kills} SIGKILLs of the leader among {CANDIDATES} `tenure elect --ttl {TTL}` processes in {:.0} s",
+            elapsed.as_secs_f64()
+        ))
         .note("failover: from the watcher seeing the killed leader's last version to it seeing the new holder's first")
         .note("p99 is nearest-rank: with fewer than 100 kills it is the maximum");
     report.print();

@@ -1,1 +1,173 @@
-fn main() {}
+//! `cargo bench -p tenure-bench --bench idle_rss`
+//!
+//! Footprint of `tenure elect`: resident memory of an idle leader and follower (goal: VmRSS <=
+//! 10 MB each) and the time from starting it to its first HTTP answer (goal: median <= 100 ms).
+//!
+//! Method, memory: a leader (`tenure elect --election idle --id leader --lock file://<tmp>/...`,
+//! default --ttl 10s) is started; once the lock file names it (seen through the library's
+//! watch), a follower is started; after 5 s of idling, VmRSS, VmHWM and RssAnon of each are read
+//! from /proc/<pid>/status, and their CPU use over those 5 s from /proc/<pid>/stat.
+//!
+//! Method, start-up: `tenure elect ... --http 127.0.0.1:<free port>` is started 10 times (each
+//! stopped with SIGTERM before the next); from just before spawning the process, a loop tries
+//! every millisecond to connect and send `GET /`, and stops at the first HTTP status line
+//! received. The median of the 10 starts is the number.
+//!
+//! Settings: TENURE_BENCH_STARTS (default 10), TENURE_BENCH_IDLE_SECS (default 5), TENURE_BIN.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use serde_json::json;
+use tenure_bench::binary::{free_loopback_address, tenure_binary, Elect};
+use tenure_bench::lock_watch::LockWatcher;
+use tenure_bench::process::ChildGuard;
+use tenure_bench::procfs::{self, Target};
+use tenure_bench::report::Report;
+use tenure_bench::scratch::ScratchDir;
+use tenure_bench::stats::Summary;
+use tenure_bench::{env_seconds, env_usize, ms};
+
+const GOAL_RSS_MB: f64 = 10.0;
+const GOAL_FIRST_ANSWER_MS: f64 = 100.0;
+/// The longest a start may take to answer before the benchmark gives up.
+const ANSWER_LIMIT: Duration = Duration::from_secs(5);
+
+fn main() {
+    let starts = env_usize("TENURE_BENCH_STARTS", 10);
+    let idle = env_seconds("TENURE_BENCH_IDLE_SECS", Duration::from_secs(5));
+    let binary = tenure_binary();
+    let scratch = ScratchDir::new("idle-rss").expect("a scratch directory");
+    eprintln!(
+        "idle_rss: {}: leader and follower idle for {} s, then {starts} starts",
+        binary.display(),
+        idle.as_secs()
+    );
+    let mut report = Report::new("idle_rss");
+
+    // Idle leader and follower.
+    let lock = scratch.path().join("idle.json");
+    let mut watcher = LockWatcher::start(&lock).expect("a watch of the lock file");
+    let leader =
+        start(&binary, scratch.path(), Elect { election: "idle", id: "leader", lock: &lock, ttl: None, http: None });
+    watcher
+        .wait_for(Duration::from_secs(10), |_| {}, |seen| seen.holder.as_deref() == Some("leader"))
+        .unwrap_or_else(|| panic!("the leader did not take the lock; its log ends with:\n{}", leader.log_tail(20)));
+    let mut follower =
+        start(&binary, scratch.path(), Elect { election: "idle", id: "follower", lock: &lock, ttl: None, http: None });
+    let cpu_before = [cpu(&leader), cpu(&follower)];
+    std::thread::sleep(idle);
+    for (role, child) in [("leader", &leader), ("follower", &follower)] {
+        let memory = procfs::memory(Target::Pid(child.pid()))
+            .unwrap_or_else(|e| panic!("cannot read the memory of the {role}: {e}; log:\n{}", child.log_tail(20)));
+        report.goal(&format!("{role}_rss_mb"), &format!("{role} VmRSS"), megabytes(memory.rss_kib), "MB", GOAL_RSS_MB);
+        report.info(&format!("{role}_hwm_mb"), &format!("{role} VmHWM"), megabytes(memory.hwm_kib), "MB");
+        report.info(&format!("{role}_anon_mb"), &format!("{role} RssAnon"), megabytes(memory.anon_kib), "MB");
+    }
+    for (role, child, before) in [("leader", &leader, cpu_before[0]), ("follower", &follower, cpu_before[1])] {
+        let used = cpu(child).saturating_sub(before);
+        report.info(
+            &format!("{role}_idle_cpu_percent"),
+            &format!("{role} CPU while idle"),
+            used.as_secs_f64() / idle.as_secs_f64() * 100.0,
+            "%",
+        );
+    }
+    assert!(
+        follower.try_status().expect("the follower's status").is_none(),
+        "the follower exited early:\n{}",
+        follower.log_tail(20)
+    );
+    drop((leader, follower, watcher));
+
+    // Start to first HTTP answer.
+    let lock = scratch.path().join("start.json");
+    let mut answers = Vec::with_capacity(starts);
+    for i in 1..=starts {
+        let id = format!("s{i}");
+        let address = free_loopback_address().expect("a free loopback port");
+        let elect = Elect { election: "start", id: &id, lock: &lock, ttl: None, http: Some(address) };
+        let log = scratch.path().join(format!("{id}.log"));
+        let mut command = elect.command(&binary, &log).expect("a command line for tenure elect");
+        let spawned_at = Instant::now();
+        let mut child = ChildGuard::spawn(&id, &mut command, Some(&log)).expect("start tenure elect");
+        let (answered_at, body) = first_answer(address, &mut child);
+        let elapsed = answered_at.duration_since(spawned_at);
+        answers.push(ms(elapsed));
+        eprintln!("  start {i:>2}: first answer after {:.2} ms: {}", ms(elapsed), body.trim());
+        child.signal(Signal::SIGTERM).expect("SIGTERM tenure elect");
+        let status = child.wait_timeout(Duration::from_secs(5)).expect("wait for tenure elect");
+        assert!(status.is_some_and(|s| s.success()), "{id} did not exit 0 after SIGTERM: {status:?}");
+    }
+    let first = Summary::of(&answers).expect("at least one start");
+    report
+        .goal("first_answer_ms_p50", "start -> first HTTP answer p50", first.p50, "ms", GOAL_FIRST_ANSWER_MS)
+        .info("first_answer_ms_max", "start -> first HTTP answer max", first.max, "ms")
+        .extra("starts", json!(starts))
+        .extra("idle_s", json!(idle.as_secs()))
+        .extra("binary", json!(binary.display().to_string()))
+        .note(format!("memory after {} s idle, default --ttl (10s); MB = 10^6 bytes", idle.as_secs()))
+        .note(format!(
+            "first answer: from spawn to the first HTTP status line, polling connect+GET every 1 ms, {starts} starts"
+        ));
+    report.print();
+}
+
+fn start(binary: &Path, dir: &Path, elect: Elect<'_>) -> ChildGuard {
+    let log = dir.join(format!("{}.log", elect.id));
+    let mut command = elect.command(binary, &log).expect("a command line for tenure elect");
+    ChildGuard::spawn(elect.id, &mut command, Some(&log)).expect("start tenure elect")
+}
+
+fn cpu(child: &ChildGuard) -> Duration {
+    procfs::cpu_time(Target::Pid(child.pid())).expect("the CPU time of a child")
+}
+
+/// Polls `address` every millisecond until an HTTP response arrives; returns when its status
+/// line was received, and the body.
+fn first_answer(address: SocketAddr, child: &mut ChildGuard) -> (Instant, String) {
+    let deadline = Instant::now() + ANSWER_LIMIT;
+    loop {
+        if let Some(answer) = try_get(address) {
+            return answer;
+        }
+        if let Some(status) = child.try_status().expect("the status of tenure elect") {
+            panic!("tenure elect exited ({status}) before answering; its log ends with:\n{}", child.log_tail(20));
+        }
+        assert!(Instant::now() < deadline, "no HTTP answer on {address} within {ANSWER_LIMIT:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// One `GET /`; `None` if the connection is refused or the answer is not HTTP.
+fn try_get(address: SocketAddr) -> Option<(Instant, String)> {
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(100)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    stream.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = Vec::new();
+    let mut buffer = [0u8; 1024];
+    let mut answered_at = None;
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => {
+                answered_at.get_or_insert_with(Instant::now);
+                response.extend_from_slice(&buffer[..n]);
+            }
+            Err(_) => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&response).into_owned();
+    if !text.starts_with("HTTP/1.") {
+        return None;
+    }
+    let body = text.split_once("\r\n\r\n").map_or(String::new(), |(_, body)| body.to_owned());
+    Some((answered_at?, body))
+}
+
+fn megabytes(kib: u64) -> f64 {
+    kib as f64 * 1024.0 / 1e6
+}

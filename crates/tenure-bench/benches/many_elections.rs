@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tenure::locks::memory::MemoryStore;
 use tenure::Elector;
-use tenure_bench::procfs::{self, Target};
 use tenure_bench::process::ChildGuard;
+use tenure_bench::procfs::{self, Target};
 use tenure_bench::report::Report;
 use tenure_bench::scratch::ScratchDir;
 use tenure_bench::{env_seconds, env_usize};
@@ -110,16 +110,32 @@ fn main() {
         let label = outcome.variant.label();
         let headline = std::ptr::eq(outcome, cheaper);
         if headline {
-            report.goal(&format!("{key}_cpu_percent"), &format!("{label}: CPU"), outcome.cpu_percent, "%", GOAL_CPU_PERCENT);
+            report.goal(
+                &format!("{key}_cpu_percent"),
+                &format!("{label}: CPU"),
+                outcome.cpu_percent,
+                "%",
+                GOAL_CPU_PERCENT,
+            );
             report.goal(&format!("{key}_rss_mb"), &format!("{label}: VmRSS"), outcome.rss_mb, "MB", GOAL_RSS_MB);
         } else {
             report.info(&format!("{key}_cpu_percent"), &format!("{label}: CPU"), outcome.cpu_percent, "%");
             report.info(&format!("{key}_rss_mb"), &format!("{label}: VmRSS"), outcome.rss_mb, "MB");
         }
         report.info(&format!("{key}_hwm_mb"), &format!("{label}: VmHWM"), outcome.hwm_mb, "MB");
-        report.info(&format!("{key}_all_lead_ms"), &format!("{label}: spawn to all leading"), outcome.all_lead_ms, "ms");
+        report.info(
+            &format!("{key}_all_lead_ms"),
+            &format!("{label}: spawn to all leading"),
+            outcome.all_lead_ms,
+            "ms",
+        );
         report.info(&format!("{key}_writes_per_s"), &format!("{label}: lock writes"), outcome.writes_per_s, "/s");
-        report.info(&format!("{key}_leader_changes"), &format!("{label}: leader changes"), outcome.leader_changes as f64, "");
+        report.info(
+            &format!("{key}_leader_changes"),
+            &format!("{label}: leader changes"),
+            outcome.leader_changes as f64,
+            "",
+        );
     }
     report.extra("outcomes", json!([current, multi, three]));
     report.extra("runtime_used", json!(cheaper.variant.flavor));
@@ -135,7 +151,9 @@ fn main() {
     ));
     report.note(format!(
         "cheaper runtime: {:?} ({:.2} % vs {:.2} %); the goals apply to it",
-        cheaper.variant.flavor, cheaper.cpu_percent, if std::ptr::eq(cheaper, &current) { multi.cpu_percent } else { current.cpu_percent }
+        cheaper.variant.flavor,
+        cheaper.cpu_percent,
+        if std::ptr::eq(cheaper, &current) { multi.cpu_percent } else { current.cpu_percent }
     ));
     report.print();
 }
@@ -181,7 +199,8 @@ fn run_variant(variant: Variant) -> Outcome {
             let electors: Vec<(String, Elector)> = (0..variant.candidates)
                 .map(|c| {
                     let id = format!("e{e}-c{c}");
-                    let elector = Elector::builder(id.clone(), store.client(id.clone())).spawn().expect("valid elector");
+                    let elector =
+                        Elector::builder(id.clone(), store.client(id.clone())).spawn().expect("valid elector");
                     (id, elector)
                 })
                 .collect();

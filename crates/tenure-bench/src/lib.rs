@@ -9,8 +9,8 @@
 pub mod binary;
 pub mod cluster;
 pub mod lock_watch;
-pub mod procfs;
 pub mod process;
+pub mod procfs;
 pub mod report;
 pub mod scratch;
 pub mod stats;

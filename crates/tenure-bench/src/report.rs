@@ -76,9 +76,10 @@ impl Report {
         self
     }
 
-    /// A value that only goes into the JSON summary (settings, counts).
+    /// A value that only goes into the JSON summary (settings, counts); its floating-point
+    /// numbers are rounded to three decimals.
     pub fn extra(&mut self, key: &str, value: Value) -> &mut Self {
-        self.extra.insert(key.to_owned(), value);
+        self.extra.insert(key.to_owned(), rounded(value));
         self
     }
 
@@ -158,6 +159,16 @@ fn round(value: f64) -> f64 {
     (value * 1000.0).round() / 1000.0
 }
 
+/// `value` with every floating-point number in it rounded to three decimals.
+fn rounded(value: Value) -> Value {
+    match value {
+        Value::Number(n) if n.is_f64() => n.as_f64().map_or(Value::Number(n), |f| json!(round(f))),
+        Value::Array(items) => Value::Array(items.into_iter().map(rounded).collect()),
+        Value::Object(map) => Value::Object(map.into_iter().map(|(k, v)| (k, rounded(v))).collect()),
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,5 +197,12 @@ mod tests {
         assert_eq!(json["results"]["lat_p50"], json!(2.0));
         assert_eq!(json["goals"]["lat_p99"]["pass"], json!(false));
         assert_eq!(json["lat_n"], json!(3));
+    }
+
+    #[test]
+    fn extras_are_rounded() {
+        let mut report = Report::new("x");
+        report.extra("nested", json!({"a": [1.23456789, 7], "b": "text"}));
+        assert_eq!(report.json()["nested"], json!({"a": [1.235, 7], "b": "text"}));
     }
 }
