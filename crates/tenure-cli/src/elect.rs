@@ -4,7 +4,10 @@
 //! lock so that another replica takes over at once instead of after the lease.
 
 use clap::Args;
-use tenure::{Elector, Leadership};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tenure::{Elector, ElectorError, Leadership};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -64,10 +67,12 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
         Some(address) => Some(bind(address).await?),
         None => None,
     };
-    let elector = Elector::builder(identity.as_str(), lock)
-        .timing(args.candidate.ttl.timing)
-        .spawn()
-        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let elector = Arc::new(
+        Elector::builder(identity.as_str(), lock)
+            .timing(args.candidate.ttl.timing)
+            .spawn()
+            .map_err(|e| CliError::Usage(e.to_string()))?,
+    );
     tracing::info!(
         identity,
         election,
@@ -78,7 +83,8 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
 
     let stop_serving = CancellationToken::new();
     let mut server = listener.map(|listener| {
-        let router = http::router(elector.subscribe());
+        let view: Weak<Elector> = Arc::downgrade(&elector);
+        let router = http::router(view);
         tokio::spawn(http::serve(listener, router, stop_serving.clone().cancelled_owned()))
     });
 
@@ -96,10 +102,13 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
         }
     };
 
-    let released = elector.shutdown().await;
+    // The HTTP server keeps answering while the lock is released.
+    let released = shutdown(elector).await;
     stop_serving.cancel();
     if let Some(server) = server {
-        let _ = server.await;
+        if tokio::time::timeout(SERVER_STOP_TIMEOUT, server).await.is_err() {
+            tracing::debug!("HTTP connections still open; closing them");
+        }
     }
     outcome?;
     match released {
@@ -112,6 +121,26 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
             Ok(exit::FAILURE)
         }
     }
+}
+
+/// How long open HTTP connections may delay the exit once the lock is released.
+const SERVER_STOP_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Takes the elector back from the HTTP handlers, which only hold it weakly and never across an
+/// await, and shuts it down (releasing the lock).
+async fn shutdown(mut elector: Arc<Elector>) -> Result<(), ElectorError> {
+    for _ in 0..100 {
+        match Arc::try_unwrap(elector) {
+            Ok(elector) => return elector.shutdown().await,
+            Err(shared) => {
+                elector = shared;
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+    // Unreachable on the current-thread runtime; dropping the last handle still releases the lock
+    // in the background.
+    Err(ElectorError::Stopped)
 }
 
 async fn bind(address: &HttpAddress) -> Result<TcpListener, CliError> {
