@@ -31,6 +31,7 @@ pub struct Tenure {
     pub name: String,
     child: Child,
     stderr: Arc<Mutex<String>>,
+    stdout: Arc<Mutex<String>>,
     reaped: Option<ExitStatus>,
 }
 
@@ -45,21 +46,13 @@ impl Tenure {
         let mut child = command
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start tenure");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let pipe = child.stderr.take().expect("stderr is piped");
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                let mut log = sink.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        Tenure { name: name.to_owned(), child, stderr, reaped: None }
+        let stderr = collect(child.stderr.take().expect("stderr is piped"));
+        let stdout = collect(child.stdout.take().expect("stdout is piped"));
+        Tenure { name: name.to_owned(), child, stderr, stdout, reaped: None }
     }
 
     pub fn pid(&self) -> i32 {
@@ -71,6 +64,11 @@ impl Tenure {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// Everything written to standard output so far.
+    pub fn output(&self) -> String {
+        self.stdout.lock().unwrap().clone()
+    }
+
     /// Waits for a line of standard error containing `needle`; panics with the log if none comes.
     pub fn wait_for_log(&self, needle: &str, limit: Duration) -> String {
         wait_until(limit, || self.log().lines().find(|l| l.contains(needle)).map(str::to_owned))
@@ -80,6 +78,9 @@ impl Tenure {
     /// The address the process serves HTTP on, from its log.
     pub fn http_address(&self) -> String {
         let line = self.wait_for_log("over HTTP", Duration::from_secs(10));
+        if let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) {
+            return event["address"].as_str().expect("address field").to_owned();
+        }
         let start = line.find("address=").expect("address field") + "address=".len();
         line[start..].split_whitespace().next().unwrap().trim_matches('"').to_owned()
     }
@@ -119,6 +120,20 @@ impl Drop for Tenure {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Collects what a pipe delivers, line by line, on a thread of its own.
+fn collect(pipe: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let text = Arc::new(Mutex::new(String::new()));
+    let sink = text.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let mut text = sink.lock().unwrap();
+            text.push_str(&line);
+            text.push('\n');
+        }
+    });
+    text
 }
 
 /// `GET path` on `address`; the body of a 200 answer.
