@@ -513,9 +513,13 @@ impl Candidate {
         }
         self.observed = Some(Observed { stored, seen_at: now });
         if !authoritative && self.pending.is_none() {
-            // Fresh news: decide again now rather than at the next poll.
+            // Fresh news needs no read. Someone else's change may call for a decision now; our own
+            // record (the echo of a write whose reply was lost) must not pull the next renew
+            // forward, or every lost reply would trigger another write at once.
             self.needs_read = false;
-            self.next_attempt = now;
+            if !ours {
+                self.next_attempt = now;
+            }
         }
         self.publish_holder();
     }

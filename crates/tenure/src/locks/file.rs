@@ -1,0 +1,915 @@
+//! The embedded file lock: leader election between processes on one host, with nothing to install.
+//!
+//! Why it exists: the replicas of a service on one machine (or `tenure run -- cmd` instances) need
+//! a lock that every process can reach, that survives any of them being killed, and that tells
+//! the others the moment it is released. A file in a private directory does all three: the kernel
+//! releases a dead writer's `flock`, `rename` makes every update atomic, and inotify pushes
+//! changes.
+//!
+//! # File format
+//!
+//! The lock at `<dir>/<name>` is one line of JSON, so `cat` shows who leads:
+//!
+//! ```text
+//! {"generation":7,"record":{"holderIdentity":"a","leaseDurationSeconds":15,"acquireTime":"2024-05-01T10:00:00Z","renewTime":"2024-05-01T10:00:30Z","leaderTransitions":2}}
+//! ```
+//!
+//! - `generation` counts the writes since the file was created (1 after `create`, +1 per update).
+//! - `record` is the client-go `LeaderElectionRecord`, byte for byte as client-go writes it.
+//!
+//! The [`Version`](crate::Version) of a stored record is `<generation>-<hash>`, where `<hash>` is
+//! a 64-bit FNV-1a hash of the whole file: the generation orders honest writes, the hash makes a
+//! version name that exact content, so a file that is deleted and created again (generation 1
+//! again) never matches a version read before the deletion. Content that is not such a document
+//! (a foreign writer, a truncated file after a power loss, an operator's typo) is reported as
+//! `record: Err(RecordError::Malformed(..))` with version `raw-<hash>`; the elector waits out a
+//! lease and then replaces it through the usual compare-and-swap. A document whose `record` is
+//! present but invalid keeps its `<generation>-<hash>` version and reports the record's error.
+//!
+//! # Protocol
+//!
+//! - **Reads** take no lock: they open the file and read it. Writers never modify the file in
+//!   place, so a reader sees one complete version or the absence of the file.
+//! - **Writes** (`create`, `update`) take an exclusive `flock` on a sidecar file, `<name>.lock`,
+//!   which is never renamed or deleted (a sidecar replaced behind our back is detected by
+//!   comparing inodes after locking, and locked again). Under the flock a writer reads the file,
+//!   compares its version, writes the new document to a temporary file in the same directory
+//!   (`.<name>.tmp.<pid>.<counter>`) and renames it over the file. Every error before the rename
+//!   leaves the file untouched and the rename is atomic, so an error from this lock always means
+//!   the write did not happen (a caller that times out and drops the call cannot know, as with
+//!   any store).
+//! - **Waiting for the flock** polls `LOCK_NB` with short, jittered sleeps on a blocking thread,
+//!   at most [`with_lock_wait`](crate::locks::file::FileLock::with_lock_wait) (2 s by default),
+//!   and stops early when the caller drops the future (the elector's call timeout). A holder only
+//!   keeps the flock for a read and a small write, so a long wait means it is stopped or its disk
+//!   hangs; no thread stays blocked behind it.
+//! - **No fsync.** The lock coordinates live processes; a power loss or kernel crash kills all of
+//!   them. What the file then holds does not matter for safety (whoever starts next waits a whole
+//!   lease after seeing any record, invariant S3), and if it is left empty or torn it is read as
+//!   a malformed record and taken over after one lease. Skipping `fsync` keeps a renewal from
+//!   waiting behind unrelated disk flushes, which could otherwise eat into the renew deadline;
+//!   the default location (`$XDG_RUNTIME_DIR`) is a tmpfs where fsync does nothing anyway.
+//! - **Killed writers** leave at most one temporary file. Temporary files are only created under
+//!   the flock, so any temporary file seen while holding the flock belongs to a writer that died:
+//!   writers remove them on a handle's first write, on every `create`, and every 128th write.
+//!   Readers never look at them.
+//! - **Anything else at the path** (a directory, a FIFO, a file over 64 KiB) reads as a malformed
+//!   record too, without hanging or reading without bound.
+//!
+//! # Change notification
+//!
+//! [`RecordLock::watch`](crate::RecordLock::watch) uses inotify on the directory, filtered to
+//! the file's name: a rename onto it (every Tenure write), a close after writing it in place (a
+//! foreign writer), its deletion or a rename away. Each burst of events gives one read of the
+//! file; a state equal to the one delivered just before is not repeated. Creation alone is not
+//! reported (a file created in place is reported when its writer closes it, so readers do not
+//! see it empty). If inotify cannot be set up, or the directory disappears, the stream yields one
+//! [`LockError::Unavailable`](crate::LockError::Unavailable) and ends; the elector then reads at
+//! its retry period and reopens the watch, so followers fall back to polling until inotify works
+//! again (returning `None` instead would make them poll forever). The stream must be polled
+//! inside a tokio runtime with IO enabled (the default).
+//!
+//! # Permissions
+//!
+//! Missing directories are created with mode 0700, the sidecar with 0600 and the file with 0644
+//! (less the umask): by default only the owner takes part, and whoever may enter the directory
+//! may read who leads. Processes of several users can share a lock in a directory they may all
+//! write to if the sidecar is created beforehand with a mode that lets them all open it.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::{stream, FutureExt, StreamExt};
+use inotify::{EventMask, EventStream, Inotify, WatchMask};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::lock::{ChangeStream, LockError, RecordLock, StoredRecord, Version};
+use crate::record::{LeaderElectionRecord, RecordError};
+
+/// How long a write waits for the flock by default.
+const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(2);
+/// The first and the longest pause between two attempts to take the flock.
+const FIRST_RETRY: Duration = Duration::from_micros(100);
+const LONGEST_RETRY: Duration = Duration::from_millis(5);
+/// Documents larger than this are not parsed (no honest writer comes close).
+const MAX_DOCUMENT_BYTES: u64 = 64 * 1024;
+/// Every this many writes of a handle (and on its first), orphaned temporary files are removed.
+const CLEAN_EVERY_WRITES: u64 = 128;
+/// The longest election name [`FileLock::default_path`] accepts, in bytes.
+const MAX_ELECTION_NAME_BYTES: usize = 200;
+/// At most this many bytes of the file name go into temporary file names (NAME_MAX is 255).
+const MAX_TEMP_STEM_BYTES: usize = 200;
+/// Size of the buffer inotify events are read into (an event is at most 16 + 256 bytes).
+const EVENT_BUFFER_BYTES: usize = 4096;
+
+/// Why a [`FileLock`] could not be opened or a default path chosen.
+#[derive(Debug, thiserror::Error)]
+pub enum FileLockError {
+    /// The election name cannot be a file name of its own in the lock directory.
+    #[error("invalid election name {name:?}: {reason}")]
+    InvalidElectionName {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The path names a directory (or ends in `..`) rather than a file.
+    #[error("lock path {} does not name a file", .0.display())]
+    NotAFile(PathBuf),
+    /// A file system operation failed.
+    #[error("cannot {action} {}: {error}", path.display())]
+    Io {
+        /// What was being done (`create directory`, `inspect`, ...).
+        action: &'static str,
+        /// The path it was done to.
+        path: PathBuf,
+        /// The error the system reported.
+        error: io::Error,
+    },
+    /// A directory others could tamper with was about to hold the lock.
+    #[error("refusing to keep locks in {}: {reason}", path.display())]
+    UnsafeDirectory {
+        /// The directory.
+        path: PathBuf,
+        /// Why it is not private.
+        reason: String,
+    },
+}
+
+/// The paths of one lock and the state its clones share.
+#[derive(Debug)]
+struct Paths {
+    /// The record's file, absolute.
+    path: PathBuf,
+    /// Its directory (watched by inotify, holds the temporary files).
+    dir: PathBuf,
+    /// Its file name, to filter inotify events.
+    name: OsString,
+    /// The sidecar file that writers flock.
+    sidecar: PathBuf,
+    /// The start of this lock's temporary file names.
+    temp_prefix: OsString,
+    /// Writes made through this handle and its clones, to pace the cleanup of temporary files.
+    writes: AtomicU64,
+}
+
+/// A leader election record kept in a file, shared by the processes of one host.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// use tenure::{locks::file::FileLock, RecordLock};
+/// let lock = FileLock::open(FileLock::default_path("my-service")?)?;
+/// if let Some(stored) = lock.get().await? {
+///     println!("{} is at version {}", lock.describe(), stored.version);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct FileLock {
+    paths: Arc<Paths>,
+    lock_wait: Duration,
+}
+
+impl FileLock {
+    /// Opens the lock stored at `path` (creating missing parent directories with mode 0700); the
+    /// file itself is created by the first `create`.
+    ///
+    /// Nothing is locked or read yet: opening is cheap, and every call of the lock works on the
+    /// file as it is at that moment. A relative path is made absolute against the current
+    /// directory now.
+    pub fn open(path: impl AsRef<Path>) -> Result<FileLock, FileLockError> {
+        let given = path.as_ref();
+        let path = std::path::absolute(given).map_err(|error| FileLockError::Io {
+            action: "resolve",
+            path: given.to_owned(),
+            error,
+        })?;
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(FileLockError::NotAFile(path));
+        };
+        if fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+            return Err(FileLockError::NotAFile(path));
+        }
+        create_directories(dir).map_err(|error| FileLockError::Io {
+            action: "create directory",
+            path: dir.to_owned(),
+            error,
+        })?;
+
+        let mut sidecar_name = name.to_owned();
+        sidecar_name.push(".lock");
+        let stem = &name.as_bytes()[..name.len().min(MAX_TEMP_STEM_BYTES)];
+        let mut temp_prefix = OsString::from(".");
+        temp_prefix.push(OsStr::from_bytes(stem));
+        temp_prefix.push(".tmp.");
+        let paths = Paths {
+            sidecar: dir.join(sidecar_name),
+            dir: dir.to_owned(),
+            name: name.to_owned(),
+            temp_prefix,
+            path,
+            writes: AtomicU64::new(0),
+        };
+        Ok(FileLock { paths: Arc::new(paths), lock_wait: DEFAULT_LOCK_WAIT })
+    }
+
+    /// The per-user default location for an election: `$XDG_RUNTIME_DIR/tenure/<election>.json`
+    /// if `XDG_RUNTIME_DIR` is set and usable, else
+    /// `<std::env::temp_dir()>/tenure-<uid>/<election>.json`. Rejects election names that are
+    /// empty, longer than 200 bytes, or contain '/', NUL, or are "." / "..".
+    ///
+    /// Why: processes that agree on an election name meet at the same file without configuring
+    /// a path, and other users cannot see or disturb it. `XDG_RUNTIME_DIR` is usable when it is
+    /// an absolute path to a directory owned by this (effective) user, who may write to it. The
+    /// fallback directory is refused if it exists but is a symlink, belongs to someone else, or
+    /// others may write to it. Nothing is created here; [`FileLock::open`] creates the directory.
+    pub fn default_path(election: &str) -> Result<PathBuf, FileLockError> {
+        let runtime_dir = std::env::var_os("XDG_RUNTIME_DIR");
+        default_path_in(election, runtime_dir.as_deref(), &std::env::temp_dir(), effective_uid())
+    }
+
+    /// The absolute path of the file that holds the record.
+    pub fn path(&self) -> &Path {
+        &self.paths.path
+    }
+
+    /// Sets how long a write waits for another process's write to finish before failing with
+    /// [`LockError::Unavailable`] (default 2 s).
+    ///
+    /// Why: a process that holds the flock for long is stopped or stuck on its disk; bounding the
+    /// wait keeps a write from blocking a thread indefinitely behind it. A write also stops
+    /// waiting as soon as its caller gives up (drops the future), so this bound matters only to
+    /// callers without their own timeout.
+    pub fn with_lock_wait(mut self, wait: Duration) -> FileLock {
+        self.lock_wait = wait;
+        self
+    }
+
+    /// Runs `work` on a blocking thread; it sees a flag that turns true if the caller gives up.
+    async fn run_blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Paths, Duration, &AtomicBool) -> Result<T, LockError> + Send + 'static,
+    ) -> Result<T, LockError> {
+        let paths = self.paths.clone();
+        let lock_wait = self.lock_wait;
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let _cancel_on_drop = CancelOnDrop(cancelled.clone());
+        tokio::task::spawn_blocking(move || work(&paths, lock_wait, &cancelled)).await.map_err(|error| {
+            LockError::Unavailable(format!("file lock {}: worker thread failed: {error}", self.paths.path.display()))
+        })?
+    }
+
+    /// Sets up inotify on the directory; events from now on are queued by the kernel.
+    fn start_inotify(&self) -> Result<Inotify, LockError> {
+        let dir = &self.paths.dir;
+        let inotify = Inotify::init().map_err(|error| {
+            LockError::Unavailable(format!("cannot watch {}: inotify is unavailable: {error}", dir.display()))
+        })?;
+        let mask = WatchMask::MOVED_TO
+            | WatchMask::MOVED_FROM
+            | WatchMask::CLOSE_WRITE
+            | WatchMask::DELETE
+            | WatchMask::DELETE_SELF
+            | WatchMask::MOVE_SELF
+            | WatchMask::ONLYDIR;
+        match inotify.watches().add(dir, mask) {
+            Ok(_) => {}
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                create_directories(dir).map_err(|error| io_error("create directory", dir, error))?;
+                inotify.watches().add(dir, mask).map_err(|error| io_error("watch", dir, error))?;
+            }
+            Err(error) => return Err(io_error("watch", dir, error)),
+        }
+        Ok(inotify)
+    }
+}
+
+/// Sets its flag when dropped: the async side of a call tells its blocking thread to give up.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+#[async_trait]
+impl RecordLock for FileLock {
+    fn describe(&self) -> String {
+        format!("file://{}", self.paths.path.display())
+    }
+
+    async fn get(&self) -> Result<Option<StoredRecord>, LockError> {
+        self.run_blocking(|paths, _, _| Ok(read_snapshot(&paths.path)?.map(|s| s.stored))).await
+    }
+
+    async fn create(&self, record: &LeaderElectionRecord) -> Result<Version, LockError> {
+        let record = record.clone();
+        self.run_blocking(move |paths, wait, cancelled| write(paths, wait, cancelled, None, &record)).await
+    }
+
+    async fn update(&self, expected: &Version, record: &LeaderElectionRecord) -> Result<Version, LockError> {
+        let (expected, record) = (expected.clone(), record.clone());
+        self.run_blocking(move |paths, wait, cancelled| write(paths, wait, cancelled, Some(&expected), &record)).await
+    }
+
+    fn watch(&self) -> Option<ChangeStream> {
+        Some(match self.start_inotify() {
+            Ok(inotify) => Box::pin(changes(self.paths.clone(), inotify)),
+            Err(error) => Box::pin(stream::once(async move { Err(error) })),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Documents and versions
+
+/// The file as written.
+#[derive(Serialize)]
+struct DocumentOut<'a> {
+    generation: u64,
+    record: &'a LeaderElectionRecord,
+}
+
+/// The file as read: the record stays loose so that an invalid record keeps its generation.
+#[derive(Deserialize)]
+struct DocumentIn {
+    generation: u64,
+    record: serde_json::Value,
+}
+
+/// What the file holds, with what a writer needs beyond the [`StoredRecord`].
+struct Snapshot {
+    /// The generation to continue from, when the content has one.
+    generation: Option<u64>,
+    stored: StoredRecord,
+}
+
+/// A 64-bit FNV-1a hash: stable across processes, builds and Rust versions, unlike std's
+/// `DefaultHasher`; collisions by accident are negligible and by intent need write access, which
+/// gives an attacker the lock anyway.
+struct ContentHash(u64);
+
+impl ContentHash {
+    fn new() -> Self {
+        ContentHash(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn add(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+impl Write for ContentHash {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.add(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn document_version(generation: u64, hash: u64) -> Version {
+    Version(format!("{generation}-{hash:016x}"))
+}
+
+/// Reads the file at `path`; `None` when it does not exist.
+fn read_snapshot(path: &Path) -> Result<Option<Snapshot>, LockError> {
+    // Non-blocking, so that a FIFO someone put there reads as empty instead of hanging.
+    let mut file = match OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path) {
+        Ok(file) => file,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(io_error("open", path, error)),
+    };
+    let metadata = file.metadata().map_err(|error| io_error("inspect", path, error))?;
+    if !metadata.is_file() {
+        // A directory, FIFO or device: not a record, and its content names nothing. Its identity
+        // does, so that a writer can still replace it by compare-and-swap.
+        let mut hash = ContentHash::new();
+        hash.add(format!("special:{}:{}:{:o}", metadata.dev(), metadata.ino(), metadata.mode()).as_bytes());
+        return Ok(Some(raw_snapshot(None, hash.0, "the path is not a regular file".to_owned())));
+    }
+    let mut content = Vec::new();
+    (&mut file)
+        .take(MAX_DOCUMENT_BYTES + 1)
+        .read_to_end(&mut content)
+        .map_err(|error| io_error("read", path, error))?;
+    let mut hash = ContentHash::new();
+    hash.add(&content);
+    if content.len() as u64 > MAX_DOCUMENT_BYTES {
+        // Hash the rest too, so that the version still names this exact content.
+        io::copy(&mut file, &mut hash).map_err(|error| io_error("read", path, error))?;
+        let reason = format!("the file is larger than {MAX_DOCUMENT_BYTES} bytes");
+        return Ok(Some(raw_snapshot(None, hash.0, reason)));
+    }
+    Ok(Some(decode(&content, hash.0)))
+}
+
+fn decode(content: &[u8], hash: u64) -> Snapshot {
+    match serde_json::from_slice::<DocumentIn>(content) {
+        Ok(document) => Snapshot {
+            generation: Some(document.generation),
+            stored: StoredRecord {
+                version: document_version(document.generation, hash),
+                record: LeaderElectionRecord::from_json(&document.record.to_string()),
+            },
+        },
+        Err(error) => {
+            // Keep counting from a generation that survived, so versions keep increasing.
+            let generation = serde_json::from_slice::<serde_json::Value>(content)
+                .ok()
+                .and_then(|value| value.get("generation").and_then(serde_json::Value::as_u64));
+            raw_snapshot(generation, hash, format!("not a tenure file lock document: {error}"))
+        }
+    }
+}
+
+fn raw_snapshot(generation: Option<u64>, hash: u64, reason: String) -> Snapshot {
+    Snapshot {
+        generation,
+        stored: StoredRecord {
+            version: Version(format!("raw-{hash:016x}")),
+            record: Err(RecordError::Malformed(reason)),
+        },
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+/// Creates (`expected == None`) or updates the record under the flock.
+fn write(
+    paths: &Paths,
+    lock_wait: Duration,
+    cancelled: &AtomicBool,
+    expected: Option<&Version>,
+    record: &LeaderElectionRecord,
+) -> Result<Version, LockError> {
+    let _flock = acquire_flock(paths, lock_wait, cancelled)?;
+    if cancelled.load(Ordering::Relaxed) {
+        return Err(cancelled_error(paths));
+    }
+    let writes = paths.writes.fetch_add(1, Ordering::Relaxed);
+    #[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; the workspace supports 1.80
+    if expected.is_none() || writes % CLEAN_EVERY_WRITES == 0 {
+        remove_orphaned_temp_files(paths);
+    }
+
+    let current = read_snapshot(&paths.path)?;
+    let generation = match (expected, current) {
+        (None, Some(_)) => return Err(LockError::AlreadyExists),
+        (None, None) => 1,
+        (Some(_), None) => return Err(LockError::Conflict),
+        (Some(expected), Some(current)) if current.stored.version != *expected => return Err(LockError::Conflict),
+        (Some(_), Some(current)) => current.generation.unwrap_or(0).saturating_add(1),
+    };
+
+    let mut content = serde_json::to_vec(&DocumentOut { generation, record }).map_err(|error| {
+        LockError::Unavailable(format!("cannot encode the record for {}: {error}", paths.path.display()))
+    })?;
+    content.push(b'\n');
+    replace_file(paths, &content)?;
+    let mut hash = ContentHash::new();
+    hash.add(&content);
+    Ok(document_version(generation, hash.0))
+}
+
+/// Writes `content` to a new temporary file and renames it over the record's file.
+fn replace_file(paths: &Paths, content: &[u8]) -> Result<(), LockError> {
+    static TEMP_FILES: AtomicU64 = AtomicU64::new(0);
+    let mut attempts = 0;
+    let (temp, mut file) = loop {
+        let mut name = paths.temp_prefix.clone();
+        name.push(format!("{}.{}", std::process::id(), TEMP_FILES.fetch_add(1, Ordering::Relaxed)));
+        let temp = paths.dir.join(name);
+        match OpenOptions::new().write(true).create_new(true).mode(0o644).open(&temp) {
+            Ok(file) => break (temp, file),
+            // Left by a dead process that had our pid; the next cleanup removes it.
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists && attempts < 8 => attempts += 1,
+            Err(error) => return Err(io_error("create", &temp, error)),
+        }
+    };
+    let result = file.write_all(content).map_err(|error| io_error("write", &temp, error)).and_then(|()| {
+        drop(file);
+        fs::rename(&temp, &paths.path).map_err(|error| io_error("replace", &paths.path, error))
+    });
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result
+}
+
+/// Removes temporary files of this lock. Only call under the flock: then no live writer has one.
+fn remove_orphaned_temp_files(paths: &Paths) {
+    let Ok(entries) = fs::read_dir(&paths.dir) else { return };
+    for entry in entries.flatten() {
+        if entry.file_name().as_bytes().starts_with(paths.temp_prefix.as_bytes()) {
+            let path = entry.path();
+            match fs::remove_file(&path) {
+                Ok(()) => {
+                    tracing::debug!(path = %path.display(), "removed a temporary file left by a writer that died")
+                }
+                Err(error) => {
+                    tracing::debug!(path = %path.display(), %error, "cannot remove an orphaned temporary file")
+                }
+            }
+        }
+    }
+}
+
+/// Takes the exclusive flock on the sidecar, polling until `lock_wait` has passed or the caller
+/// gives up. The flock is released when the returned file is dropped.
+fn acquire_flock(paths: &Paths, lock_wait: Duration, cancelled: &AtomicBool) -> Result<File, LockError> {
+    let deadline = Instant::now() + lock_wait;
+    let mut pause = FIRST_RETRY;
+    let mut sidecar = open_sidecar(paths)?;
+    loop {
+        if try_flock(&sidecar).map_err(|error| io_error("flock", &paths.sidecar, error))? {
+            if is_current_sidecar(paths, &sidecar)? {
+                return Ok(sidecar);
+            }
+            // Somebody deleted or replaced the sidecar: its lock protects nothing any more.
+            sidecar = open_sidecar(paths)?;
+            continue;
+        }
+        if cancelled.load(Ordering::Relaxed) {
+            return Err(cancelled_error(paths));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(LockError::Unavailable(format!(
+                "another process held the flock on {} for more than {lock_wait:?}",
+                paths.sidecar.display()
+            )));
+        }
+        let jittered = pause.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
+        std::thread::sleep(jittered.min(deadline - now));
+        pause = (pause * 2).min(LONGEST_RETRY);
+    }
+}
+
+fn cancelled_error(paths: &Paths) -> LockError {
+    LockError::Unavailable(format!("write to {} abandoned: the caller gave up", paths.path.display()))
+}
+
+/// Opens the sidecar, creating it (and missing directories) if needed. An existing sidecar is
+/// opened read-only: flock needs no more, and watchers get no close-after-write event from it.
+fn open_sidecar(paths: &Paths) -> Result<File, LockError> {
+    let sidecar = &paths.sidecar;
+    match File::open(sidecar) {
+        Ok(file) => return Ok(file),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+        Err(error) => return Err(io_error("open", sidecar, error)),
+    }
+    let create = || OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(sidecar);
+    match create() {
+        Ok(file) => Ok(file),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            create_directories(&paths.dir).map_err(|error| io_error("create directory", &paths.dir, error))?;
+            create().map_err(|error| io_error("create", sidecar, error))
+        }
+        Err(error) => Err(io_error("create", sidecar, error)),
+    }
+}
+
+/// Tries once to take an exclusive flock; `false` when another open file holds it.
+fn try_flock(file: &File) -> io::Result<bool> {
+    loop {
+        // SAFETY: flock only takes a descriptor; `file` keeps it open for the whole call.
+        let result = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if result == 0 {
+            return Ok(true);
+        }
+        let error = io::Error::last_os_error();
+        match error.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => return Ok(false),
+            Some(libc::EINTR) => continue,
+            _ => return Err(error),
+        }
+    }
+}
+
+/// True when `file` is still the file at the sidecar's path.
+fn is_current_sidecar(paths: &Paths, file: &File) -> Result<bool, LockError> {
+    let open = file.metadata().map_err(|error| io_error("inspect", &paths.sidecar, error))?;
+    match fs::metadata(&paths.sidecar) {
+        Ok(named) => Ok(named.dev() == open.dev() && named.ino() == open.ino()),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(error) => Err(io_error("inspect", &paths.sidecar, error)),
+    }
+}
+
+fn create_directories(dir: &Path) -> io::Result<()> {
+    DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+/// A failed system call as a lock error: permissions and read-only file systems will not heal by
+/// retrying, everything else may.
+fn io_error(action: &str, path: &Path, error: io::Error) -> LockError {
+    let message = format!("cannot {action} {}: {error}", path.display());
+    if error.kind() == io::ErrorKind::PermissionDenied || error.raw_os_error() == Some(libc::EROFS) {
+        LockError::Rejected(message)
+    } else {
+        LockError::Unavailable(message)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Watching
+
+/// The state of a watch between two items.
+struct Watch {
+    paths: Arc<Paths>,
+    /// inotify before the first poll: converting it to a stream needs the tokio reactor, which
+    /// `watch()` may be called without; the kernel queues events meanwhile.
+    armed: Option<Inotify>,
+    events: Option<EventStream<[u8; EVENT_BUFFER_BYTES]>>,
+    /// The version (or absence) delivered last, so that a burst yields a state once.
+    delivered: Option<Option<Version>>,
+}
+
+/// What a burst of inotify events means for the lock.
+#[derive(Default)]
+struct Burst {
+    touches_file: bool,
+    broken: Option<String>,
+}
+
+fn changes(
+    paths: Arc<Paths>,
+    inotify: Inotify,
+) -> impl futures::Stream<Item = Result<Option<StoredRecord>, LockError>> + Send {
+    let watch = Watch { paths, armed: Some(inotify), events: None, delivered: None };
+    stream::unfold(Some(watch), |watch| async move {
+        let mut watch = watch?;
+        match watch.next_change().await {
+            Some(Ok(stored)) => Some((Ok(stored), Some(watch))),
+            Some(Err(error)) => Some((Err(error), None)),
+            None => None,
+        }
+    })
+}
+
+impl Watch {
+    /// Waits for a burst of events that touches the file and reads it; `None` when inotify ends.
+    async fn next_change(&mut self) -> Option<Result<Option<StoredRecord>, LockError>> {
+        loop {
+            let burst = match self.next_burst().await? {
+                Ok(burst) => burst,
+                Err(error) => return Some(Err(error)),
+            };
+            if let Some(reason) = burst.broken {
+                return Some(Err(LockError::Unavailable(reason)));
+            }
+            if !burst.touches_file {
+                continue;
+            }
+            let paths = self.paths.clone();
+            let read = tokio::task::spawn_blocking(move || read_snapshot(&paths.path)).await;
+            let stored = match read {
+                Ok(Ok(snapshot)) => snapshot.map(|s| s.stored),
+                Ok(Err(error)) => return Some(Err(error)),
+                Err(error) => {
+                    let message = format!("file lock {}: worker thread failed: {error}", self.paths.path.display());
+                    return Some(Err(LockError::Unavailable(message)));
+                }
+            };
+            let version = stored.as_ref().map(|s| s.version.clone());
+            if self.delivered.as_ref() == Some(&version) {
+                continue;
+            }
+            self.delivered = Some(version);
+            return Some(Ok(stored));
+        }
+    }
+
+    /// The next event and every event already queued behind it.
+    async fn next_burst(&mut self) -> Option<Result<Burst, LockError>> {
+        let paths = self.paths.clone();
+        let events = match self.event_stream() {
+            Ok(events) => events,
+            Err(error) => return Some(Err(error)),
+        };
+        let mut burst = Burst::default();
+        let mut next = events.next().await;
+        loop {
+            match next {
+                Some(Ok(event)) => {
+                    let mask = event.mask;
+                    if mask.intersects(
+                        EventMask::IGNORED | EventMask::DELETE_SELF | EventMask::MOVE_SELF | EventMask::UNMOUNT,
+                    ) {
+                        burst.broken =
+                            Some(format!("the directory {} was removed, moved or unmounted", paths.dir.display()));
+                    } else if mask.contains(EventMask::Q_OVERFLOW)
+                        || event.name.as_deref() == Some(paths.name.as_os_str())
+                    {
+                        burst.touches_file = true;
+                    }
+                }
+                Some(Err(error)) => return Some(Err(io_error("read inotify events for", &paths.dir, error))),
+                None if burst.touches_file || burst.broken.is_some() => break,
+                None => return None,
+            }
+            match events.next().now_or_never() {
+                Some(event) => next = event,
+                None => break,
+            }
+        }
+        Some(Ok(burst))
+    }
+
+    fn event_stream(&mut self) -> Result<&mut EventStream<[u8; EVENT_BUFFER_BYTES]>, LockError> {
+        if let Some(inotify) = self.armed.take() {
+            if tokio::runtime::Handle::try_current().is_err() {
+                return Err(LockError::Unavailable(format!(
+                    "cannot watch {}: the change stream must be polled inside a tokio runtime",
+                    self.paths.path.display()
+                )));
+            }
+            let events = inotify
+                .into_event_stream([0; EVENT_BUFFER_BYTES])
+                .map_err(|error| io_error("watch", &self.paths.dir, error))?;
+            self.events = Some(events);
+        }
+        self.events
+            .as_mut()
+            .ok_or_else(|| LockError::Unavailable(format!("the watch of {} is closed", self.paths.path.display())))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Default paths
+
+fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+fn validate_election_name(election: &str) -> Result<(), FileLockError> {
+    let reason = if election.is_empty() {
+        "it is empty"
+    } else if election.len() > MAX_ELECTION_NAME_BYTES {
+        "it is longer than 200 bytes"
+    } else if election.contains('/') {
+        "it contains '/'"
+    } else if election.contains('\0') {
+        "it contains a NUL byte"
+    } else if election == "." || election == ".." {
+        "it is '.' or '..'"
+    } else {
+        return Ok(());
+    };
+    Err(FileLockError::InvalidElectionName { name: election.to_owned(), reason })
+}
+
+/// [`FileLock::default_path`] with its environment passed in, for tests.
+fn default_path_in(
+    election: &str,
+    runtime_dir: Option<&OsStr>,
+    temp_dir: &Path,
+    uid: u32,
+) -> Result<PathBuf, FileLockError> {
+    validate_election_name(election)?;
+    let file_name = format!("{election}.json");
+    if let Some(runtime_dir) = runtime_dir.map(Path::new).filter(|dir| is_usable_runtime_dir(dir, uid)) {
+        return Ok(runtime_dir.join("tenure").join(file_name));
+    }
+    let dir = temp_dir.join(format!("tenure-{uid}"));
+    check_private_dir(&dir, uid)?;
+    Ok(dir.join(file_name))
+}
+
+fn is_usable_runtime_dir(dir: &Path, uid: u32) -> bool {
+    dir.is_absolute() && fs::metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == uid && m.mode() & 0o300 == 0o300)
+}
+
+/// Accepts a directory that does not exist yet, or one only `uid` controls.
+fn check_private_dir(dir: &Path, uid: u32) -> Result<(), FileLockError> {
+    let metadata = match fs::symlink_metadata(dir) {
+        Ok(metadata) => metadata,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(FileLockError::Io { action: "inspect", path: dir.to_owned(), error }),
+    };
+    let reason = if !metadata.is_dir() {
+        "it exists and is not a directory".to_owned()
+    } else if metadata.uid() != uid {
+        format!("it belongs to uid {}, not {uid}", metadata.uid())
+    } else if metadata.mode() & 0o022 != 0 {
+        format!("others may write to it (mode {:o})", metadata.mode() & 0o7777)
+    } else {
+        return Ok(());
+    };
+    Err(FileLockError::UnsafeDirectory { path: dir.to_owned(), reason })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tenure-file-unit-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn default_path_prefers_a_usable_runtime_dir() {
+        let root = scratch("xdg");
+        let runtime = root.join("run");
+        fs::create_dir(&runtime).unwrap();
+        fs::set_permissions(&runtime, fs::Permissions::from_mode(0o700)).unwrap();
+        let uid = effective_uid();
+        let path = default_path_in("svc", Some(runtime.as_os_str()), &root, uid).unwrap();
+        assert_eq!(path, runtime.join("tenure").join("svc.json"));
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn default_path_falls_back_to_a_per_user_temp_dir() {
+        let root = scratch("fallback");
+        let uid = effective_uid();
+        let expected = root.join(format!("tenure-{uid}")).join("svc.json");
+        // Unset, empty, relative, missing, or a file: all unusable.
+        let file = root.join("a-file");
+        fs::write(&file, b"").unwrap();
+        for runtime in [None, Some(""), Some("relative/dir"), Some("/nonexistent/tenure-test"), file.to_str()] {
+            let path = default_path_in("svc", runtime.map(OsStr::new), &root, uid).unwrap();
+            assert_eq!(path, expected, "XDG_RUNTIME_DIR={runtime:?}");
+        }
+        // A runtime dir belonging to someone else is not used either.
+        let path = default_path_in("svc", Some(root.as_os_str()), &root, uid.wrapping_add(1)).unwrap();
+        assert_eq!(path, root.join(format!("tenure-{}", uid.wrapping_add(1))).join("svc.json"));
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn default_path_refuses_a_fallback_dir_others_control() {
+        let root = scratch("unsafe");
+        let uid = effective_uid();
+        let dir = root.join(format!("tenure-{uid}"));
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+        let error = default_path_in("svc", None, &root, uid).unwrap_err();
+        assert!(matches!(error, FileLockError::UnsafeDirectory { .. }), "{error}");
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(default_path_in("svc", None, &root, uid).is_ok());
+        fs::remove_dir(&dir).unwrap();
+        std::os::unix::fs::symlink(&root, &dir).unwrap();
+        assert!(matches!(default_path_in("svc", None, &root, uid), Err(FileLockError::UnsafeDirectory { .. })));
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_waiting_write_gives_up_when_its_caller_does() {
+        let dir = scratch("cancel");
+        let lock = FileLock::open(dir.join("x.json")).unwrap();
+        let holder = open_sidecar(&lock.paths).unwrap();
+        assert!(try_flock(&holder).unwrap());
+        let cancelled = AtomicBool::new(true);
+        let started = Instant::now();
+        let error = acquire_flock(&lock.paths, Duration::from_secs(60), &cancelled).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(10), "waited {:?}", started.elapsed());
+        assert!(matches!(&error, LockError::Unavailable(m) if m.contains("gave up")), "{error}");
+        drop(holder);
+        assert!(acquire_flock(&lock.paths, Duration::ZERO, &cancelled).is_ok());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn permission_and_read_only_errors_are_rejections_and_others_unavailability() {
+        let path = Path::new("/some/dir/x.json");
+        for (errno, rejected) in
+            [(libc::EACCES, true), (libc::EPERM, true), (libc::EROFS, true), (libc::EIO, false), (libc::ENOSPC, false)]
+        {
+            let error = io_error("create", path, io::Error::from_raw_os_error(errno));
+            assert_eq!(matches!(error, LockError::Rejected(_)), rejected, "{error}");
+            assert!(error.to_string().contains("cannot create /some/dir/x.json: "), "{error}");
+        }
+    }
+
+    #[test]
+    fn content_hash_is_fnv1a() {
+        // Reference values of 64-bit FNV-1a.
+        let mut hash = ContentHash::new();
+        assert_eq!(hash.0, 0xcbf29ce484222325);
+        hash.add(b"a");
+        assert_eq!(hash.0, 0xaf63dc4c8601ec8c);
+    }
+}

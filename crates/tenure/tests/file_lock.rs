@@ -1,0 +1,762 @@
+//! The file lock as its users see it: the record semantics the elector relies on, the file on
+//! disk, change notification, and what happens when writers are killed at random moments.
+//!
+//! Child processes are this test binary run again with `TENURE_FILE_LOCK_TEST_ROLE` set: the test
+//! `child_process_entry_point` then plays the role instead of doing nothing.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::io::AsRawFd;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use rand::Rng;
+use tenure::locks::file::{FileLock, FileLockError};
+use tenure::{ChangeStream, Elector, LeaderElectionRecord, LockError, RecordError, RecordLock, StoredRecord};
+
+const ROLE: &str = "TENURE_FILE_LOCK_TEST_ROLE";
+const LOCK_PATH: &str = "TENURE_FILE_LOCK_TEST_PATH";
+const IDENTITY: &str = "TENURE_FILE_LOCK_TEST_IDENTITY";
+/// Lines children report start with this; the test harness's own output does not.
+const REPORT: &str = "REPORT ";
+/// How long any single expected event may take before a test fails instead of hanging.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// A directory of its own for one test, removed afterwards.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Scratch {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("file_lock-{}-{test}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    fn names(&self) -> BTreeSet<String> {
+        fs::read_dir(&self.0).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::set_permissions(&self.0, fs::Permissions::from_mode(0o700));
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn record(holder: &str, transitions: i64) -> LeaderElectionRecord {
+    LeaderElectionRecord {
+        holder_identity: holder.to_owned(),
+        lease_duration_seconds: 15,
+        acquire_time: None,
+        renew_time: None,
+        leader_transitions: transitions,
+    }
+}
+
+/// The file as JSON, the way an operator running `cat` sees it.
+fn document(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&fs::read_to_string(path).unwrap()).unwrap()
+}
+
+async fn next_item(changes: &mut ChangeStream) -> Result<Option<StoredRecord>, LockError> {
+    tokio::time::timeout(PATIENCE, changes.next())
+        .await
+        .expect("no change notification within the patience period")
+        .expect("the change stream ended")
+}
+
+/// Takes the flock on the lock's sidecar as another writer would; released when dropped.
+fn hold_flock(lock_path: &Path) -> fs::File {
+    let sidecar =
+        fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(sidecar_of(lock_path)).unwrap();
+    // SAFETY: the descriptor belongs to `sidecar`, which outlives the call.
+    assert_eq!(unsafe { libc::flock(sidecar.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    sidecar
+}
+
+fn sidecar_of(lock_path: &Path) -> PathBuf {
+    let mut name = lock_path.file_name().unwrap().to_owned();
+    name.push(".lock");
+    lock_path.with_file_name(name)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Record semantics
+
+#[tokio::test]
+async fn a_missing_file_reads_as_none_and_open_creates_only_private_directories() {
+    let scratch = Scratch::new("missing");
+    let path = scratch.join("a/b/election.json");
+    let lock = FileLock::open(&path).unwrap();
+    assert_eq!(lock.get().await.unwrap(), None);
+    assert!(!path.exists(), "opening or reading must not create the record");
+    for dir in [scratch.join("a"), scratch.join("a/b")] {
+        assert_eq!(fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700, "{}", dir.display());
+    }
+}
+
+#[tokio::test]
+async fn create_then_get_returns_the_record_at_the_returned_version() {
+    let scratch = Scratch::new("create");
+    let lock = FileLock::open(scratch.join("election.json")).unwrap();
+    let version = lock.create(&record("a", 0)).await.unwrap();
+    let stored = lock.get().await.unwrap().unwrap();
+    assert_eq!(stored, StoredRecord { version, record: Ok(record("a", 0)) });
+}
+
+#[tokio::test]
+async fn create_fails_with_already_exists_over_a_record_or_garbage() {
+    let scratch = Scratch::new("exists");
+    let path = scratch.join("election.json");
+    let lock = FileLock::open(&path).unwrap();
+    lock.create(&record("a", 0)).await.unwrap();
+    assert_eq!(lock.create(&record("b", 0)).await, Err(LockError::AlreadyExists));
+    fs::write(&path, "garbage").unwrap();
+    assert_eq!(lock.create(&record("b", 0)).await, Err(LockError::AlreadyExists));
+    assert_eq!(fs::read_to_string(&path).unwrap(), "garbage");
+}
+
+#[tokio::test]
+async fn update_succeeds_only_at_the_current_version() {
+    let scratch = Scratch::new("update");
+    let a = FileLock::open(scratch.join("election.json")).unwrap();
+    let b = FileLock::open(scratch.join("election.json")).unwrap();
+    let v1 = a.create(&record("a", 0)).await.unwrap();
+    let v2 = b.update(&v1, &record("b", 1)).await.unwrap();
+    assert_ne!(v1, v2);
+    assert_eq!(a.update(&v1, &record("a", 1)).await, Err(LockError::Conflict), "a stale version must lose");
+    assert_eq!(a.get().await.unwrap().unwrap(), StoredRecord { version: v2.clone(), record: Ok(record("b", 1)) });
+    let v3 = a.update(&v2, &record("a", 2)).await.unwrap();
+    assert_eq!(b.get().await.unwrap().unwrap().version, v3);
+}
+
+#[tokio::test]
+async fn update_of_a_deleted_file_is_a_conflict() {
+    let scratch = Scratch::new("deleted");
+    let path = scratch.join("election.json");
+    let lock = FileLock::open(&path).unwrap();
+    let version = lock.create(&record("a", 0)).await.unwrap();
+    fs::remove_file(&path).unwrap();
+    assert_eq!(lock.update(&version, &record("a", 1)).await, Err(LockError::Conflict));
+    assert!(!path.exists(), "a failed update must not recreate the file");
+}
+
+#[tokio::test]
+async fn the_file_shows_the_client_go_record_and_counts_generations() {
+    let scratch = Scratch::new("format");
+    let path = scratch.join("election.json");
+    let lock = FileLock::open(&path).unwrap();
+    let first = record("a", 0);
+    let version = lock.create(&first).await.unwrap();
+    let text = fs::read_to_string(&path).unwrap();
+    assert_eq!(text, format!("{{\"generation\":1,\"record\":{}}}\n", first.to_json()));
+
+    let second = record("b", 1);
+    lock.update(&version, &second).await.unwrap();
+    let document = document(&path);
+    assert_eq!(document["generation"], 2);
+    assert_eq!(LeaderElectionRecord::from_json(&document["record"].to_string()).unwrap(), second);
+}
+
+#[tokio::test]
+async fn a_corrupt_file_has_a_stable_version_and_can_be_taken_over() {
+    let scratch = Scratch::new("corrupt");
+    let path = scratch.join("election.json");
+    let lock = FileLock::open(&path).unwrap();
+    fs::write(&path, r#"{"generation":3,"record":{"holderIdentity":"x","lease"#).unwrap();
+
+    let first = lock.get().await.unwrap().unwrap();
+    assert!(matches!(first.record, Err(RecordError::Malformed(_))), "{:?}", first.record);
+    assert!(first.version.0.starts_with("raw-"), "{}", first.version);
+    assert_eq!(lock.get().await.unwrap().unwrap().version, first.version, "same content, same version");
+
+    fs::write(&path, "something else entirely").unwrap();
+    let second = lock.get().await.unwrap().unwrap();
+    assert_ne!(second.version, first.version, "other content, other version");
+    assert_eq!(lock.update(&first.version, &record("a", 1)).await, Err(LockError::Conflict));
+
+    let taken = lock.update(&second.version, &record("a", 1)).await.unwrap();
+    assert_eq!(lock.get().await.unwrap().unwrap(), StoredRecord { version: taken, record: Ok(record("a", 1)) });
+    assert_eq!(document(&path)["generation"], 1);
+}
+
+#[tokio::test]
+async fn an_invalid_record_keeps_its_generation_and_can_be_taken_over() {
+    let scratch = Scratch::new("invalid");
+    let path = scratch.join("election.json");
+    let lock = FileLock::open(&path).unwrap();
+    fs::write(&path, r#"{"generation":5,"record":{"holderIdentity":"x","leaseDurationSeconds":0}}"#).unwrap();
+
+    let stored = lock.get().await.unwrap().unwrap();
+    assert_eq!(stored.record, LeaderElectionRecord::from_json(r#"{"holderIdentity":"x","leaseDurationSeconds":0}"#));
+    assert!(matches!(stored.record, Err(RecordError::Invalid(_))));
+    lock.update(&stored.version, &record("a", 1)).await.unwrap();
+    assert_eq!(document(&path)["generation"], 6);
+}
+
+#[tokio::test]
+async fn a_fifo_or_directory_in_place_of_the_file_reads_as_malformed_without_hanging() {
+    let scratch = Scratch::new("special");
+    let path = scratch.join("election.json");
+    let lock = FileLock::open(&path).unwrap();
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: `c_path` is a valid NUL-terminated string for the duration of the call.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let stored = tokio::time::timeout(PATIENCE, lock.get()).await.unwrap().unwrap().unwrap();
+    assert!(matches!(stored.record, Err(RecordError::Malformed(_))), "{:?}", stored.record);
+    assert_eq!(lock.get().await.unwrap().unwrap().version, stored.version);
+    lock.update(&stored.version, &record("a", 1)).await.unwrap();
+    assert_eq!(lock.get().await.unwrap().unwrap().record, Ok(record("a", 1)));
+
+    fs::remove_file(&path).unwrap();
+    fs::create_dir(&path).unwrap();
+    let stored = lock.get().await.unwrap().unwrap();
+    assert!(matches!(stored.record, Err(RecordError::Malformed(_))), "{:?}", stored.record);
+    assert!(matches!(lock.update(&stored.version, &record("a", 2)).await, Err(LockError::Unavailable(_))));
+}
+
+#[tokio::test]
+async fn a_recreated_file_does_not_match_a_version_read_before_its_deletion() {
+    let scratch = Scratch::new("recreated");
+    let path = scratch.join("election.json");
+    let old_holder = FileLock::open(&path).unwrap();
+    let stale = old_holder.create(&record("a", 0)).await.unwrap();
+    fs::remove_file(&path).unwrap();
+    let newcomer = FileLock::open(&path).unwrap();
+    newcomer.create(&record("b", 0)).await.unwrap();
+    assert_eq!(document(&path)["generation"], 1, "generation restarts with the file");
+    assert_eq!(old_holder.update(&stale, &record("a", 1)).await, Err(LockError::Conflict));
+    assert_eq!(newcomer.get().await.unwrap().unwrap().record, Ok(record("b", 0)));
+}
+
+#[tokio::test]
+async fn leftover_temporary_files_are_ignored_by_readers_and_removed_by_writers() {
+    let scratch = Scratch::new("leftovers");
+    let path = scratch.join("election.json");
+    let lock = FileLock::open(&path).unwrap();
+    let version = lock.create(&record("a", 0)).await.unwrap();
+    // What writers killed between creating and renaming their temporary file leave behind.
+    fs::write(scratch.join(".election.json.tmp.999999.0"), r#"{"generation":2,"rec"#).unwrap();
+    fs::write(scratch.join(".election.json.tmp.999999.1"), "").unwrap();
+    fs::write(scratch.join("other.json"), "not ours").unwrap();
+
+    assert_eq!(lock.get().await.unwrap().unwrap().record, Ok(record("a", 0)));
+    // A process that starts later cleans up with its first write.
+    let restarted = FileLock::open(&path).unwrap();
+    restarted.update(&version, &record("a", 1)).await.unwrap();
+    let names: Vec<_> = scratch.names().into_iter().collect();
+    assert_eq!(names, ["election.json", "election.json.lock", "other.json"]);
+}
+
+#[tokio::test]
+async fn a_write_waits_for_another_writers_flock_only_a_bounded_time() {
+    let scratch = Scratch::new("flock-wait");
+    let path = scratch.join("election.json");
+    let lock = FileLock::open(&path).unwrap().with_lock_wait(Duration::from_millis(100));
+    let held = hold_flock(&path);
+
+    let error = lock.create(&record("a", 0)).await.unwrap_err();
+    assert!(matches!(&error, LockError::Unavailable(m) if m.contains("election.json.lock")), "{error}");
+    assert_eq!(lock.get().await.unwrap(), None, "reads never wait for writers");
+    drop(held);
+    lock.create(&record("a", 0)).await.unwrap();
+}
+
+#[tokio::test]
+async fn permission_errors_are_rejected_with_the_path() {
+    let scratch = Scratch::new("permissions");
+    let path = scratch.join("election.json");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        fs::set_permissions(&scratch.0, fs::Permissions::from_mode(0o500)).unwrap();
+        expect_rejected(&FileLock::open(&path).unwrap()).await;
+        return;
+    }
+    // Root may write anywhere: let an unprivileged child try a directory only root may write to.
+    fs::set_permissions(&scratch.0, fs::Permissions::from_mode(0o755)).unwrap();
+    let mut command = child_command("expect-rejected", &path, "nobody");
+    std::os::unix::process::CommandExt::uid(&mut command, 65534);
+    std::os::unix::process::CommandExt::gid(&mut command, 65534);
+    match command.stdout(Stdio::null()).status() {
+        Ok(status) => assert!(status.success(), "the unprivileged child failed: {status}"),
+        Err(error) => eprintln!("skipped: cannot run a child as nobody: {error}"),
+    }
+}
+
+/// Asserts that a write is refused as a permission problem naming the directory.
+async fn expect_rejected(lock: &FileLock) {
+    let error = lock.create(&record("a", 0)).await.unwrap_err();
+    let dir = lock.path().parent().unwrap().to_str().unwrap().to_owned();
+    assert!(matches!(&error, LockError::Rejected(m) if m.contains(&dir)), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_in_one_process_never_lose_an_increment() {
+    let scratch = Scratch::new("threads");
+    let path = scratch.join("election.json");
+    FileLock::open(&path).unwrap().create(&record("", 0)).await.unwrap();
+    const WRITERS: i64 = 4;
+    const INCREMENTS: i64 = 25;
+    let mut tasks = Vec::new();
+    for writer in 0..WRITERS {
+        // Separate handles and clones of one handle must both exclude each other.
+        let lock = FileLock::open(&path).unwrap();
+        for handle in [lock.clone(), lock] {
+            tasks.push(tokio::spawn(async move {
+                let mut done = 0;
+                while done < INCREMENTS {
+                    let stored = handle.get().await.unwrap().unwrap();
+                    let current = stored.record.unwrap();
+                    let next = record(&format!("w{writer}"), current.leader_transitions + 1);
+                    match handle.update(&stored.version, &next).await {
+                        Ok(_) => done += 1,
+                        Err(LockError::Conflict) => {}
+                        Err(error) => panic!("{error}"),
+                    }
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let stored = FileLock::open(&path).unwrap().get().await.unwrap().unwrap();
+    assert_eq!(stored.record.unwrap().leader_transitions, WRITERS * 2 * INCREMENTS);
+    assert_eq!(document(&path)["generation"], WRITERS * 2 * INCREMENTS + 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Paths
+
+#[test]
+fn default_path_rejects_names_that_are_not_one_file_name() {
+    let too_long = "x".repeat(201);
+    for name in ["", too_long.as_str(), "a/b", "/abs", "nul\0byte", ".", ".."] {
+        let error = FileLock::default_path(name).unwrap_err();
+        assert!(matches!(error, FileLockError::InvalidElectionName { .. }), "{name:?}: {error}");
+        assert!(!error.to_string().contains('\n'));
+    }
+}
+
+#[test]
+fn default_path_is_one_file_per_election_in_a_per_user_directory() {
+    let longest = "y".repeat(200);
+    let a = FileLock::default_path("svc-a").unwrap();
+    let b = FileLock::default_path("svc-b").unwrap();
+    let long = FileLock::default_path(&longest).unwrap();
+    assert_eq!(a.file_name().unwrap(), "svc-a.json");
+    assert_eq!(long.file_name().unwrap().len(), 205);
+    assert_eq!(a.parent(), b.parent());
+    assert!(a.is_absolute());
+    // SAFETY: geteuid has no preconditions.
+    let per_user = format!("tenure-{}", unsafe { libc::geteuid() });
+    let dir = a.parent().unwrap();
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(runtime) if dir == Path::new(&runtime).join("tenure") => {}
+        _ => assert_eq!(dir, std::env::temp_dir().join(per_user)),
+    }
+}
+
+#[test]
+fn open_names_the_lock_by_its_absolute_path() {
+    let scratch = Scratch::new("describe");
+    let lock = FileLock::open(scratch.join("election.json")).unwrap();
+    assert_eq!(lock.path(), scratch.join("election.json"));
+    assert_eq!(lock.describe(), format!("file://{}", scratch.join("election.json").display()));
+
+    // Relative to the current directory, which exists, so nothing is created.
+    let relative = FileLock::open("relative-election.json").unwrap();
+    let absolute = std::env::current_dir().unwrap().join("relative-election.json");
+    assert_eq!(relative.path(), absolute);
+    assert_eq!(relative.describe(), format!("file://{}", absolute.display()));
+    assert!(!absolute.exists());
+}
+
+#[test]
+fn open_refuses_a_path_that_is_not_a_file() {
+    let scratch = Scratch::new("not-a-file");
+    assert!(matches!(FileLock::open(&scratch.0), Err(FileLockError::NotAFile(_))));
+    assert!(matches!(FileLock::open("/"), Err(FileLockError::NotAFile(_))));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Change notification
+
+#[tokio::test]
+async fn watch_reports_a_change_made_through_another_handle_and_nothing_else() {
+    let scratch = Scratch::new("watch-handle");
+    let path = scratch.join("election.json");
+    let watcher = FileLock::open(&path).unwrap();
+    let writer = FileLock::open(&path).unwrap();
+    let version = writer.create(&record("a", 0)).await.unwrap();
+    let mut changes = watcher.watch().unwrap();
+
+    // Other files in the directory, including another lock, do not count as changes.
+    fs::write(scratch.join("unrelated.txt"), "x").unwrap();
+    FileLock::open(scratch.join("other.json")).unwrap().create(&record("z", 0)).await.unwrap();
+    let written = writer.update(&version, &record("b", 1)).await.unwrap();
+
+    let change = next_item(&mut changes).await.unwrap();
+    assert_eq!(change, Some(StoredRecord { version: written, record: Ok(record("b", 1)) }));
+}
+
+#[tokio::test]
+async fn watch_reports_deletion_and_recreation() {
+    let scratch = Scratch::new("watch-delete");
+    let path = scratch.join("election.json");
+    let lock = FileLock::open(&path).unwrap();
+    lock.create(&record("a", 0)).await.unwrap();
+    let mut changes = lock.watch().unwrap();
+
+    fs::remove_file(&path).unwrap();
+    assert_eq!(next_item(&mut changes).await.unwrap(), None);
+    let version = FileLock::open(&path).unwrap().create(&record("b", 0)).await.unwrap();
+    assert_eq!(next_item(&mut changes).await.unwrap(), Some(StoredRecord { version, record: Ok(record("b", 0)) }));
+}
+
+#[tokio::test]
+async fn watch_reports_a_foreign_writer_that_writes_in_place() {
+    let scratch = Scratch::new("watch-foreign");
+    let path = scratch.join("election.json");
+    let lock = FileLock::open(&path).unwrap();
+    lock.create(&record("a", 0)).await.unwrap();
+    let mut changes = lock.watch().unwrap();
+
+    fs::write(&path, "{ not a record").unwrap();
+    let change = next_item(&mut changes).await.unwrap().unwrap();
+    assert!(matches!(change.record, Err(RecordError::Malformed(_))));
+    assert_eq!(Some(change), lock.get().await.unwrap());
+}
+
+#[tokio::test]
+async fn watch_reports_a_change_made_by_another_process() {
+    let scratch = Scratch::new("watch-process");
+    let path = scratch.join("election.json");
+    let lock = FileLock::open(&path).unwrap();
+    lock.create(&record("a", 0)).await.unwrap();
+    let mut changes = lock.watch().unwrap();
+
+    let status = child_command("update-once", &path, "other-process").stdout(Stdio::null()).status().unwrap();
+    assert!(status.success(), "child failed: {status}");
+    let change = next_item(&mut changes).await.unwrap().unwrap();
+    assert_eq!(change.record, Ok(record("other-process", 1)));
+}
+
+#[tokio::test]
+async fn watch_fails_once_and_ends_when_the_directory_is_removed() {
+    let scratch = Scratch::new("watch-rmdir");
+    let dir = scratch.join("locks");
+    let lock = FileLock::open(dir.join("election.json")).unwrap();
+    lock.create(&record("a", 0)).await.unwrap();
+    let mut changes = lock.watch().unwrap();
+
+    fs::remove_dir_all(&dir).unwrap();
+    let error = loop {
+        match next_item(&mut changes).await {
+            Ok(None) => continue, // the file's deletion may be reported first
+            Ok(Some(stored)) => panic!("unexpected record {stored:?}"),
+            Err(error) => break error,
+        }
+    };
+    assert!(matches!(&error, LockError::Unavailable(m) if m.contains("removed")), "{error}");
+    assert!(tokio::time::timeout(PATIENCE, changes.next()).await.unwrap().is_none());
+    // Reopening works again: the directory is recreated.
+    let mut reopened = lock.watch().unwrap();
+    let version = lock.create(&record("b", 0)).await.unwrap();
+    assert_eq!(next_item(&mut reopened).await.unwrap().unwrap().version, version);
+}
+
+#[tokio::test]
+async fn an_elector_takes_over_a_released_file_lock_through_the_watch() {
+    let scratch = Scratch::new("elector");
+    let path = scratch.join("election.json");
+    // Client-go's default timing: a 15 s lease, so only a pushed release explains a quick takeover.
+    let first = Elector::builder("first", FileLock::open(&path).unwrap()).spawn().unwrap();
+    let first_term = tokio::time::timeout(PATIENCE, first.acquired()).await.unwrap().unwrap().term();
+    let second = Elector::builder("second", FileLock::open(&path).unwrap()).spawn().unwrap();
+    let mut seen_by_second = second.subscribe();
+    tokio::time::timeout(PATIENCE, seen_by_second.wait_for(|l| l.leader.as_deref() == Some("first")))
+        .await
+        .unwrap()
+        .unwrap();
+
+    first.shutdown().await.unwrap();
+    let second_term = tokio::time::timeout(PATIENCE, second.acquired()).await.unwrap().unwrap().term();
+    assert!(second_term > first_term);
+    let stored = FileLock::open(&path).unwrap().get().await.unwrap().unwrap();
+    assert_eq!(stored.record.unwrap().holder_identity, "second");
+    second.shutdown().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes killed at random moments
+
+fn child_command(role: &str, path: &Path, identity: &str) -> Command {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["--exact", "child_process_entry_point", "--nocapture", "--test-threads=1", "-q"])
+        .env(ROLE, role)
+        .env(LOCK_PATH, path)
+        .env(IDENTITY, identity);
+    command
+}
+
+/// Not a test of its own: the body of the child processes the tests below start.
+#[test]
+fn child_process_entry_point() {
+    let Ok(role) = std::env::var(ROLE) else { return };
+    let path = PathBuf::from(std::env::var_os(LOCK_PATH).unwrap());
+    let identity = std::env::var(IDENTITY).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let lock = FileLock::open(path).unwrap();
+    match role.as_str() {
+        "hammer" => runtime.block_on(hammer(lock, identity)),
+        "expect-rejected" => runtime.block_on(expect_rejected(&lock)),
+        "update-once" => runtime.block_on(async {
+            let stored = lock.get().await.unwrap().unwrap();
+            let next = record(&identity, stored.record.unwrap().leader_transitions + 1);
+            lock.update(&stored.version, &next).await.unwrap();
+        }),
+        other => panic!("unknown role {other}"),
+    }
+}
+
+fn report(line: &str) {
+    // One write per line: a line is either entirely in the pipe or not at all.
+    let mut out = std::io::stdout().lock();
+    out.write_all(format!("{REPORT}{line}\n").as_bytes()).unwrap();
+    out.flush().unwrap();
+}
+
+/// Increments the record's `leaderTransitions` by compare-and-swap until stdin closes, reporting
+/// each attempt before it starts and its outcome after it ends.
+async fn hammer(lock: FileLock, identity: String) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_on_eof = stop.clone();
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+        stop_on_eof.store(true, Ordering::SeqCst);
+    });
+    while !stop.load(Ordering::SeqCst) {
+        let stored = match lock.get().await {
+            Ok(Some(stored)) => stored,
+            Ok(None) => return report("anomaly the record is missing"),
+            Err(error) => return report(&format!("anomaly get failed: {error}")),
+        };
+        let current = match stored.record {
+            Ok(current) => current,
+            Err(error) => return report(&format!("anomaly torn or corrupt record: {error}")),
+        };
+        let next = current.leader_transitions + 1;
+        report(&format!("attempt {next}"));
+        match lock.update(&stored.version, &record(&identity, next)).await {
+            Ok(_) => report(&format!("ok {next}")),
+            Err(LockError::Conflict) => report(&format!("conflict {next}")),
+            // The file lock never applies a write it reports as failed (see its module doc).
+            Err(error) => report(&format!("failed {next} {error}")),
+        }
+    }
+    report("done");
+}
+
+/// One hammering child and what it reported so far.
+struct Hammer {
+    process: Child,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+fn start_hammer(path: &Path, index: usize, lines: mpsc::Sender<(usize, String)>) -> Hammer {
+    let mut process = child_command("hammer", path, &format!("child-{index}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = process.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut stdout = BufReader::new(stdout);
+        let mut line = String::new();
+        // A line without its newline would be a fragment of a killed child: dropped.
+        while stdout.read_line(&mut line).unwrap() > 0 && line.ends_with('\n') {
+            if let Some(report) = line.trim_end().strip_prefix(REPORT) {
+                if lines.send((index, report.to_owned())).is_err() {
+                    break;
+                }
+            }
+            line.clear();
+        }
+    });
+    Hammer { process, reader: Some(reader) }
+}
+
+/// What one child's report says about the writes it made.
+#[derive(Debug, Default)]
+struct Outcome {
+    applied: Vec<i64>,
+    /// The write in flight when the child was killed: applied or not, nobody was told.
+    in_flight: Option<i64>,
+    finished: bool,
+}
+
+fn outcome(lines: &[String]) -> Outcome {
+    let mut outcome = Outcome::default();
+    for line in lines {
+        assert!(!outcome.finished, "report after done: {line}");
+        let mut words = line.splitn(3, ' ');
+        let (verb, value) = (words.next().unwrap(), words.next());
+        let value = value.and_then(|v| v.parse::<i64>().ok());
+        match (verb, value) {
+            ("attempt", Some(v)) => {
+                assert_eq!(outcome.in_flight, None, "two attempts at once: {lines:?}");
+                outcome.in_flight = Some(v);
+            }
+            ("ok" | "conflict" | "failed", Some(v)) => {
+                assert_eq!(outcome.in_flight.take(), Some(v), "outcome without attempt: {lines:?}");
+                if verb == "ok" {
+                    outcome.applied.push(v);
+                }
+            }
+            ("done", None) => outcome.finished = true,
+            _ => panic!("child reported: {line}"),
+        }
+    }
+    outcome
+}
+
+/// Watches the lock during the whole run and counts what no reader may ever see.
+#[derive(Debug, Default)]
+struct WatchTally {
+    records: u64,
+    bad: Vec<String>,
+}
+
+#[test]
+fn killed_writers_never_tear_the_record_lose_an_increment_or_leave_the_lock_stuck() {
+    const ROUNDS: usize = 20;
+    const CHILDREN: usize = 3;
+    let scratch = Scratch::new("kill");
+    let path = scratch.join("election.json");
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let lock = FileLock::open(&path).unwrap();
+    runtime.block_on(lock.create(&record("", 0))).unwrap();
+    let read_counter = || match runtime.block_on(lock.get()).unwrap() {
+        Some(StoredRecord { record: Ok(record), .. }) => record.leader_transitions,
+        other => panic!("the file is not a record: {other:?}"),
+    };
+
+    let tally = Arc::new(Mutex::new(WatchTally::default()));
+    let mut changes = lock.watch().unwrap();
+    let watch_tally = tally.clone();
+    let watcher = runtime.spawn(async move {
+        while let Some(item) = changes.next().await {
+            let mut tally = watch_tally.lock().unwrap();
+            match item {
+                Ok(Some(StoredRecord { record: Ok(_), .. })) => tally.records += 1,
+                other => tally.bad.push(format!("{other:?}")),
+            }
+        }
+    });
+
+    let mut rng = rand::thread_rng();
+    let (mut total_applied, mut killed_mid_write) = (0, 0);
+    for round in 0..ROUNDS {
+        let before = read_counter();
+        let (sender, receiver) = mpsc::channel();
+        let mut children: Vec<Hammer> = (0..CHILDREN).map(|i| start_hammer(&path, i, sender.clone())).collect();
+        drop(sender);
+        let mut lines: HashMap<usize, Vec<String>> = HashMap::new();
+        let receive = |lines: &mut HashMap<usize, Vec<String>>| {
+            let (index, line) = receiver.recv_timeout(PATIENCE).expect("children stopped reporting");
+            let is_ok = line.starts_with("ok ");
+            lines.entry(index).or_default().push(line);
+            is_ok
+        };
+
+        // Let them hammer for a random number of writes, then kill one at whatever it is doing.
+        let writes_before_kill = rng.gen_range(1..=30);
+        let mut writes = 0;
+        while writes < writes_before_kill {
+            writes += usize::from(receive(&mut lines));
+        }
+        // A random pause (not synchronisation) so that kills land at every point of a write.
+        std::thread::sleep(Duration::from_micros(rng.gen_range(0..2000)));
+        let victim = rng.gen_range(0..CHILDREN);
+        children[victim].process.kill().unwrap();
+        let status = children[victim].process.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "round {round}: the victim was not killed");
+        read_counter(); // panics unless the file holds a whole record
+
+        // The survivors keep going: the victim's flock died with it.
+        let mut writes_after_kill = 0;
+        while writes_after_kill < 3 {
+            writes_after_kill += usize::from(receive(&mut lines));
+        }
+        for child in &mut children {
+            drop(child.process.stdin.take()); // asks the survivors to stop
+        }
+        for (index, child) in children.iter_mut().enumerate() {
+            let status = child.process.wait().unwrap();
+            assert!(index == victim || status.success(), "round {round}: child {index} failed: {status}");
+            child.reader.take().unwrap().join().unwrap();
+        }
+        while let Ok((index, line)) = receiver.try_recv() {
+            lines.entry(index).or_default().push(line);
+        }
+
+        // Nobody holds the flock now: a new process takes it at the first try.
+        drop(hold_flock(&path));
+
+        // Exact accounting: every value from `before` to `after` was written exactly once, by a
+        // write its child reported, or by the one write the victim had in flight.
+        let after = read_counter();
+        let mut applied = BTreeSet::new();
+        let mut in_flight = None;
+        for index in 0..CHILDREN {
+            let outcome = outcome(lines.get(&index).map_or(&[][..], Vec::as_slice));
+            if index == victim {
+                in_flight = outcome.in_flight;
+            } else {
+                assert!(outcome.finished && outcome.in_flight.is_none(), "round {round}: child {index}: {outcome:?}");
+            }
+            for value in outcome.applied {
+                assert!(applied.insert(value), "round {round}: {value} was written twice");
+            }
+        }
+        let expected: BTreeSet<i64> = (before + 1..=after).collect();
+        let unreported: Vec<i64> = expected.difference(&applied).copied().collect();
+        assert!(applied.is_subset(&expected), "round {round}: reported writes {applied:?} beyond {before}..={after}");
+        match unreported.as_slice() {
+            [] => {}
+            [value] if Some(*value) == in_flight => killed_mid_write += 1,
+            lost => panic!("round {round}: values {lost:?} were lost (victim had {in_flight:?} in flight)"),
+        }
+        assert_eq!(document(&path)["generation"], after + 1, "round {round}: one generation per write");
+        total_applied += after - before;
+    }
+
+    let tally = tally.lock().unwrap();
+    assert!(tally.bad.is_empty(), "the watch saw {:?}", tally.bad);
+    assert!(tally.records > 0, "the watch reported no change");
+    drop(tally);
+    watcher.abort();
+    eprintln!("{ROUNDS} rounds, {total_applied} writes, {killed_mid_write} victims killed after renaming");
+
+    // Whatever the victims left behind, the next writer cleans up.
+    let restarted = FileLock::open(&path).unwrap();
+    let stored = runtime.block_on(restarted.get()).unwrap().unwrap();
+    runtime.block_on(restarted.update(&stored.version, &record("last", 0))).unwrap();
+    let names: Vec<_> = scratch.names().into_iter().collect();
+    assert_eq!(names, ["election.json", "election.json.lock"]);
+}
