@@ -47,7 +47,8 @@ impl SupervisedChild {
             });
         }
         let child = command.spawn()?;
-        let pid = child.id().and_then(|id| i32::try_from(id).ok()).ok_or_else(|| io::Error::other("child has no pid"))?;
+        let pid =
+            child.id().and_then(|id| i32::try_from(id).ok()).ok_or_else(|| io::Error::other("child has no pid"))?;
         Ok(SupervisedChild { child, group: Pid::from_raw(pid) })
     }
 

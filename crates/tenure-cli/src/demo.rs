@@ -52,9 +52,10 @@ pub struct DemoArgs {}
 
 /// Runs `tenure demo`; returns the exit status.
 pub async fn demo(_args: DemoArgs) -> Result<u8, CliError> {
-    let mut signals = TerminationSignals::install()
-        .map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
-    let workspace = Workspace::create().map_err(|e| CliError::Failed(format!("cannot create a temporary directory: {e}")))?;
+    let mut signals =
+        TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
+    let workspace =
+        Workspace::create().map_err(|e| CliError::Failed(format!("cannot create a temporary directory: {e}")))?;
     let mut replicas = Vec::new();
     let outcome = tokio::select! {
         outcome = script(&workspace, &mut replicas) => outcome,
@@ -122,7 +123,8 @@ async fn script(workspace: &Workspace, replicas: &mut Vec<Replica>) -> Result<()
     say(clock, &format!("SIGKILL {first_leader}: it cannot release the lock, so the others wait out its lease"));
     let _ = replicas[victim].child.wait().await;
     replicas[victim].exited = true;
-    let after_crash = wait_for_holder(&history, |holder| holder.is_some_and(|h| h != first_leader), "a new leader").await?;
+    let after_crash =
+        wait_for_holder(&history, |holder| holder.is_some_and(|h| h != first_leader), "a new leader").await?;
     let second_leader = after_crash.holder.clone().unwrap_or_default();
     let last_renew = history
         .borrow()
@@ -141,7 +143,8 @@ async fn script(workspace: &Workspace, replicas: &mut Vec<Replica>) -> Result<()
     replicas[stopping].child.signal_group(Signal::SIGTERM);
     let terminated_at = Instant::now();
     say(clock, &format!("SIGTERM {second_leader}: it releases the lock on its way out"));
-    let after_handover = wait_for_holder(&history, |holder| holder.is_some_and(|h| h != second_leader), "the next leader").await?;
+    let after_handover =
+        wait_for_holder(&history, |holder| holder.is_some_and(|h| h != second_leader), "the next leader").await?;
     let third_leader = after_handover.holder.clone().unwrap_or_default();
     let handover = after_handover.seen_at.saturating_duration_since(terminated_at);
     say(clock, &format!("{third_leader} acquired the lock (term {})", after_handover.term_text()));
@@ -260,10 +263,11 @@ async fn wait_for_holder(
     what: &str,
 ) -> Result<Seen, String> {
     let mut history = history.clone();
-    let found = timeout(STEP_TIMEOUT, history.wait_for(|h| h.last().is_some_and(|seen| wanted(seen.holder.as_deref()))))
-        .await
-        .map_err(|_| format!("no sign of {what} within {}", seconds(STEP_TIMEOUT)))?
-        .map_err(|_| "the lock observer stopped".to_owned())?;
+    let found =
+        timeout(STEP_TIMEOUT, history.wait_for(|h| h.last().is_some_and(|seen| wanted(seen.holder.as_deref()))))
+            .await
+            .map_err(|_| format!("no sign of {what} within {}", seconds(STEP_TIMEOUT)))?
+            .map_err(|_| "the lock observer stopped".to_owned())?;
     found.last().cloned().ok_or_else(|| "the lock observer lost its history".to_owned())
 }
 
@@ -368,10 +372,8 @@ struct Workspace {
 
 impl Workspace {
     fn create() -> std::io::Result<Workspace> {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
         let path = std::env::temp_dir().join(format!("tenure-demo-{}-{nanos:x}", std::process::id()));
         std::fs::DirBuilder::new().mode(0o700).create(&path)?;
         Ok(Workspace { path })

@@ -53,8 +53,8 @@ pub struct ElectArgs {
 /// Runs `tenure elect` until a termination signal; returns the exit status.
 pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
     logging::init(args.candidate.log_format);
-    let mut signals = TerminationSignals::install()
-        .map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
+    let mut signals =
+        TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
     let identity = args.candidate.identity().map_err(CliError::Usage)?;
     let election = &args.election.election;
     let url = LockUrl::given_or_default(args.election.lock.as_ref(), election)

@@ -51,10 +51,7 @@ impl LeadershipView for Elector {
 /// owner can take the elector back for its shutdown while connections are still open; once it
 /// is gone, the answer is "" (unknown).
 pub fn router(view: Weak<dyn LeadershipView>) -> Router {
-    Router::new()
-        .route("/", get(leader_name))
-        .route("/*path", get(leader_name))
-        .with_state(view)
+    Router::new().route("/", get(leader_name)).route("/*path", get(leader_name)).with_state(view)
 }
 
 async fn leader_name(State(view): State<Weak<dyn LeadershipView>>) -> Json<LeaderName> {

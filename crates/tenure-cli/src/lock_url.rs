@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
-use crate::pending_file_lock::{FileLock, FileLockError};
+use tenure::locks::file::{FileLock, FileLockError};
 use tenure::locks::memory::MemoryStore;
 use tenure::RecordLock;
 
@@ -154,7 +154,7 @@ impl LockUrl {
     }
 }
 
-fn open_file_lock(path: &Path) -> Result<impl RecordLock, OpenLockError> {
+fn open_file_lock(path: &Path) -> Result<FileLock, OpenLockError> {
     FileLock::open(path).map_err(|source| OpenLockError::File { path: path.to_owned(), source })
 }
 

@@ -15,7 +15,6 @@ mod http;
 mod lock_url;
 mod logging;
 mod options;
-mod pending_file_lock;
 mod run;
 mod signals;
 mod status;
@@ -130,7 +129,8 @@ fn one_line(rendered: &str) -> String {
     let mut help = "tenure --help".to_owned();
     for part in rendered.lines().map(str::trim) {
         if let Some(usage) = part.strip_prefix("Usage: ") {
-            let words: Vec<&str> = usage.split_whitespace().take_while(|w| w.chars().all(|c| c.is_ascii_lowercase())).collect();
+            let words: Vec<&str> =
+                usage.split_whitespace().take_while(|w| w.chars().all(|c| c.is_ascii_lowercase())).collect();
             if !words.is_empty() {
                 help = format!("{} --help", words.join(" "));
             }

@@ -65,23 +65,19 @@ enum Ending {
 /// Runs `tenure run`; returns the exit status.
 pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     logging::init(args.candidate.log_format);
-    let mut signals = TerminationSignals::install()
-        .map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
+    let mut signals =
+        TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
     let timing = args.candidate.ttl.timing;
     let grace = checked_grace(args.grace, &timing)?;
-    let (program, program_args) = args
-        .command
-        .split_first()
-        .ok_or_else(|| CliError::Usage("no command given after --".to_owned()))?;
+    let (program, program_args) =
+        args.command.split_first().ok_or_else(|| CliError::Usage("no command given after --".to_owned()))?;
     let identity = args.candidate.identity().map_err(CliError::Usage)?;
     let election = args.election.election.as_str();
     let url = LockUrl::given_or_default(args.election.lock.as_ref(), election)
         .map_err(|e| CliError::Failed(e.to_string()))?;
     let lock = url.open(&identity).map_err(|e| CliError::Failed(e.to_string()))?;
-    let elector = Elector::builder(identity.as_str(), lock)
-        .timing(timing)
-        .spawn()
-        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let elector =
+        Elector::builder(identity.as_str(), lock).timing(timing).spawn().map_err(|e| CliError::Usage(e.to_string()))?;
     tracing::info!(identity, election, lock = %url, "waiting for leadership before starting the command");
 
     let tenure = tokio::select! {
@@ -98,7 +94,8 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let mut child = match SupervisedChild::spawn(&mut command) {
         Ok(child) => child,
         Err(error) => {
-            let status = if error.kind() == std::io::ErrorKind::NotFound { exit::NOT_FOUND } else { exit::CANNOT_EXECUTE };
+            let status =
+                if error.kind() == std::io::ErrorKind::NotFound { exit::NOT_FOUND } else { exit::CANNOT_EXECUTE };
             tracing::error!(command = %program.to_string_lossy(), %error, "cannot start the command");
             drop(tenure);
             release(elector).await;

@@ -151,7 +151,10 @@ impl StatusReport {
             LockState::Unreadable => {
                 let why = self.error.as_deref().unwrap_or("unknown reason");
                 lines.push(format!("state:     unreadable record ({why})"));
-                lines.push("           candidates treat it as held by an unknown holder for one lease, then take it over".to_owned());
+                lines.push(
+                    "           candidates treat it as held by an unknown holder for one lease, then take it over"
+                        .to_owned(),
+                );
             }
             LockState::Free => lines.push("state:     free (released; nobody holds it)".to_owned()),
             LockState::Held => {

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{file_url, http_leader, run_to_end, wait_until, Tenure, TempDir};
+use common::{file_url, http_leader, run_to_end, wait_until, TempDir, Tenure};
 
 #[test]
 fn a_lock_nobody_took_says_so_and_exits_zero() {
@@ -29,11 +29,14 @@ fn a_held_lock_shows_leader_term_times_and_lease_and_a_released_one_is_free() {
         &["elect", "--election", "e", "--id", "replica-a", "--lock", &lock_url, "--ttl", "4s", "--http", "127.0.0.1:0"],
     );
     let address = holder.http_address();
-    wait_until(Duration::from_secs(5), || (http_leader(&address)? == "replica-a").then_some(())).expect("replica-a leads");
+    wait_until(Duration::from_secs(5), || (http_leader(&address)? == "replica-a").then_some(()))
+        .expect("replica-a leads");
 
     let (code, stdout, stderr) = run_to_end(&["status", "--election", "e", "--lock", &lock_url]);
     assert_eq!(code, 0, "{stderr}");
-    for expected in ["leader:    replica-a", "state:     held", "term:      1", "acquired:  ", "renewed:   ", "lease:     4s"] {
+    for expected in
+        ["leader:    replica-a", "state:     held", "term:      1", "acquired:  ", "renewed:   ", "lease:     4s"]
+    {
         assert!(stdout.contains(expected), "no {expected:?} in:\n{stdout}");
     }
     let (code, stdout, _) = run_to_end(&["status", "--election", "e", "--lock", &lock_url, "-o", "json"]);

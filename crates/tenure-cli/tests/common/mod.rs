@@ -71,8 +71,9 @@ impl Tenure {
 
     /// Waits for a line of standard error containing `needle`; panics with the log if none comes.
     pub fn wait_for_log(&self, needle: &str, limit: Duration) -> String {
-        wait_until(limit, || self.log().lines().find(|l| l.contains(needle)).map(str::to_owned))
-            .unwrap_or_else(|| panic!("{}: no log line with {needle:?} within {limit:?}; log:\n{}", self.name, self.log()))
+        wait_until(limit, || self.log().lines().find(|l| l.contains(needle)).map(str::to_owned)).unwrap_or_else(|| {
+            panic!("{}: no log line with {needle:?} within {limit:?}; log:\n{}", self.name, self.log())
+        })
     }
 
     /// The address the process serves HTTP on, from its log.
@@ -104,7 +105,8 @@ impl Tenure {
 
     /// Waits for the process to exit and returns its status code; panics if it does not.
     pub fn exit_code(&mut self, limit: Duration) -> i32 {
-        let status = self.wait_exit(limit).unwrap_or_else(|| panic!("{} did not exit; log:\n{}", self.name, self.log()));
+        let status =
+            self.wait_exit(limit).unwrap_or_else(|| panic!("{} did not exit; log:\n{}", self.name, self.log()));
         status.code().unwrap_or_else(|| panic!("{} ended by {status:?}; log:\n{}", self.name, self.log()))
     }
 
