@@ -29,6 +29,8 @@ use crate::{exit, CliError};
 const TTL: &str = "2s";
 /// The lease that [`TTL`] gives, for the explanations.
 const LEASE: Duration = Duration::from_secs(2);
+/// How long after a renew the demo crashes the leader: half the renew interval.
+const MID_RENEW: Duration = Duration::from_millis(250);
 /// How often the demo reads the lock to time changes of holder.
 const OBSERVE_EVERY: Duration = Duration::from_millis(5);
 /// The names of the three candidates.
@@ -115,7 +117,19 @@ async fn script(workspace: &Workspace, replicas: &mut Vec<Replica>) -> Result<()
     say(clock, &format!("{first_leader} acquired the lock (term {})", first.term_text()));
     show_agreement(clock, replicas, &first_leader).await?;
 
+    let seen_so_far = history.borrow().len();
+    wait_for_change(
+        &history,
+        |h| h.len() > seen_so_far && h.last().is_some_and(|s| s.holder.as_deref() == Some(&first_leader)),
+        "a renew",
+    )
+    .await?;
+    say(clock, &format!("{first_leader} renewed its lease; followers count the lease from the last renew they saw"));
+
     // 2. Failover: the leader crashes and cannot release; the others wait out its lease.
+    // Crash halfway between two renews (a pause for the show, not for synchronisation), so that
+    // the summary shows the lease being counted from the last renew, not from the crash.
+    tokio::time::sleep(MID_RENEW).await;
     println!();
     let victim = index_of(replicas, &first_leader)?;
     replicas[victim].child.signal_group(Signal::SIGKILL);
@@ -166,7 +180,12 @@ async fn script(workspace: &Workspace, replicas: &mut Vec<Replica>) -> Result<()
         seconds(failover_from_kill)
     );
     if let Some(from_renew) = failover_from_renew {
-        let _ = write!(failover, ", {} after its last renew (lease {})", seconds(from_renew), seconds(LEASE));
+        let _ = write!(
+            failover,
+            ", {} after its last renew (lease {})",
+            seconds(from_renew),
+            humantime::format_duration(LEASE)
+        );
     }
     println!("{failover}");
     println!(
@@ -262,12 +281,20 @@ async fn wait_for_holder(
     wanted: impl Fn(Option<&str>) -> bool,
     what: &str,
 ) -> Result<Seen, String> {
+    wait_for_change(history, |h| h.last().is_some_and(|seen| wanted(seen.holder.as_deref())), what).await
+}
+
+/// Waits until the history of the lock satisfies `wanted`; returns its latest state.
+async fn wait_for_change(
+    history: &watch::Receiver<Vec<Seen>>,
+    wanted: impl Fn(&Vec<Seen>) -> bool,
+    what: &str,
+) -> Result<Seen, String> {
     let mut history = history.clone();
-    let found =
-        timeout(STEP_TIMEOUT, history.wait_for(|h| h.last().is_some_and(|seen| wanted(seen.holder.as_deref()))))
-            .await
-            .map_err(|_| format!("no sign of {what} within {}", seconds(STEP_TIMEOUT)))?
-            .map_err(|_| "the lock observer stopped".to_owned())?;
+    let found = timeout(STEP_TIMEOUT, history.wait_for(|h| wanted(h)))
+        .await
+        .map_err(|_| format!("no sign of {what} within {}", seconds(STEP_TIMEOUT)))?
+        .map_err(|_| "the lock observer stopped".to_owned())?;
     found.last().cloned().ok_or_else(|| "the lock observer lost its history".to_owned())
 }
 

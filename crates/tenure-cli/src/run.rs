@@ -21,8 +21,8 @@ use crate::{exit, logging, CliError};
     long_about = "Run a command only while this instance leads the election.\n\n\
         Waits until this instance leads, then starts CMD with TENURE_TERM (the fencing term of this \
         tenure: pass it to what the command writes, and have it refuse lower terms) and \
-        TENURE_ELECTION in its environment. CMD runs in its own process group, and the kernel \
-        kills it if tenure itself dies.\n\n\
+        TENURE_ELECTION in its environment. CMD runs in its own process group (so it should not \
+        read from the terminal), and the kernel kills it if tenure itself dies.\n\n\
         When CMD exits, the lock is released and tenure exits with CMD's status (its exit code, or \
         128 + the signal that killed it). If CMD cannot be started: 127 (not found) or 126.\n\n\
         Losing leadership (the lock could not be renewed within the renew deadline, or another \
