@@ -57,12 +57,11 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
         TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
     let identity = args.candidate.identity().map_err(CliError::Usage)?;
     let election = &args.election.election;
-    let url = LockUrl::given_or_default(args.election.lock.as_ref(), election)
-        .map_err(|e| CliError::Failed(e.to_string()))?;
+    let url = LockUrl::given_or_default(args.election.lock.as_ref(), election)?;
     if let Some(namespace) = &args.election_namespace {
         tracing::info!(namespace, "--election-namespace only applies to Kubernetes locks; ignored");
     }
-    let lock = url.open(&identity).map_err(|e| CliError::Failed(e.to_string()))?;
+    let lock = url.open(&identity)?;
     let listener = match &args.http {
         Some(address) => Some(bind(address).await?),
         None => None,

@@ -111,7 +111,7 @@ impl fmt::Display for LockUrl {
 #[derive(Debug, thiserror::Error)]
 pub enum OpenLockError {
     /// The default lock path for the election could not be worked out.
-    #[error("no default lock for election '{election}': {source}")]
+    #[error("no default lock file for this election: {source}")]
     DefaultPath {
         /// The election name.
         election: String,
@@ -126,6 +126,19 @@ pub enum OpenLockError {
         /// What the file lock said.
         source: FileLockError,
     },
+}
+
+impl From<OpenLockError> for crate::CliError {
+    /// An election name the file lock cannot use is a usage error (exit status 2); anything else
+    /// failed at run time (exit status 1).
+    fn from(error: OpenLockError) -> Self {
+        match error {
+            OpenLockError::DefaultPath { source: FileLockError::InvalidElectionName { .. }, .. } => {
+                crate::CliError::Usage(error.to_string())
+            }
+            _ => crate::CliError::Failed(error.to_string()),
+        }
+    }
 }
 
 impl LockUrl {

@@ -28,7 +28,9 @@ use crate::{exit, logging, CliError};
         Losing leadership (the lock could not be renewed within the renew deadline, or another \
         holder took it): CMD's process group gets SIGTERM, then SIGKILL after the grace period, \
         and tenure exits with status 75. It does not campaign again: a command killed in the \
-        middle of its work must not silently start over; let your supervisor decide.\n\n\
+        middle of its work must not silently start over; let your supervisor decide. If tenure \
+        itself is paused (SIGSTOP, a frozen VM), CMD keeps running unsupervised meanwhile: that is \
+        what TENURE_TERM is for.\n\n\
         Signals: SIGTERM, SIGINT and SIGHUP are passed on to CMD's process group as SIGTERM; after \
         the grace period (or at a second signal) it gets SIGKILL. Then the lock is released and \
         tenure exits with CMD's status. Stopped before it leads, tenure exits with 128 + the \
@@ -73,19 +75,25 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         args.command.split_first().ok_or_else(|| CliError::Usage("no command given after --".to_owned()))?;
     let identity = args.candidate.identity().map_err(CliError::Usage)?;
     let election = args.election.election.as_str();
-    let url = LockUrl::given_or_default(args.election.lock.as_ref(), election)
-        .map_err(|e| CliError::Failed(e.to_string()))?;
-    let lock = url.open(&identity).map_err(|e| CliError::Failed(e.to_string()))?;
+    let url = LockUrl::given_or_default(args.election.lock.as_ref(), election)?;
+    let lock = url.open(&identity)?;
     let elector =
         Elector::builder(identity.as_str(), lock).timing(timing).spawn().map_err(|e| CliError::Usage(e.to_string()))?;
     tracing::info!(identity, election, lock = %url, "waiting for leadership before starting the command");
 
-    let tenure = tokio::select! {
-        tenure = elector.acquired() => tenure.map_err(|e| CliError::Failed(e.to_string()))?,
-        termination = signals.recv() => {
-            tracing::info!(signal = termination.name, "stopped before leading; the command never ran");
-            release(elector).await;
-            return Ok(termination.exit_status());
+    let tenure = loop {
+        let tenure = tokio::select! {
+            tenure = elector.acquired() => tenure.map_err(|e| CliError::Failed(e.to_string()))?,
+            termination = signals.recv() => {
+                tracing::info!(signal = termination.name, "stopped before leading; the command never ran");
+                release(elector).await;
+                return Ok(termination.exit_status());
+            }
+        };
+        // The tenure may have lapsed between its start and now; nothing has run yet, so waiting
+        // for the next one is harmless.
+        if tenure.is_valid() {
+            break tenure;
         }
     };
     let term = tenure.term();
@@ -180,8 +188,7 @@ fn checked_grace(grace: Option<Duration>, timing: &Timing) -> Result<Duration, C
 
 /// Completes at the next termination signal: a second request to stop means "now".
 async fn hurry(signals: &mut TerminationSignals) {
-    let termination = signals.recv().await;
-    tracing::info!(signal = termination.name, "asked again to stop");
+    signals.recv().await;
 }
 
 /// Releases the lock (if held) and stops the elector, logging a failed release.

@@ -81,9 +81,8 @@ struct StatusReport {
 /// Runs `tenure status`; returns the exit status.
 pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
     let election = args.election.election;
-    let url = LockUrl::given_or_default(args.election.lock.as_ref(), &election)
-        .map_err(|e| CliError::Failed(e.to_string()))?;
-    let lock = url.open("tenure-status").map_err(|e| CliError::Failed(e.to_string()))?;
+    let url = LockUrl::given_or_default(args.election.lock.as_ref(), &election)?;
+    let lock = url.open("tenure-status")?;
     let stored = match tokio::time::timeout(READ_TIMEOUT, lock.get()).await {
         Ok(Ok(stored)) => stored,
         Ok(Err(error)) => return Err(CliError::Failed(format!("cannot read the lock {url}: {error}"))),
