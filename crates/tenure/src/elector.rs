@@ -201,12 +201,6 @@ impl Elector {
     }
 }
 
-impl Drop for Elector {
-    fn drop(&mut self) {
-        // The driver sees its command channel close and shuts down, releasing the lock.
-    }
-}
-
 type OpFuture = Pin<Box<dyn Future<Output = OpResult> + Send>>;
 
 enum OpResult {
