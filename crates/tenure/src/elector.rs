@@ -169,6 +169,12 @@ impl Elector {
         self.subscriber.tenure().map(|t| t.term())
     }
 
+    /// Until when the current leadership is valid unless the next renew succeeds (the
+    /// self-fencing deadline), if this instance leads.
+    pub fn valid_until(&self) -> Option<Instant> {
+        self.subscriber.tenure().map(|t| t.valid_until())
+    }
+
     /// A guard for the current tenure, if this instance leads.
     pub fn tenure(&self) -> Option<Tenure> {
         self.subscriber.tenure()
