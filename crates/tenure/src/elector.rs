@@ -169,6 +169,12 @@ impl Elector {
         self.subscriber.tenure().map(|t| t.term())
     }
 
+    /// Until when the current leadership is valid unless the next renew succeeds (the
+    /// self-fencing deadline), if this instance leads.
+    pub fn valid_until(&self) -> Option<Instant> {
+        self.subscriber.tenure().map(|t| t.valid_until())
+    }
+
     /// A guard for the current tenure, if this instance leads.
     pub fn tenure(&self) -> Option<Tenure> {
         self.subscriber.tenure()
@@ -198,12 +204,6 @@ impl Elector {
             let _ = task.await;
         }
         result
-    }
-}
-
-impl Drop for Elector {
-    fn drop(&mut self) {
-        // The driver sees its command channel close and shuts down, releasing the lock.
     }
 }
 

@@ -77,6 +77,7 @@ async fn first_candidate_acquires_an_empty_lock_at_once_with_term_one() {
     let at = until(&mut a.subscribe(), leads).await;
     assert!(at - start < TICK);
     assert_eq!(a.is_leader(), Some(Term(1)));
+    assert_eq!(a.valid_until(), Some(start + RENEW_DEADLINE));
     assert_eq!(a.leadership().leader.as_deref(), Some("a"));
     let record = store.peek().unwrap().record.unwrap();
     assert_eq!((record.holder_identity.as_str(), record.leader_transitions, record.lease_duration_seconds), ("a", 1, 15));
@@ -432,8 +433,7 @@ async fn rejects_invalid_configuration_with_a_clear_error() {
     let store = MemoryStore::new();
     let err = Elector::builder("", store.client("x")).spawn().err().unwrap();
     assert_eq!(err.to_string(), "the identity of a candidate must not be empty");
-    let mut timing = Timing::default();
-    timing.renew_deadline = Duration::from_secs(20);
+    let timing = Timing { renew_deadline: Duration::from_secs(20), ..Timing::default() };
     let err = Elector::builder("x", store.client("x")).timing(timing).spawn().err().unwrap();
     assert!(err.to_string().contains("must be greater than the renew deadline"), "{err}");
 }
