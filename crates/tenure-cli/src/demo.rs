@@ -22,7 +22,7 @@ use tokio::time::{timeout, Instant};
 
 use crate::child::{describe_status, SupervisedChild};
 use crate::lock_url::LockUrl;
-use crate::signals::TerminationSignals;
+use crate::signals::{Termination, TerminationSignals};
 use crate::{exit, CliError};
 
 /// The `--ttl` of the demo's candidates: lease 2 s, renew deadline 1 s, retry 500 ms.
@@ -61,38 +61,46 @@ pub async fn demo(_args: DemoArgs) -> Result<u8, CliError> {
     let mut replicas = Vec::new();
     let outcome = tokio::select! {
         outcome = script(&workspace, &mut replicas) => outcome,
-        termination = signals.recv() => {
-            println!("\n{} received: stopping the replicas and cleaning up", termination.name);
-            Err(Interrupted(termination.exit_status()))
-        }
+        termination = signals.recv() => Err(Stop::Interrupted(termination)),
     };
-    if outcome.is_err() {
-        for replica in &replicas {
-            replica.print_log_tail();
+    match &outcome {
+        Err(Stop::Failed(message)) => {
+            eprintln!("tenure demo: {message}");
+            for replica in &replicas {
+                replica.print_log_tail();
+            }
         }
+        Err(Stop::Interrupted(termination)) => {
+            println!("\n{} received: stopping the replicas and cleaning up", termination.name);
+        }
+        Ok(()) => {}
     }
     stop_all(&mut replicas).await;
     drop(replicas);
-    workspace.remove();
+    drop(workspace); // removes the directory
     match outcome {
         Ok(()) => Ok(exit::SUCCESS),
-        Err(Interrupted(status)) if status != exit::FAILURE => Ok(status),
-        Err(_) => Err(CliError::Failed("the demo did not complete (see above)".to_owned())),
+        Err(Stop::Interrupted(termination)) => Ok(termination.exit_status()),
+        Err(Stop::Failed(_)) => Err(CliError::Failed("the demo did not complete (see above)".to_owned())),
     }
 }
 
-/// The demo stopped early; carries the exit status.
+/// Why the demo ended early.
 #[derive(Debug)]
-struct Interrupted(u8);
+enum Stop {
+    /// A step failed or timed out.
+    Failed(String),
+    /// Ctrl-C or another termination signal.
+    Interrupted(Termination),
+}
 
-impl From<String> for Interrupted {
+impl From<String> for Stop {
     fn from(message: String) -> Self {
-        eprintln!("tenure demo: {message}");
-        Interrupted(exit::FAILURE)
+        Stop::Failed(message)
     }
 }
 
-async fn script(workspace: &Workspace, replicas: &mut Vec<Replica>) -> Result<(), Interrupted> {
+async fn script(workspace: &Workspace, replicas: &mut Vec<Replica>) -> Result<(), Stop> {
     let clock = Instant::now();
     let lock_url = LockUrl::File(workspace.lock_path());
     println!("Tenure demo: three candidates, one leader.");
@@ -384,8 +392,12 @@ fn bound_address(log: &Path) -> Option<String> {
     })
 }
 
-/// Stops every replica still running: SIGTERM, then SIGKILL after a few seconds.
+/// Stops every replica still running: SIGTERM to all at once, then SIGKILL to any still there
+/// after a few seconds.
 async fn stop_all(replicas: &mut [Replica]) {
+    for replica in replicas.iter().filter(|r| !r.exited) {
+        replica.child.signal_group(Signal::SIGTERM);
+    }
     for replica in replicas.iter_mut().filter(|r| !r.exited) {
         let _ = replica.child.stop(Duration::from_secs(3), std::future::pending()).await;
         replica.exited = true;
@@ -408,10 +420,6 @@ impl Workspace {
 
     fn lock_path(&self) -> PathBuf {
         self.path.join("demo.lock")
-    }
-
-    fn remove(self) {
-        // Drop does the work.
     }
 }
 
