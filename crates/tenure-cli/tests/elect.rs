@@ -191,3 +191,24 @@ fn election_namespace_is_accepted_and_ignored_with_a_note() {
     tenure.signal(libc::SIGTERM);
     assert_eq!(tenure.exit_code(Duration::from_secs(5)), 0, "{}", tenure.log());
 }
+
+#[test]
+fn the_leader_elector_sidecar_command_line_of_the_kuryr_manifest_is_accepted() {
+    // The flags of the seed's manifest, in its `--flag=value` form (HTTP on loopback here).
+    let mut tenure = Tenure::start(
+        "sidecar",
+        &[
+            "elect",
+            "--election=kuryr-controller",
+            "--http=127.0.0.1:0",
+            "--election-namespace=kube-system",
+            "--ttl=5s",
+            "--id=kuryr-0",
+            "--lock=memory:",
+        ],
+    );
+    let address = tenure.http_address();
+    wait_until(Duration::from_secs(5), || (http_leader(&address)? == "kuryr-0").then_some(())).expect("kuryr-0 leads");
+    tenure.signal(libc::SIGTERM);
+    assert_eq!(tenure.exit_code(Duration::from_secs(5)), 0, "{}", tenure.log());
+}
