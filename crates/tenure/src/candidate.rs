@@ -403,7 +403,11 @@ impl Candidate {
         });
         self.note_term(term);
         self.needs_read = false;
-        self.next_attempt = (started + self.timing.retry_period).max(now);
+        self.next_attempt = match self.mode {
+            // A release asked for while this write was in flight goes out at once (L2).
+            Mode::Releasing(_) => now,
+            _ => (started + self.timing.retry_period).max(now),
+        };
         let valid_until = started + self.timing.renew_deadline;
         match kind {
             WriteKind::Acquire => {

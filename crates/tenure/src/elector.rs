@@ -444,7 +444,11 @@ impl Driver {
         } else {
             Role::Follower
         };
-        let record = self.candidate.observed_record().filter(|r| !r.holder_identity.is_empty());
+        // A record that still names this instance after it stopped leading (fenced, or lost and
+        // not yet re-read) names nobody who leads: say so rather than report ourselves.
+        let record = self.candidate.observed_record().filter(|r| {
+            !r.holder_identity.is_empty() && !(r.holder_identity == identity && role == Role::Follower)
+        });
         self.publisher.publish(Leadership {
             leader: record.map(|r| r.holder_identity.clone()),
             term: record.map(|r| Term(u64::try_from(r.leader_transitions).unwrap_or(0))),

@@ -182,6 +182,37 @@ async fn graceful_shutdown_releases_the_lock_and_a_watching_follower_takes_over_
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_release_asked_for_during_a_renew_goes_out_as_soon_as_the_renew_returns() {
+    let store = MemoryStore::new();
+    let a = spawn(&store, "a");
+    until(&mut a.subscribe(), leads).await;
+    let b = spawn(&store, "b");
+    let mut b_rx = b.subscribe();
+    until(&mut b_rx, |l| l.leader.as_deref() == Some("a")).await;
+    let round_trip = Duration::from_millis(300);
+    store.set_delay("a", round_trip);
+    // The next renew starts at 2 s; ask for the release while it is in flight.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let asked = Instant::now();
+    let shutdown = tokio::spawn(a.shutdown());
+    let b_leads = until(&mut b_rx, leads).await;
+    // At most: the rest of the renew, then the release's own round trip.
+    assert!(b_leads - asked <= 2 * round_trip + TICK, "handover took {:?}", b_leads - asked);
+    shutdown.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fenced_leader_no_longer_names_itself_as_the_leader() {
+    let store = MemoryStore::new();
+    let a = spawn(&store, "a");
+    let mut rx = a.subscribe();
+    until(&mut rx, leads).await;
+    store.partition("a", true);
+    until(&mut rx, |l| !leads(l)).await;
+    assert_eq!(a.leadership(), Leadership { leader: None, term: None, role: Role::Follower });
+}
+
+#[tokio::test(start_paused = true)]
 async fn release_writes_an_empty_holder_with_a_one_second_lease_like_client_go() {
     let store = MemoryStore::new();
     let a = spawn(&store, "a");
