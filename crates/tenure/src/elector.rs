@@ -447,7 +447,8 @@ impl Driver {
         // A record that still names this instance after it stopped leading (fenced, or lost and
         // not yet re-read) names nobody who leads: say so rather than report ourselves.
         let record = self.candidate.observed_record().filter(|r| {
-            !r.holder_identity.is_empty() && !(r.holder_identity == identity && role == Role::Follower)
+            let fenced_self = r.holder_identity == identity && role == Role::Follower;
+            !r.holder_identity.is_empty() && !fenced_self
         });
         self.publisher.publish(Leadership {
             leader: record.map(|r| r.holder_identity.clone()),
