@@ -1,1 +1,169 @@
-fn main(){}
+//! `tenure`: leader election for replicated services, from the command line.
+//!
+//! - `tenure elect`: a drop-in for the retired leader-elector:0.5 sidecar.
+//! - `tenure run -- CMD`: run a command on one host at a time (like `consul lock`).
+//! - `tenure status`: who holds a lock, read once.
+//! - `tenure demo`: three candidates, a crash and a handover, measured, with no setup.
+//!
+//! This file parses the command line and turns every outcome into an exit status; each
+//! subcommand lives in its own module.
+
+mod child;
+mod demo;
+mod elect;
+mod http;
+mod lock_url;
+mod logging;
+mod options;
+mod run;
+mod signals;
+mod status;
+
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use clap::{Parser, Subcommand};
+
+/// Exit statuses shared by all subcommands. `run` also passes on its command's status.
+pub mod exit {
+    /// Done as asked.
+    pub const SUCCESS: u8 = 0;
+    /// Something failed at run time: the store is unreachable, a port is taken.
+    pub const FAILURE: u8 = 1;
+    /// The command line was wrong; nothing was started.
+    pub const USAGE: u8 = 2;
+    /// `tenure run` lost leadership and killed its command (BSD `EX_TEMPFAIL`: trying again
+    /// later may succeed).
+    pub const LOST_LEADERSHIP: u8 = 75;
+    /// `tenure run` found its command but could not execute it (as shells report it).
+    pub const CANNOT_EXECUTE: u8 = 126;
+    /// `tenure run` could not find its command (as shells report it).
+    pub const NOT_FOUND: u8 = 127;
+}
+
+/// Why a subcommand ended without doing what it was asked; the variant decides the exit status.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// A value that passed the parser but is wrong in combination (exit status 2).
+    #[error("{0}")]
+    Usage(String),
+    /// A failure at run time (exit status 1).
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl CliError {
+    fn exit_status(&self) -> u8 {
+        match self {
+            CliError::Usage(_) => exit::USAGE,
+            CliError::Failed(_) => exit::FAILURE,
+        }
+    }
+}
+
+/// Leader election for replicated services.
+///
+/// Several replicas run the same command with the same --election; exactly one of them leads at
+/// a time, a crashed leader is replaced when its lease runs out, and a leader that is stopped
+/// hands over at once.
+#[derive(Debug, Parser)]
+#[command(name = "tenure", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Elect(elect::ElectArgs),
+    Run(run::RunArgs),
+    Status(status::StatusArgs),
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return ExitCode::from(report_usage_error(&error)),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("tenure: error: cannot start the async runtime: {error}");
+            return ExitCode::from(exit::FAILURE);
+        }
+    };
+    let outcome = runtime.block_on(async {
+        match cli.command {
+            Command::Elect(args) => elect::elect(args).await,
+            Command::Run(args) => run::run(args).await,
+            Command::Status(args) => status::status(args).await,
+            Command::Demo(args) => demo::demo(args).await,
+        }
+    });
+    match outcome {
+        Ok(status) => ExitCode::from(status),
+        Err(error) => {
+            eprintln!("tenure: error: {error}");
+            ExitCode::from(error.exit_status())
+        }
+    }
+}
+
+/// Prints help and version as clap does, and usage errors on one line; returns the exit status.
+fn report_usage_error(error: &clap::Error) -> u8 {
+    if matches!(error.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion)
+        || error.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    {
+        let _ = error.print();
+        return if error.use_stderr() { exit::USAGE } else { exit::SUCCESS };
+    }
+    eprintln!("tenure: {}", one_line(&error.render().to_string()));
+    exit::USAGE
+}
+
+/// clap's error message without its usage block and hint, joined into one line, pointing to the
+/// help of the subcommand it is about.
+fn one_line(rendered: &str) -> String {
+    let mut line = String::new();
+    let mut help = "tenure --help".to_owned();
+    for part in rendered.lines().map(str::trim) {
+        if let Some(usage) = part.strip_prefix("Usage: ") {
+            let words: Vec<&str> =
+                usage.split_whitespace().take_while(|w| w.chars().all(|c| c.is_ascii_lowercase())).collect();
+            if !words.is_empty() {
+                help = format!("{} --help", words.join(" "));
+            }
+            continue;
+        }
+        if part.is_empty() || part.starts_with("For more information") {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(part);
+    }
+    line.push_str(&format!(" (see '{help}')"));
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_errors_fit_on_one_line() {
+        let error = Cli::try_parse_from(["tenure", "elect"]).unwrap_err();
+        let line = one_line(&error.render().to_string());
+        assert!(!line.contains('\n'), "{line}");
+        assert!(line.contains("--election"), "{line}");
+        assert!(line.ends_with("(see 'tenure elect --help')"), "{line}");
+    }
+
+    #[test]
+    fn command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

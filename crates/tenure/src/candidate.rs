@@ -336,7 +336,9 @@ impl Candidate {
                         next = poll;
                     }
                 }
-                self.next_attempt = next;
+                // A draining candidate may face an expired lease it must not take: never schedule
+                // in the past, or the driver would spin.
+                self.next_attempt = if next > now { next } else { now + self.timing.retry_period };
             }
             (Mode::Campaigning, _) => {
                 // Held off after a resign: look again when the hold-off ends.
@@ -401,7 +403,11 @@ impl Candidate {
         });
         self.note_term(term);
         self.needs_read = false;
-        self.next_attempt = (started + self.timing.retry_period).max(now);
+        self.next_attempt = match self.mode {
+            // A release asked for while this write was in flight goes out at once (L2).
+            Mode::Releasing(_) => now,
+            _ => (started + self.timing.retry_period).max(now),
+        };
         let valid_until = started + self.timing.renew_deadline;
         match kind {
             WriteKind::Acquire => {
@@ -620,5 +626,83 @@ impl Candidate {
         } else {
             self.jittered_retry()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: MonotonicTime = MonotonicTime::ZERO;
+
+    fn wall() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z").unwrap().to_utc()
+    }
+
+    fn held_by(holder: &str, version: &str, transitions: i64) -> Option<StoredRecord> {
+        Some(StoredRecord {
+            version: Version(version.into()),
+            record: Ok(LeaderElectionRecord {
+                holder_identity: holder.into(),
+                lease_duration_seconds: 15,
+                acquire_time: Some(wall()),
+                renew_time: Some(wall()),
+                leader_transitions: transitions,
+            }),
+        })
+    }
+
+    fn events(c: &mut Candidate) -> Vec<Event> {
+        std::iter::from_fn(|| c.poll_event()).collect()
+    }
+
+    #[test]
+    fn a_follower_that_shuts_down_never_reports_stopped_leading_and_writes_nothing() {
+        let mut c = Candidate::new("b", Timing::default(), true, 1);
+        assert_eq!(c.poll_action(T0, wall()), Some(Action::Read));
+        c.on_read(T0, Ok(held_by("a", "7", 3)));
+        assert_eq!(c.poll_action(T0, wall()), None);
+        c.release(T0, AfterRelease::Stop);
+        assert_eq!(c.poll_action(T0, wall()), None);
+        assert!(c.is_stopped());
+        assert!(events(&mut c).iter().all(|e| matches!(e, Event::LeaderObserved { .. })));
+    }
+
+    #[test]
+    fn a_draining_candidate_facing_an_expired_lease_waits_instead_of_spinning() {
+        let mut c = Candidate::new("b", Timing::default(), true, 1);
+        c.poll_action(T0, wall());
+        c.on_read(T0, Ok(held_by("a", "7", 3)));
+        c.step_down(T0);
+        let late = T0 + Duration::from_secs(60);
+        assert_eq!(c.poll_action(late, wall()), None);
+        assert!(c.next_wakeup().unwrap() > late, "scheduled in the past: the driver would spin");
+    }
+
+    #[test]
+    fn a_leader_renews_one_retry_period_after_the_start_of_its_last_renew() {
+        let timing = Timing::default();
+        let mut c = Candidate::new("a", timing, true, 1);
+        c.poll_action(T0, wall());
+        c.on_read(T0, Ok(None));
+        assert!(matches!(c.poll_action(T0, wall()), Some(Action::Create(_))));
+        let replied = T0 + Duration::from_millis(300);
+        c.on_write(replied, Ok(Version("1".into())));
+        assert!(events(&mut c).contains(&Event::StartedLeading { term: Term(1) }));
+        // Validity counts from the start of the write, not from its reply (S1).
+        assert_eq!(c.leader_valid_until(), Some(T0 + timing.renew_deadline));
+        assert_eq!(c.next_wakeup(), Some(T0 + timing.retry_period));
+        let renew_at = T0 + timing.retry_period;
+        let Some(Action::Update { expected, record }) = c.poll_action(renew_at, wall()) else { panic!("no renew") };
+        assert_eq!((expected, record.leader_transitions), (Version("1".into()), 1));
+    }
+
+    #[test]
+    fn a_restarted_process_with_the_same_identity_waits_out_its_previous_lease() {
+        let mut c = Candidate::new("a", Timing::default(), true, 1);
+        c.poll_action(T0, wall());
+        c.on_read(T0, Ok(held_by("a", "9", 4)));
+        assert_eq!(c.poll_action(T0, wall()), None);
+        assert_eq!(c.next_wakeup(), Some(T0 + Duration::from_secs(15)));
     }
 }

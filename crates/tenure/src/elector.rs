@@ -169,6 +169,12 @@ impl Elector {
         self.subscriber.tenure().map(|t| t.term())
     }
 
+    /// Until when the current leadership is valid unless the next renew succeeds (the
+    /// self-fencing deadline), if this instance leads.
+    pub fn valid_until(&self) -> Option<Instant> {
+        self.subscriber.tenure().map(|t| t.valid_until())
+    }
+
     /// A guard for the current tenure, if this instance leads.
     pub fn tenure(&self) -> Option<Tenure> {
         self.subscriber.tenure()
@@ -198,12 +204,6 @@ impl Elector {
             let _ = task.await;
         }
         result
-    }
-}
-
-impl Drop for Elector {
-    fn drop(&mut self) {
-        // The driver sees its command channel close and shuts down, releasing the lock.
     }
 }
 
@@ -444,7 +444,12 @@ impl Driver {
         } else {
             Role::Follower
         };
-        let record = self.candidate.observed_record().filter(|r| !r.holder_identity.is_empty());
+        // A record that still names this instance after it stopped leading (fenced, or lost and
+        // not yet re-read) names nobody who leads: say so rather than report ourselves.
+        let record = self.candidate.observed_record().filter(|r| {
+            let fenced_self = r.holder_identity == identity && role == Role::Follower;
+            !r.holder_identity.is_empty() && !fenced_self
+        });
         self.publisher.publish(Leadership {
             leader: record.map(|r| r.holder_identity.clone()),
             term: record.map(|r| Term(u64::try_from(r.leader_transitions).unwrap_or(0))),

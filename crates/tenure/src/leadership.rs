@@ -27,6 +27,10 @@ pub enum Role {
 
 /// A snapshot of the election as one instance sees it, published on a `tokio::sync::watch`
 /// channel whenever the leader, the term or this instance's role changes (not on every renew).
+///
+/// A snapshot can be stale by the time it is read (a process resumed after a long pause sees
+/// the snapshot it had before): before a side effect, decide with [`Tenure::check`] or
+/// [`crate::Elector::is_leader`], which read the local clock.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Leadership {
     /// Identity of the holder of the lock, `None` when it is free or unknown.

@@ -77,6 +77,7 @@ async fn first_candidate_acquires_an_empty_lock_at_once_with_term_one() {
     let at = until(&mut a.subscribe(), leads).await;
     assert!(at - start < TICK);
     assert_eq!(a.is_leader(), Some(Term(1)));
+    assert_eq!(a.valid_until(), Some(start + RENEW_DEADLINE));
     assert_eq!(a.leadership().leader.as_deref(), Some("a"));
     let record = store.peek().unwrap().record.unwrap();
     assert_eq!((record.holder_identity.as_str(), record.leader_transitions, record.lease_duration_seconds), ("a", 1, 15));
@@ -178,6 +179,37 @@ async fn graceful_shutdown_releases_the_lock_and_a_watching_follower_takes_over_
     // b reacted to the pushed change: one write, no read.
     let after = store.requests("b");
     assert_eq!((after.get - before.get, after.update - before.update), (0, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_asked_for_during_a_renew_goes_out_as_soon_as_the_renew_returns() {
+    let store = MemoryStore::new();
+    let a = spawn(&store, "a");
+    until(&mut a.subscribe(), leads).await;
+    let b = spawn(&store, "b");
+    let mut b_rx = b.subscribe();
+    until(&mut b_rx, |l| l.leader.as_deref() == Some("a")).await;
+    let round_trip = Duration::from_millis(300);
+    store.set_delay("a", round_trip);
+    // The next renew starts at 2 s; ask for the release while it is in flight.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let asked = Instant::now();
+    let shutdown = tokio::spawn(a.shutdown());
+    let b_leads = until(&mut b_rx, leads).await;
+    // At most: the rest of the renew, then the release's own round trip.
+    assert!(b_leads - asked <= 2 * round_trip + TICK, "handover took {:?}", b_leads - asked);
+    shutdown.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fenced_leader_no_longer_names_itself_as_the_leader() {
+    let store = MemoryStore::new();
+    let a = spawn(&store, "a");
+    let mut rx = a.subscribe();
+    until(&mut rx, leads).await;
+    store.partition("a", true);
+    until(&mut rx, |l| !leads(l)).await;
+    assert_eq!(a.leadership(), Leadership { leader: None, term: None, role: Role::Follower });
 }
 
 #[tokio::test(start_paused = true)]

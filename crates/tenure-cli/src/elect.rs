@@ -1,0 +1,171 @@
+//! `tenure elect`: stay a candidate, log every change of leader, and tell others who leads over
+//! HTTP. A drop-in for the leader-elector:0.5 sidecar (same flags, same `{"name": ...}` answer),
+//! with its known defects fixed: followers report the current leader, and SIGTERM releases the
+//! lock so that another replica takes over at once instead of after the lease.
+
+use clap::Args;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tenure::{Elector, ElectorError, Leadership};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::lock_url::LockUrl;
+use crate::options::{parse_http_address, CandidateOptions, ElectionOptions, HttpAddress};
+use crate::signals::TerminationSignals;
+use crate::{exit, http, logging, CliError};
+
+/// Arguments of `tenure elect`.
+#[derive(Debug, Args)]
+#[command(
+    about = "Campaign for leadership and report who leads (a leader-elector:0.5 replacement)",
+    long_about = "Campaign for leadership and report who leads (a leader-elector:0.5 replacement).\n\n\
+        Stays a candidate until stopped: leads when it can, follows otherwise, and takes over when \
+        the leader's lease runs out or the leader lets go. Every change of leader is logged on \
+        standard error. With --http, GET on any path answers {\"name\":\"<leader>\"} (\"\" while \
+        nobody is known to lead), on followers too.\n\n\
+        Signals: SIGTERM, SIGINT and SIGHUP release the lock (another candidate takes over at \
+        once) and exit with status 0, or 1 if the release could not be written in time (the lease \
+        then runs out by itself). SIGKILL leaves the lock held until the lease runs out.",
+    after_help = "Example (sidecar):  tenure elect --election=my-controller --http=0.0.0.0:4040 --ttl=5s"
+)]
+pub struct ElectArgs {
+    #[command(flatten)]
+    election: ElectionOptions,
+
+    #[command(flatten)]
+    candidate: CandidateOptions,
+
+    /// Serve the leader's name over HTTP on this address (host:port, or :port for all
+    /// interfaces).
+    #[arg(long, value_name = "ADDR", value_parser = parse_http_address)]
+    http: Option<HttpAddress>,
+
+    /// Accepted for compatibility with leader-elector; only Kubernetes locks will use it, so it
+    /// is ignored with a note for now. [default: default]
+    #[arg(long, value_name = "NAMESPACE")]
+    election_namespace: Option<String>,
+}
+
+/// Runs `tenure elect` until a termination signal; returns the exit status.
+pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
+    logging::init(args.candidate.log_format);
+    let mut signals =
+        TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
+    let identity = args.candidate.identity().map_err(CliError::Usage)?;
+    let election = &args.election.election;
+    let url = LockUrl::given_or_default(args.election.lock.as_ref(), election)?;
+    if let Some(namespace) = &args.election_namespace {
+        tracing::info!(namespace, "--election-namespace only applies to Kubernetes locks; ignored");
+    }
+    let lock = url.open(&identity)?;
+    let listener = match &args.http {
+        Some(address) => Some(bind(address).await?),
+        None => None,
+    };
+    let elector = Arc::new(
+        Elector::builder(identity.as_str(), lock)
+            .timing(args.candidate.ttl.timing)
+            .spawn()
+            .map_err(|e| CliError::Usage(e.to_string()))?,
+    );
+    tracing::info!(
+        identity,
+        election,
+        lock = %url,
+        ttl = %humantime::format_duration(args.candidate.ttl.ttl),
+        "campaigning"
+    );
+
+    let stop_serving = CancellationToken::new();
+    let mut server = listener.map(|listener| {
+        let view: Weak<Elector> = Arc::downgrade(&elector);
+        let router = http::router(view);
+        tokio::spawn(http::serve(listener, router, stop_serving.clone().cancelled_owned()))
+    });
+
+    let outcome = tokio::select! {
+        termination = signals.recv() => {
+            tracing::info!(signal = termination.name, "stopping: releasing the lock");
+            Ok(())
+        }
+        reason = server_failed(&mut server) => {
+            server = None;
+            Err(CliError::Failed(format!("the HTTP server failed: {reason}")))
+        }
+        () = elector_stopped(elector.subscribe()) => {
+            Err(CliError::Failed("the elector stopped unexpectedly".to_owned()))
+        }
+    };
+
+    // The HTTP server keeps answering while the lock is released.
+    let released = shutdown(elector).await;
+    stop_serving.cancel();
+    if let Some(server) = server {
+        if tokio::time::timeout(SERVER_STOP_TIMEOUT, server).await.is_err() {
+            tracing::debug!("HTTP connections still open; closing them");
+        }
+    }
+    outcome?;
+    match released {
+        Ok(()) => {
+            tracing::info!("released the lock; exiting");
+            Ok(exit::SUCCESS)
+        }
+        Err(error) => {
+            tracing::warn!(%error, "exiting without a confirmed release");
+            Ok(exit::FAILURE)
+        }
+    }
+}
+
+/// How long open HTTP connections may delay the exit once the lock is released.
+const SERVER_STOP_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Takes the elector back from the HTTP handlers, which only hold it weakly and never across an
+/// await, and shuts it down (releasing the lock).
+async fn shutdown(mut elector: Arc<Elector>) -> Result<(), ElectorError> {
+    for _ in 0..100 {
+        match Arc::try_unwrap(elector) {
+            Ok(elector) => return elector.shutdown().await,
+            Err(shared) => {
+                elector = shared;
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+    // Unreachable on the current-thread runtime; dropping the last handle still releases the lock
+    // in the background.
+    Err(ElectorError::Stopped)
+}
+
+async fn bind(address: &HttpAddress) -> Result<TcpListener, CliError> {
+    let listener = TcpListener::bind(&address.0)
+        .await
+        .map_err(|e| CliError::Failed(format!("cannot listen on {}: {e}", address.0)))?;
+    match listener.local_addr() {
+        Ok(bound) => tracing::info!(address = %bound, "serving the leader's name over HTTP"),
+        Err(_) => tracing::info!(address = address.0, "serving the leader's name over HTTP"),
+    }
+    Ok(listener)
+}
+
+/// Completes with the reason if the HTTP server task ends; never if there is no server.
+async fn server_failed(server: &mut Option<JoinHandle<std::io::Result<()>>>) -> String {
+    let Some(task) = server else {
+        return std::future::pending().await;
+    };
+    match task.await {
+        Ok(Ok(())) => "it stopped".to_owned(),
+        Ok(Err(error)) => error.to_string(),
+        Err(error) => error.to_string(),
+    }
+}
+
+/// Completes if the elector's task ends on its own (it never should before a shutdown).
+async fn elector_stopped(mut leadership: watch::Receiver<Leadership>) {
+    while leadership.changed().await.is_ok() {}
+}

@@ -1,0 +1,54 @@
+//! The signals that ask tenure to stop: SIGTERM (Kubernetes, systemd), SIGINT (Ctrl-C) and SIGHUP
+//! (a closed terminal).
+//!
+//! Why they are caught: dying on them by default would leave the lock held until the lease runs
+//! out, and under `tenure run` could leave the command running without leadership. Caught, they
+//! start a graceful stop that releases the lock, so another candidate takes over at once.
+
+use std::io;
+
+use tokio::signal::unix::{signal, Signal, SignalKind};
+
+/// A termination request that arrived, by signal number (for `128 + n` exit statuses and logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Termination {
+    /// The signal number.
+    pub signal: i32,
+    /// Its name, for log lines.
+    pub name: &'static str,
+}
+
+impl Termination {
+    /// The exit status of a process ended by this signal, by shell convention.
+    pub fn exit_status(self) -> u8 {
+        u8::try_from(128 + self.signal).unwrap_or(u8::MAX)
+    }
+}
+
+/// The handlers of the termination signals, installed once at start so that no request is lost
+/// while tenure is still starting up.
+pub struct TerminationSignals {
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+}
+
+impl TerminationSignals {
+    /// Installs the handlers; from now on these signals no longer kill the process.
+    pub fn install() -> io::Result<Self> {
+        Ok(TerminationSignals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// Waits for the next termination request.
+    pub async fn recv(&mut self) -> Termination {
+        tokio::select! {
+            _ = self.term.recv() => Termination { signal: libc::SIGTERM, name: "SIGTERM" },
+            _ = self.int.recv() => Termination { signal: libc::SIGINT, name: "SIGINT" },
+            _ = self.hup.recv() => Termination { signal: libc::SIGHUP, name: "SIGHUP" },
+        }
+    }
+}

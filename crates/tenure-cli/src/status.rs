@@ -1,0 +1,266 @@
+//! `tenure status`: read a lock once and say who holds it, since when, and with which term.
+//!
+//! Why it exists: operators need to see the state of an election without joining it, and
+//! scripts need the same in JSON. It reads the record once and writes nothing.
+
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+use tenure::{LeaderElectionRecord, StoredRecord};
+
+use crate::lock_url::LockUrl;
+use crate::options::ElectionOptions;
+use crate::{exit, CliError};
+
+/// How long one read of the store may take before the store counts as unreachable.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Arguments of `tenure status`.
+#[derive(Debug, Args)]
+#[command(
+    about = "Show who holds an election's lock",
+    long_about = "Show who holds an election's lock: the holder, its term (the fencing token, \
+        counted by leaderTransitions), when it acquired and last renewed the lock, and its lease. \
+        Reads the lock once and changes nothing.\n\n\
+        Exit status: 0 when the lock could be read (held, free, absent or unreadable content), \
+        1 when the store could not be reached."
+)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    election: ElectionOptions,
+
+    /// Output format.
+    #[arg(long, short, value_name = "FORMAT", value_enum, default_value_t = OutputFormat::Text)]
+    output: OutputFormat,
+}
+
+/// How `status` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OutputFormat {
+    /// Aligned lines for people.
+    Text,
+    /// One JSON object for scripts.
+    Json,
+}
+
+/// The state of a lock as `status` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum LockState {
+    /// A holder is named in the record.
+    Held,
+    /// The record exists but names no holder (released).
+    Free,
+    /// There is no record: nobody ever held the lock, or it was deleted.
+    Absent,
+    /// The record cannot be read as a leader election record.
+    Unreadable,
+}
+
+/// What `status --output json` prints; the field names follow the record's.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusReport {
+    election: String,
+    lock: String,
+    state: LockState,
+    leader: Option<String>,
+    term: Option<i64>,
+    acquire_time: Option<String>,
+    renew_time: Option<String>,
+    lease_duration_seconds: Option<i64>,
+    version: Option<String>,
+    /// Why the record is unreadable.
+    error: Option<String>,
+    /// The record exactly as a client-go candidate would write it.
+    record: Option<LeaderElectionRecord>,
+}
+
+/// Runs `tenure status`; returns the exit status.
+pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
+    let election = args.election.election;
+    let url = LockUrl::given_or_default(args.election.lock.as_ref(), &election)?;
+    let lock = url.open("tenure-status")?;
+    let stored = match tokio::time::timeout(READ_TIMEOUT, lock.get()).await {
+        Ok(Ok(stored)) => stored,
+        Ok(Err(error)) => return Err(CliError::Failed(format!("cannot read the lock {url}: {error}"))),
+        Err(_) => {
+            return Err(CliError::Failed(format!(
+                "cannot read the lock {url}: no answer within {}",
+                humantime::format_duration(READ_TIMEOUT)
+            )))
+        }
+    };
+    let report = StatusReport::new(election, url.to_string(), stored);
+    let text = match args.output {
+        OutputFormat::Text => report.to_text(Utc::now()),
+        OutputFormat::Json => serde_json::to_string_pretty(&report)
+            .map_err(|e| CliError::Failed(format!("cannot format the status: {e}")))?,
+    };
+    println!("{text}");
+    Ok(exit::SUCCESS)
+}
+
+impl StatusReport {
+    fn new(election: String, lock: String, stored: Option<StoredRecord>) -> Self {
+        let mut report = StatusReport {
+            election,
+            lock,
+            state: LockState::Absent,
+            leader: None,
+            term: None,
+            acquire_time: None,
+            renew_time: None,
+            lease_duration_seconds: None,
+            version: None,
+            error: None,
+            record: None,
+        };
+        let Some(stored) = stored else {
+            return report;
+        };
+        report.version = Some(stored.version.0);
+        match stored.record {
+            Err(error) => {
+                report.state = LockState::Unreadable;
+                report.error = Some(error.to_string());
+            }
+            Ok(record) => {
+                report.state = if record.holder_identity.is_empty() { LockState::Free } else { LockState::Held };
+                report.leader = Some(record.holder_identity.clone()).filter(|h| !h.is_empty());
+                report.term = Some(record.leader_transitions);
+                report.acquire_time = record.acquire_time.map(rfc3339);
+                report.renew_time = record.renew_time.map(rfc3339);
+                report.lease_duration_seconds = Some(record.lease_duration_seconds);
+                report.record = Some(record);
+            }
+        }
+        report
+    }
+
+    /// The human-readable form. `now` only serves the "ago" hints: the record's times are the
+    /// writers' wall clocks, shown for people and never used to decide anything.
+    fn to_text(&self, now: DateTime<Utc>) -> String {
+        let mut lines = vec![format!("election:  {}", self.election), format!("lock:      {}", self.lock)];
+        let record = self.record.as_ref();
+        match self.state {
+            LockState::Absent => lines.push("state:     nobody holds it (no record yet)".to_owned()),
+            LockState::Unreadable => {
+                let why = self.error.as_deref().unwrap_or("unknown reason");
+                lines.push(format!("state:     unreadable record ({why})"));
+                lines.push(
+                    "           candidates treat it as held by an unknown holder for one lease, then take it over"
+                        .to_owned(),
+                );
+            }
+            LockState::Free => lines.push("state:     free (released; nobody holds it)".to_owned()),
+            LockState::Held => {
+                lines.push(format!("leader:    {}", self.leader.as_deref().unwrap_or_default()));
+                if let (Some(renewed), Some(lease)) = (record.and_then(|r| r.renew_time), self.lease_duration_seconds) {
+                    let silent = now.signed_duration_since(renewed);
+                    if silent > chrono::Duration::seconds(lease) {
+                        lines.push(format!(
+                            "state:     held, but not renewed for {} (lease {lease}s): the holder may be gone",
+                            ago(silent)
+                        ));
+                    } else {
+                        lines.push("state:     held".to_owned());
+                    }
+                } else {
+                    lines.push("state:     held".to_owned());
+                }
+            }
+        }
+        if let Some(record) = record {
+            if let Some(term) = self.term {
+                lines.push(format!("term:      {term} (leaderTransitions; the fencing token)"));
+            }
+            lines.push(format!("acquired:  {}", time_with_age(record.acquire_time, now)));
+            lines.push(format!("renewed:   {}", time_with_age(record.renew_time, now)));
+            lines.push(format!("lease:     {}s", record.lease_duration_seconds));
+            lines.push(format!("record:    {}", record.to_json()));
+        }
+        if let Some(version) = &self.version {
+            lines.push(format!("version:   {version}"));
+        }
+        lines.join("\n")
+    }
+}
+
+fn rfc3339(time: DateTime<Utc>) -> String {
+    time.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+fn time_with_age(time: Option<DateTime<Utc>>, now: DateTime<Utc>) -> String {
+    match time {
+        Some(time) => format!("{} ({} ago)", rfc3339(time), ago(now.signed_duration_since(time))),
+        None => "-".to_owned(),
+    }
+}
+
+fn ago(elapsed: chrono::Duration) -> String {
+    let seconds = u64::try_from(elapsed.num_seconds()).unwrap_or(0);
+    humantime::format_duration(Duration::from_secs(seconds)).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tenure::{RecordError, Version};
+
+    fn held(renewed_ago: i64, now: DateTime<Utc>) -> StoredRecord {
+        StoredRecord {
+            version: Version("7".into()),
+            record: Ok(LeaderElectionRecord {
+                holder_identity: "replica-a".into(),
+                lease_duration_seconds: 10,
+                acquire_time: Some(now - chrono::Duration::seconds(60)),
+                renew_time: Some(now - chrono::Duration::seconds(renewed_ago)),
+                leader_transitions: 3,
+            }),
+        }
+    }
+
+    #[test]
+    fn held_lock_shows_leader_term_times_and_lease() {
+        let now = Utc::now();
+        let text = StatusReport::new("e".into(), "memory:".into(), Some(held(2, now))).to_text(now);
+        assert!(text.contains("leader:    replica-a"), "{text}");
+        assert!(text.contains("state:     held\n"), "{text}");
+        assert!(text.contains("term:      3"), "{text}");
+        assert!(text.contains("(1m ago)"), "{text}");
+        assert!(text.contains("lease:     10s"), "{text}");
+    }
+
+    #[test]
+    fn stale_lock_says_the_holder_may_be_gone() {
+        let now = Utc::now();
+        let text = StatusReport::new("e".into(), "memory:".into(), Some(held(30, now))).to_text(now);
+        assert!(text.contains("not renewed for 30s"), "{text}");
+    }
+
+    #[test]
+    fn absent_and_unreadable_records_are_explained() {
+        let now = Utc::now();
+        let absent = StatusReport::new("e".into(), "memory:".into(), None);
+        assert!(absent.to_text(now).contains("nobody holds it"));
+        let corrupt = StoredRecord { version: Version("1".into()), record: Err(RecordError::Malformed("x".into())) };
+        let report = StatusReport::new("e".into(), "memory:".into(), Some(corrupt));
+        assert_eq!(report.state, LockState::Unreadable);
+        assert!(report.to_text(now).contains("unreadable record"));
+    }
+
+    #[test]
+    fn json_uses_the_record_field_names() {
+        let now = Utc::now();
+        let report = StatusReport::new("e".into(), "memory:".into(), Some(held(2, now)));
+        let json: serde_json::Value = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["state"], "held");
+        assert_eq!(json["leader"], "replica-a");
+        assert_eq!(json["term"], 3);
+        assert_eq!(json["leaseDurationSeconds"], 10);
+        assert_eq!(json["record"]["holderIdentity"], "replica-a");
+    }
+}

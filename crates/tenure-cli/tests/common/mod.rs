@@ -1,0 +1,198 @@
+//! Helpers for the command-line tests: real `tenure` processes, real signals, and bounded waits
+//! for conditions (never sleeps as synchronisation).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub const TENURE: &str = env!("CARGO_BIN_EXE_tenure");
+
+/// Polls `probe` every few milliseconds until it returns `Some` or `limit` has passed.
+pub fn wait_until<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = probe() {
+            return Some(value);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A running `tenure` process whose standard error is collected as it is written.
+pub struct Tenure {
+    pub name: String,
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+    stdout: Arc<Mutex<String>>,
+    reaped: Option<ExitStatus>,
+}
+
+impl Tenure {
+    /// Starts `tenure ARGS...` with standard output discarded and standard error collected.
+    pub fn start(name: &str, args: &[&str]) -> Tenure {
+        Self::start_with(name, Command::new(TENURE).args(args))
+    }
+
+    /// Starts a prepared command (with its arguments and environment set).
+    pub fn start_with(name: &str, command: &mut Command) -> Tenure {
+        let mut child = command
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tenure");
+        let stderr = collect(child.stderr.take().expect("stderr is piped"));
+        let stdout = collect(child.stdout.take().expect("stdout is piped"));
+        Tenure { name: name.to_owned(), child, stderr, stdout, reaped: None }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Everything written to standard error so far.
+    pub fn log(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Everything written to standard output so far.
+    pub fn output(&self) -> String {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    /// Waits for a line of standard error containing `needle`; panics with the log if none comes.
+    pub fn wait_for_log(&self, needle: &str, limit: Duration) -> String {
+        wait_until(limit, || self.log().lines().find(|l| l.contains(needle)).map(str::to_owned)).unwrap_or_else(|| {
+            panic!("{}: no log line with {needle:?} within {limit:?}; log:\n{}", self.name, self.log())
+        })
+    }
+
+    /// The address the process serves HTTP on, from its log.
+    pub fn http_address(&self) -> String {
+        let line = self.wait_for_log("over HTTP", Duration::from_secs(10));
+        if let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) {
+            return event["address"].as_str().expect("address field").to_owned();
+        }
+        let start = line.find("address=").expect("address field") + "address=".len();
+        line[start..].split_whitespace().next().unwrap().trim_matches('"').to_owned()
+    }
+
+    /// Sends a signal to the process.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(self.pid(), signal) };
+    }
+
+    /// Waits for the process to exit, up to `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        if let Some(status) = self.reaped {
+            return Some(status);
+        }
+        let child = &mut self.child;
+        let status = wait_until(limit, || child.try_wait().unwrap())?;
+        self.reaped = Some(status);
+        Some(status)
+    }
+
+    /// Waits for the process to exit and returns its status code; panics if it does not.
+    pub fn exit_code(&mut self, limit: Duration) -> i32 {
+        let status =
+            self.wait_exit(limit).unwrap_or_else(|| panic!("{} did not exit; log:\n{}", self.name, self.log()));
+        status.code().unwrap_or_else(|| panic!("{} ended by {status:?}; log:\n{}", self.name, self.log()))
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.reaped.is_none() && self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Tenure {
+    fn drop(&mut self) {
+        if self.reaped.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Collects what a pipe delivers, line by line, on a thread of its own.
+fn collect(pipe: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let text = Arc::new(Mutex::new(String::new()));
+    let sink = text.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let mut text = sink.lock().unwrap();
+            text.push_str(&line);
+            text.push('\n');
+        }
+    });
+    text
+}
+
+/// `GET path` on `address`; the body of a 200 answer.
+pub fn http_get(address: &str, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(address).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    if !response.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    response.split("\r\n\r\n").nth(1).map(str::to_owned)
+}
+
+/// The leader a `tenure elect --http` answers, `Some("")` when it knows none.
+pub fn http_leader(address: &str) -> Option<String> {
+    let body = http_get(address, "/")?;
+    let answer: serde_json::Value = serde_json::from_str(&body).ok()?;
+    answer["name"].as_str().map(str::to_owned)
+}
+
+/// A directory removed at the end of the test.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(label: &str) -> TempDir {
+        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("tenure-cli-test-{label}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `file://` URL of a path.
+pub fn file_url(path: &Path) -> String {
+    format!("file://{}", path.display())
+}
+
+/// Runs `tenure ARGS...` to completion; returns (exit code, stdout, stderr).
+pub fn run_to_end(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(TENURE).args(args).stdin(Stdio::null()).output().expect("run tenure");
+    (
+        output.status.code().expect("exited normally"),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}

@@ -1,0 +1,198 @@
+//! `tenure run -- CMD`: the command runs only on the leader, its status is passed on, signals are
+//! forwarded, and losing leadership kills it and exits with 75.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{file_url, run_to_end, wait_until, TempDir, Tenure};
+use tenure::locks::file::FileLock;
+use tenure::RecordLock;
+
+const EXIT_LOST_LEADERSHIP: i32 = 75;
+
+#[test]
+fn exit_status_of_the_command_is_passed_on() {
+    let (code, _, stderr) =
+        run_to_end(&["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(code, 7, "{stderr}");
+    let (code, _, stderr) =
+        run_to_end(&["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", "kill -KILL $$"]);
+    assert_eq!(code, 128 + libc::SIGKILL, "{stderr}");
+}
+
+#[test]
+fn command_gets_the_term_and_election_in_its_environment() {
+    let dir = TempDir::new("run-env");
+    let out = dir.join("env");
+    let script = format!("echo \"$TENURE_TERM $TENURE_ELECTION\" > {}", out.display());
+    let (code, _, stderr) =
+        run_to_end(&["run", "--election", "nightly", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", &script]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(std::fs::read_to_string(out).unwrap(), "1 nightly\n");
+}
+
+#[test]
+fn a_command_that_cannot_be_found_exits_127() {
+    let (code, _, stderr) =
+        run_to_end(&["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "/nonexistent/command"]);
+    assert_eq!(code, 127, "{stderr}");
+    assert!(stderr.contains("cannot start the command"), "{stderr}");
+}
+
+#[test]
+fn sigterm_is_forwarded_and_the_commands_status_is_passed_on() {
+    let dir = TempDir::new("run-sigterm");
+    let ready = dir.join("ready");
+    let script = format!("trap 'exit 3' TERM; touch {}; while :; do sleep 0.05; done", ready.display());
+    let mut tenure = Tenure::start(
+        "runner",
+        &["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", &script],
+    );
+    common::wait_until(Duration::from_secs(10), || ready.exists().then_some(())).expect("the command started");
+    tenure.signal(libc::SIGTERM);
+    assert_eq!(tenure.exit_code(Duration::from_secs(5)), 3, "{}", tenure.log());
+    assert!(tenure.log().contains("stopping the command"), "{}", tenure.log());
+}
+
+#[test]
+fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
+    let dir = TempDir::new("run-grace");
+    let ready = dir.join("ready");
+    let script = format!("trap '' TERM; touch {}; while :; do sleep 0.05; done", ready.display());
+    let mut tenure = Tenure::start(
+        "runner",
+        &["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--grace", "200ms", "--", "sh", "-c", &script],
+    );
+    common::wait_until(Duration::from_secs(10), || ready.exists().then_some(())).expect("the command started");
+    tenure.signal(libc::SIGINT);
+    assert_eq!(tenure.exit_code(Duration::from_secs(5)), 128 + libc::SIGKILL, "{}", tenure.log());
+    assert!(tenure.log().contains("did not stop within the grace period"), "{}", tenure.log());
+}
+
+#[test]
+fn nothing_the_command_started_survives_it() {
+    let dir = TempDir::new("run-leftovers");
+    let pid_file = dir.join("pid");
+    // The shell leaves a background sleep behind and exits.
+    let script = format!("sleep 30 & echo $! > {}", pid_file.display());
+    let (code, _, stderr) =
+        run_to_end(&["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", &script]);
+    assert_eq!(code, 0, "{stderr}");
+    let pid: i32 = std::fs::read_to_string(pid_file).unwrap().trim().parse().unwrap();
+    let gone = common::wait_until(Duration::from_secs(5), || {
+        // SAFETY: signal 0 only checks for existence.
+        let alive = unsafe { libc::kill(pid, 0) } == 0 && !is_zombie(pid);
+        (!alive).then_some(())
+    });
+    assert!(gone.is_some(), "the background sleep {pid} outlived the command");
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+        .unwrap_or(true)
+}
+
+#[test]
+fn a_command_killed_by_the_forwarded_sigterm_exits_143() {
+    let mut tenure = Tenure::start_with(
+        "runner",
+        Command::new(common::TENURE).args([
+            "run",
+            "--election",
+            "e",
+            "--lock",
+            "memory:",
+            "--ttl",
+            "2s",
+            "--",
+            "sleep",
+            "30",
+        ]),
+    );
+    tenure.wait_for_log("leading; started the command", Duration::from_secs(10));
+    tenure.signal(libc::SIGTERM);
+    assert_eq!(tenure.exit_code(Duration::from_secs(5)), 128 + libc::SIGTERM, "{}", tenure.log());
+}
+
+fn file_lock_args<'a>(lock_url: &'a str, id: &'a str) -> Vec<&'a str> {
+    vec!["run", "--election", "e", "--lock", lock_url, "--id", id, "--ttl", "2s", "--"]
+}
+
+#[test]
+fn only_the_leader_runs_the_command_so_runs_never_overlap() {
+    let dir = TempDir::new("run-exclusive");
+    let lock_url = file_url(&dir.join("lock"));
+    let journal = dir.join("journal");
+    let script =
+        format!("echo start $TENURE_TERM >> {j}; sleep 0.7; echo end $TENURE_TERM >> {j}", j = journal.display());
+    let mut runners: Vec<Tenure> = ["a", "b"]
+        .iter()
+        .map(|id| {
+            let mut args = file_lock_args(&lock_url, id);
+            args.extend(["sh", "-c", &script]);
+            Tenure::start(id, &args)
+        })
+        .collect();
+    for runner in &mut runners {
+        assert_eq!(runner.exit_code(Duration::from_secs(15)), 0, "{}", runner.log());
+    }
+    let journal = std::fs::read_to_string(journal).unwrap();
+    assert_eq!(journal, "start 1\nend 1\nstart 2\nend 2\n", "runs overlapped or did not both happen");
+}
+
+#[test]
+fn stopped_before_leading_exits_with_the_signal_status_without_running_the_command() {
+    let dir = TempDir::new("run-waiting");
+    let lock_url = file_url(&dir.join("lock"));
+    let marker = dir.join("ran");
+    let mut holder =
+        Tenure::start("holder", &["elect", "--election", "e", "--lock", &lock_url, "--id", "holder", "--ttl", "2s"]);
+    holder.wait_for_log("started leading", Duration::from_secs(5));
+    let mut args = file_lock_args(&lock_url, "waiter");
+    let script = format!("touch {}", marker.display());
+    args.extend(["sh", "-c", &script]);
+    let mut waiter = Tenure::start("waiter", &args);
+    waiter.wait_for_log("leader=\"holder\"", Duration::from_secs(5));
+    waiter.signal(libc::SIGTERM);
+    assert_eq!(waiter.exit_code(Duration::from_secs(5)), 128 + libc::SIGTERM, "{}", waiter.log());
+    assert!(!marker.exists(), "the command ran without leadership");
+    holder.signal(libc::SIGTERM);
+    assert_eq!(holder.exit_code(Duration::from_secs(5)), 0);
+}
+
+#[test]
+fn losing_the_lock_stops_the_command_and_exits_75() {
+    let dir = TempDir::new("run-lost");
+    let lock_path = dir.join("lock");
+    let lock_url = file_url(&lock_path);
+    let ready = dir.join("ready");
+    let terminated = dir.join("terminated");
+    let script = format!(
+        "trap 'touch {t}; exit 0' TERM; touch {r}; while :; do sleep 0.05; done",
+        t = terminated.display(),
+        r = ready.display()
+    );
+    let mut args = file_lock_args(&lock_url, "runner");
+    args.extend(["sh", "-c", &script]);
+    let mut runner = Tenure::start("runner", &args);
+    wait_until(Duration::from_secs(10), || ready.exists().then_some(())).expect("the command started");
+
+    // Another writer takes the lock over behind the runner's back (as a misconfigured or
+    // client-go candidate with a shorter lease could): compare-and-swap through the library.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let lock = FileLock::open(&lock_path).unwrap();
+        let stored = lock.get().await.unwrap().expect("the runner's record");
+        let mut record = stored.record.unwrap();
+        record.holder_identity = "intruder".into();
+        record.leader_transitions += 1;
+        lock.update(&stored.version, &record).await.unwrap();
+    });
+
+    assert_eq!(runner.exit_code(Duration::from_secs(5)), EXIT_LOST_LEADERSHIP, "{}", runner.log());
+    assert!(terminated.exists(), "the command was not sent SIGTERM");
+    assert!(runner.log().contains("lost leadership"), "{}", runner.log());
+}

@@ -1,0 +1,73 @@
+//! Bad command lines are refused with one line on standard error and exit status 2, before
+//! anything is started.
+
+mod common;
+
+use common::run_to_end;
+
+fn assert_usage_error(args: &[&str], mentions: &str) {
+    let (code, stdout, stderr) = run_to_end(args);
+    assert_eq!(code, 2, "{args:?}: exit code; stderr: {stderr}");
+    assert!(stdout.is_empty(), "{args:?}: stdout: {stdout}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: not one line: {stderr}");
+    assert!(stderr.contains(mentions), "{args:?}: {stderr:?} does not mention {mentions:?}");
+}
+
+#[test]
+fn missing_election_is_a_usage_error() {
+    assert_usage_error(&["elect"], "--election");
+    assert_usage_error(&["run", "--", "true"], "--election");
+    assert_usage_error(&["status"], "--election");
+    assert_usage_error(&["elect", "--election", ""], "must not be empty");
+}
+
+#[test]
+fn bad_lock_urls_are_usage_errors() {
+    assert_usage_error(&["elect", "--election", "e", "--lock", "/tmp/x"], "not a lock URL");
+    assert_usage_error(&["elect", "--election", "e", "--lock", "file:relative"], "three slashes");
+    assert_usage_error(
+        &["status", "--election", "e", "--lock", "etcd://127.0.0.1:2379/e"],
+        "scheme 'etcd' is not supported by this build",
+    );
+    assert_usage_error(
+        &["run", "--election", "e", "--lock", "gopher://x", "--", "true"],
+        "unknown lock scheme 'gopher'",
+    );
+}
+
+#[test]
+fn bad_durations_and_timings_are_usage_errors() {
+    assert_usage_error(&["elect", "--election", "e", "--ttl", "5"], "--ttl");
+    assert_usage_error(&["elect", "--election", "e", "--ttl", "soon"], "--ttl");
+    assert_usage_error(&["elect", "--election", "e", "--ttl", "500ms"], "out of range");
+    assert_usage_error(&["run", "--election", "e", "--lock", "memory:", "--grace", "often", "--", "true"], "--grace");
+}
+
+#[test]
+fn grace_not_below_the_renew_deadline_is_refused() {
+    assert_usage_error(
+        &["run", "--election", "e", "--lock", "memory:", "--ttl", "10s", "--grace", "5s", "--", "true"],
+        "must be shorter than the renew deadline",
+    );
+}
+
+#[test]
+fn unknown_flags_and_subcommands_are_usage_errors() {
+    assert_usage_error(&["elect", "--election", "e", "--use-cluster-credentials"], "--use-cluster-credentials");
+    assert_usage_error(&["elect", "--election", "e", "--http", "4040"], "--http");
+    assert_usage_error(&["run", "--election", "e", "true"], "'true'");
+    assert_usage_error(&["frobnicate"], "frobnicate");
+    assert_usage_error(&["status", "--election", "e", "--output", "yaml"], "yaml");
+}
+
+#[test]
+fn help_and_version_exit_zero() {
+    for args in [&["--help"][..], &["--version"], &["run", "--help"], &["elect", "--help"]] {
+        let (code, stdout, _) = run_to_end(args);
+        assert_eq!(code, 0, "{args:?}");
+        assert!(!stdout.is_empty(), "{args:?}");
+    }
+    let (_, help, _) = run_to_end(&["run", "--help"]);
+    assert!(help.contains("75"), "run --help documents the lost-leadership exit status");
+    assert!(help.contains("SIGTERM"), "run --help documents signals");
+}
