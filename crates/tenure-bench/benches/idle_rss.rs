@@ -6,7 +6,8 @@
 //! Method, memory: a leader (`tenure elect --election idle --id leader --lock file://<tmp>/...`,
 //! default --ttl 10s) is started; once the lock file names it (seen through the library's
 //! watch), a follower is started; after 5 s of idling, VmRSS, VmHWM and RssAnon of each are read
-//! from /proc/<pid>/status, and their CPU use over those 5 s from /proc/<pid>/stat.
+//! from /proc/<pid>/status, and their CPU use over those 5 s from /proc/<pid>/task/*/schedstat
+//! (nanoseconds; utime+stime would round an idle process to zero ticks).
 //!
 //! Method, start-up: `tenure elect ... --http 127.0.0.1:<free port>` is started 10 times (each
 //! stopped with SIGTERM before the next); from just before spawning the process, a loop tries
@@ -110,6 +111,7 @@ fn main() {
         .extra("idle_s", json!(idle.as_secs()))
         .extra("binary", json!(binary.display().to_string()))
         .note(format!("memory after {} s idle, default --ttl (10s); MB = 10^6 bytes", idle.as_secs()))
+        .note("idle CPU: run time of all threads (schedstat, ns) over the idle period / its length")
         .note(format!(
             "first answer: from spawn to the first HTTP status line, polling connect+GET every 1 ms, {starts} starts"
         ));
@@ -123,7 +125,7 @@ fn start(binary: &Path, dir: &Path, elect: Elect<'_>) -> ChildGuard {
 }
 
 fn cpu(child: &ChildGuard) -> Duration {
-    procfs::cpu_time(Target::Pid(child.pid())).expect("the CPU time of a child")
+    procfs::cpu_time_of_threads(Target::Pid(child.pid())).expect("the CPU time of a child")
 }
 
 /// Polls `address` every millisecond until an HTTP response arrives; returns when its status

@@ -10,21 +10,20 @@ pub const TENURE_BIN: &str = "TENURE_BIN";
 
 /// The `tenure` binary to measure: `$TENURE_BIN` if set; else `tenure` in the directory of the
 /// running benchmark's profile (`<target-dir>/release/tenure`, by default
-/// `<workspace>/target/release/tenure`), built with `cargo build --release -p tenure-cli --bin
-/// tenure` first if it is missing. Panics with an explanation if no usable binary results.
+/// `<workspace>/target/release/tenure`), brought up to date first with `cargo build --release -p
+/// tenure-cli --bin tenure` (a no-op when nothing changed). Panics with an explanation if no
+/// usable binary results.
 ///
-/// Why: the process benchmarks measure the real CLI as users run it, built with optimisations;
-/// `TENURE_BIN` lets them measure a binary built elsewhere (another branch, an older release).
+/// Why: the process benchmarks measure the real CLI as users run it, built with optimisations
+/// from the same sources as the benchmark (never a stale binary); `TENURE_BIN` lets them measure
+/// a binary built elsewhere (another branch, an older release).
 pub fn tenure_binary() -> PathBuf {
     let binary = match std::env::var_os(TENURE_BIN) {
         Some(path) => PathBuf::from(path),
         None => {
             let release_dir = release_dir();
-            let binary = release_dir.join("tenure");
-            if !binary.exists() {
-                build(&release_dir);
-            }
-            binary
+            build(&release_dir);
+            release_dir.join("tenure")
         }
     };
     check_usable(&binary);
@@ -42,11 +41,12 @@ fn build(release_dir: &Path) {
     let target_dir = release_dir.parent().expect("the release directory has a parent");
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    eprintln!("building {}: cargo build --release -p tenure-cli --bin tenure", release_dir.join("tenure").display());
+    eprintln!("updating {}: cargo build --release -p tenure-cli --bin tenure", release_dir.join("tenure").display());
     let status = Command::new(cargo)
         .args(["build", "--release", "-p", "tenure-cli", "--bin", "tenure", "--target-dir"])
         .arg(target_dir)
         .current_dir(&workspace)
+        .stdout(Stdio::null())
         .status()
         .expect("run cargo to build the tenure binary");
     assert!(status.success(), "building the tenure binary failed ({status}); set {TENURE_BIN} to a built binary");

@@ -35,6 +35,29 @@ pub fn cpu_time(target: Target) -> io::Result<Duration> {
     Ok(Duration::from_secs_f64(ticks as f64 / per_second))
 }
 
+/// CPU time of the threads the process has now, in nanoseconds (the sum of the first field of
+/// `/proc/<pid>/task/*/schedstat`).
+///
+/// Why besides [`cpu_time`]: an idle `tenure elect` uses less than one 10 ms clock tick in
+/// seconds, which `utime + stime` cannot show. Threads that exited meanwhile are not counted, so
+/// only compare readings taken while the process keeps its threads (an idle one does).
+pub fn cpu_time_of_threads(target: Target) -> io::Result<Duration> {
+    let mut total = 0u64;
+    for entry in std::fs::read_dir(format!("{}/task", target.dir()))? {
+        let path = entry?.path().join("schedstat");
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            // The thread ended between listing and reading.
+            Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
+            Err(error) => return Err(error),
+        };
+        let nanos = text.split_whitespace().next().and_then(|n| n.parse::<u64>().ok());
+        total += nanos
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("unexpected {}", path.display())))?;
+    }
+    Ok(Duration::from_nanos(total))
+}
+
 /// `utime + stime` (fields 14 and 15) of a `/proc/<pid>/stat` line, in clock ticks.
 fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
     // The command name (field 2) is in parentheses and may contain spaces and parentheses.
@@ -109,5 +132,11 @@ mod tests {
     fn this_process_reads() {
         assert!(memory(Target::This).expect("status").rss_kib > 0);
         cpu_time(Target::This).expect("stat");
+        let before = cpu_time_of_threads(Target::This).expect("schedstat");
+        let mut x = 0u64;
+        for i in 0..1_000_000u64 {
+            x = std::hint::black_box(x.wrapping_add(i));
+        }
+        assert!(cpu_time_of_threads(Target::This).expect("schedstat") > before, "{x}");
     }
 }
