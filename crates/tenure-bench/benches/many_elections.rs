@@ -9,7 +9,9 @@
 //! (this same binary, re-executed), so that its RSS and CPU are its own: it spawns the electors,
 //! waits until every election has a leader, lets the start-up burst settle, then reads
 //! utime+stime from /proc/self/stat before and after a window of at least 20 s (CPU % of one core
-//! = CPU time / wall time), and VmRSS / VmHWM from /proc/self/status at the end. Variants:
+//! = CPU time / wall time), and VmRSS / VmHWM from /proc/self/status at the end. The window is
+//! also cut into 2 s slices (one renew period), whose CPU % (from /proc/self/task/*/schedstat,
+//! in nanoseconds) shows how steady the load is: their median is robust to a noisy neighbour. Variants:
 //! 10,000 x 1 candidate on a current-thread and on a multi-thread tokio runtime, then 3,333 x 3
 //! candidates on whichever of the two was cheaper.
 //!
@@ -27,6 +29,7 @@ use tenure_bench::process::ChildGuard;
 use tenure_bench::procfs::{self, Target};
 use tenure_bench::report::Report;
 use tenure_bench::scratch::ScratchDir;
+use tenure_bench::stats::Summary;
 use tenure_bench::{env_seconds, env_usize};
 
 /// Set in a child process: which variant to run.
@@ -37,6 +40,9 @@ const RESULT_PREFIX: &str = "RESULT ";
 const SETTLE: Duration = Duration::from_secs(3);
 /// The most a variant may take to have a leader in every election.
 const ALL_LEAD_LIMIT: Duration = Duration::from_secs(60);
+/// The window is cut into slices of one renew period (client-go's retry period) to show how
+/// steady the load is.
+const SLICE: Duration = Duration::from_secs(2);
 const GOAL_CPU_PERCENT: f64 = 10.0;
 const GOAL_RSS_MB: f64 = 100.0;
 
@@ -72,6 +78,9 @@ struct Outcome {
     all_lead_ms: f64,
     window_s: f64,
     cpu_percent: f64,
+    /// CPU % of the 2 s slices of the window (schedstat): the median and the worst.
+    slice_cpu_p50: f64,
+    slice_cpu_max: f64,
     rss_mb: f64,
     hwm_mb: f64,
     anon_mb: f64,
@@ -122,6 +131,18 @@ fn main() {
             report.info(&format!("{key}_cpu_percent"), &format!("{label}: CPU"), outcome.cpu_percent, "%");
             report.info(&format!("{key}_rss_mb"), &format!("{label}: VmRSS"), outcome.rss_mb, "MB");
         }
+        report.info(
+            &format!("{key}_slice_cpu_p50"),
+            &format!("{label}: CPU, median 2 s slice"),
+            outcome.slice_cpu_p50,
+            "%",
+        );
+        report.info(
+            &format!("{key}_slice_cpu_max"),
+            &format!("{label}: CPU, worst 2 s slice"),
+            outcome.slice_cpu_max,
+            "%",
+        );
         report.info(&format!("{key}_hwm_mb"), &format!("{label}: VmHWM"), outcome.hwm_mb, "MB");
         report.info(
             &format!("{key}_all_lead_ms"),
@@ -221,9 +242,18 @@ fn run_variant(variant: Variant) -> Outcome {
         let (reads_before, writes_before) = lock_calls(&elections);
         let cpu_before = procfs::cpu_time(Target::This).expect("read /proc/self/stat");
         let window_start = Instant::now();
-        tokio::time::sleep(Duration::from_secs(variant.window_secs)).await;
+        let mut slices = Vec::new();
+        let mut slice_start = (window_start, procfs::cpu_time_of_threads(Target::This).expect("read schedstat"));
+        let window_end = window_start + Duration::from_secs(variant.window_secs);
+        while slice_start.0 < window_end {
+            tokio::time::sleep_until((slice_start.0 + SLICE).min(window_end).into()).await;
+            let now = (Instant::now(), procfs::cpu_time_of_threads(Target::This).expect("read schedstat"));
+            slices.push((now.1 - slice_start.1).as_secs_f64() / (now.0 - slice_start.0).as_secs_f64() * 100.0);
+            slice_start = now;
+        }
         let cpu_after = procfs::cpu_time(Target::This).expect("read /proc/self/stat");
         let window = window_start.elapsed();
+        let slices = Summary::of(&slices).expect("at least one slice");
         let memory = procfs::memory(Target::This).expect("read /proc/self/status");
         let (reads_after, writes_after) = lock_calls(&elections);
         let leader_changes = elections
@@ -238,6 +268,8 @@ fn run_variant(variant: Variant) -> Outcome {
             all_lead_ms: all_lead.as_secs_f64() * 1e3,
             window_s,
             cpu_percent: (cpu_after - cpu_before).as_secs_f64() / window_s * 100.0,
+            slice_cpu_p50: slices.p50,
+            slice_cpu_max: slices.max,
             rss_mb: megabytes(memory.rss_kib),
             hwm_mb: megabytes(memory.hwm_kib),
             anon_mb: megabytes(memory.anon_kib),
