@@ -61,17 +61,11 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
     if let Some(namespace) = &args.election_namespace {
         tracing::info!(namespace, "--election-namespace only applies to Kubernetes locks; ignored");
     }
-    let lock = url.open(&identity)?;
     let listener = match &args.http {
         Some(address) => Some(bind(address).await?),
         None => None,
     };
-    let elector = Arc::new(
-        Elector::builder(identity.as_str(), lock)
-            .timing(args.candidate.ttl.timing)
-            .spawn()
-            .map_err(|e| CliError::Usage(e.to_string()))?,
-    );
+    let elector = Arc::new(url.campaign(&identity, args.candidate.ttl.timing).await?);
     tracing::info!(
         identity,
         election,

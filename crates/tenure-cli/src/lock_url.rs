@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use tenure::locks::file::{FileLock, FileLockError};
 use tenure::locks::memory::MemoryStore;
-use tenure::RecordLock;
+use tenure::{Elector, RecordLock, Timing};
 
 /// A parsed `--lock` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,6 +164,15 @@ impl LockUrl {
             LockUrl::File(path) => Ok(Arc::new(open_file_lock(path)?)),
             LockUrl::Memory => Ok(Arc::new(MemoryStore::new().client(client))),
         }
+    }
+}
+
+impl LockUrl {
+    /// Starts campaigning as `identity` on the lock this URL names. One place builds electors, so
+    /// that backends with their own electors (etcd, ZooKeeper) are one match arm each.
+    pub async fn campaign(&self, identity: &str, timing: Timing) -> Result<Elector, crate::CliError> {
+        let lock = self.open(identity)?;
+        Elector::builder(identity, lock).timing(timing).spawn().map_err(|e| crate::CliError::Usage(e.to_string()))
     }
 }
 

@@ -76,9 +76,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let identity = args.candidate.identity().map_err(CliError::Usage)?;
     let election = args.election.election.as_str();
     let url = LockUrl::given_or_default(args.election.lock.as_ref(), election)?;
-    let lock = url.open(&identity)?;
-    let elector =
-        Elector::builder(identity.as_str(), lock).timing(timing).spawn().map_err(|e| CliError::Usage(e.to_string()))?;
+    let elector = url.campaign(&identity, timing).await?;
     tracing::info!(identity, election, lock = %url, "waiting for leadership before starting the command");
 
     let tenure = loop {

@@ -176,6 +176,9 @@ pub struct Candidate {
     hold_off_until: Option<MonotonicTime>,
     published_holder: Option<(Option<String>, Option<Term>)>,
     events: VecDeque<Event>,
+    /// The version of the last change notified while an action was in flight (`Some(None)`: the
+    /// record was deleted). A reply that disagrees with it may be older news.
+    notified_while_pending: Option<Option<Version>>,
 }
 
 impl Candidate {
@@ -198,6 +201,7 @@ impl Candidate {
             hold_off_until: None,
             published_holder: None,
             events: VecDeque::new(),
+            notified_while_pending: None,
         }
     }
 
@@ -297,6 +301,7 @@ impl Candidate {
         }
         if self.needs_read || self.observed.is_none() {
             self.pending = Some(Pending::Read);
+            self.notified_while_pending = None;
             return Some(Action::Read);
         }
         let holder = self.classify();
@@ -322,7 +327,7 @@ impl Candidate {
                 let record = self.acquired_record(wall);
                 return self.write(now, WriteKind::Acquire, record);
             }
-            (_, Holder::Other { expires_at }) => {
+            (Mode::Campaigning, Holder::Other { expires_at }) => {
                 // Wait for the exact moment the lease runs out; without notifications, look again
                 // every jittered retry period meanwhile.
                 let mut next = expires_at;
@@ -341,11 +346,14 @@ impl Candidate {
                 self.next_attempt = if next > now { next } else { now + self.timing.retry_period };
             }
             (Mode::Campaigning, _) => {
-                // Held off after a resign: look again when the hold-off ends.
-                self.next_attempt = self.hold_off_until.unwrap_or(now).max(now + Duration::from_millis(1));
+                // Held off after a resign: look again when the hold-off ends; without notifications,
+                // keep polling meanwhile, so that a new holder's lease counts from when it took over.
+                let mut next = self.hold_off_until.unwrap_or(now).max(now + Duration::from_millis(1));
                 if !self.has_watch {
                     self.needs_read = true;
+                    next = next.min(now + self.jittered_retry());
                 }
+                self.next_attempt = next;
             }
             _ => {
                 // Draining without a record of ours: nothing to renew, nothing to take.
@@ -360,7 +368,15 @@ impl Candidate {
         if matches!(self.pending, Some(Pending::Read)) {
             self.pending = None;
         }
+        let notified = self.notified_while_pending.take();
         match result {
+            Ok(stored) if notified.is_some_and(|n| n != stored.as_ref().map(|s| s.version.clone())) => {
+                // A notification arrived while this read was in flight and says something else:
+                // versions are opaque, so either may be the newer. Read again rather than let a
+                // reply that left the store earlier undo the newer news.
+                self.needs_read = true;
+                self.next_attempt = now;
+            }
             Ok(stored) => {
                 self.needs_read = false;
                 self.observe(now, stored, true);
@@ -378,6 +394,7 @@ impl Candidate {
         let Some(Pending::Write { started, kind, record }) = self.pending.take() else {
             return;
         };
+        let notified = self.notified_while_pending.take();
         let version = match result {
             Ok(version) => version,
             Err(error) => {
@@ -396,6 +413,7 @@ impl Candidate {
                 return;
             }
         };
+        let notified_other = notified.is_some_and(|n| n.as_ref() != Some(&version));
         let term = Term(u64::try_from(record.leader_transitions).unwrap_or(0));
         self.observed = Some(Observed {
             stored: Some(StoredRecord { version, record: Ok(record.clone()) }),
@@ -429,6 +447,13 @@ impl Candidate {
                     self.finish_release(now, after);
                 }
             }
+        }
+        if notified_other {
+            // A notification arrived while the write was in flight: it may be older than the
+            // write (then the read changes nothing) or newer (someone wrote on top, typically
+            // taking a lock just released); find out now rather than at the next conflict.
+            self.needs_read = true;
+            self.next_attempt = now;
         }
         self.publish_holder();
     }
@@ -494,12 +519,18 @@ impl Candidate {
         }
     }
 
-    fn observe(&mut self, now: MonotonicTime, stored: Option<StoredRecord>, authoritative: bool) {
-        let same_version = matches!(
-            (&self.observed, &stored),
+    fn same_as_observed(&self, stored: &Option<StoredRecord>) -> bool {
+        matches!(
+            (&self.observed, stored),
             (Some(Observed { stored: Some(old), .. }), Some(new)) if old.version == new.version
-        ) || matches!((&self.observed, &stored), (Some(Observed { stored: None, .. }), None));
-        if same_version {
+        ) || matches!((&self.observed, stored), (Some(Observed { stored: None, .. }), None))
+    }
+
+    fn observe(&mut self, now: MonotonicTime, stored: Option<StoredRecord>, authoritative: bool) {
+        if !authoritative && self.pending.is_some() {
+            self.notified_while_pending = Some(stored.as_ref().map(|s| s.version.clone()));
+        }
+        if self.same_as_observed(&stored) {
             return;
         }
         let ours = self.is_own_tenure(stored.as_ref());
@@ -572,6 +603,7 @@ impl Candidate {
     fn write(&mut self, now: MonotonicTime, kind: WriteKind, record: LeaderElectionRecord) -> Option<Action> {
         let expected = self.observed.as_ref().and_then(|o| o.stored.as_ref()).map(|s| s.version.clone());
         self.pending = Some(Pending::Write { started: now, kind, record: record.clone() });
+        self.notified_while_pending = None;
         Some(match expected {
             Some(expected) => Action::Update { expected, record },
             None => Action::Create(record),

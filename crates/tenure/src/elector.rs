@@ -89,25 +89,20 @@ impl ElectorBuilder {
         let has_watch = self.lock.watch();
         let seed = self.seed.unwrap_or_else(rand::random);
         let candidate = Candidate::new(self.identity.clone(), self.timing, has_watch.is_some(), seed);
-        let (publisher, subscriber) = Publisher::new();
-        let (commands, command_rx) = mpsc::channel(8);
-        let driver = Driver {
-            origin: Instant::now(),
-            candidate,
-            lock: self.lock,
-            publisher,
-            drain_timeout: self.drain_timeout,
-            changes: has_watch,
-            reopen_watch_at: None,
-        };
-        let task = tokio::spawn(driver.run(command_rx));
-        Ok(Elector {
-            identity: self.identity,
-            timing: self.timing,
-            subscriber,
-            commands,
-            task: Some(task),
-        })
+        let lock = self.lock;
+        let drain_timeout = self.drain_timeout;
+        Ok(Elector::from_driver(self.identity, self.timing, move |publisher, commands| {
+            let driver = Driver {
+                origin: Instant::now(),
+                candidate,
+                lock,
+                publisher,
+                drain_timeout,
+                changes: has_watch,
+                reopen_watch_at: None,
+            };
+            driver.run(commands)
+        }))
     }
 }
 
@@ -121,12 +116,19 @@ pub struct Elector {
     identity: String,
     timing: Timing,
     subscriber: Subscriber,
-    commands: mpsc::Sender<Command>,
+    commands: mpsc::Sender<ElectorCommand>,
     task: Option<JoinHandle<()>>,
 }
 
-enum Command {
+/// A request from an [`Elector`] handle to the driver that runs the election. Public so that
+/// native electors (etcd, ZooKeeper) can be driven by the same handle; see [`Elector::from_driver`].
+#[derive(Debug)]
+pub enum ElectorCommand {
+    /// Step down if leading (end the tenure, wait for its guards up to the drain timeout, release)
+    /// and stay a candidate. Answer when done.
     Resign(oneshot::Sender<Result<(), ElectorError>>),
+    /// Step down if leading, release, and stop the driver. Answer when done. A closed command
+    /// channel (every handle dropped) means the same, with nobody to answer.
     Shutdown(oneshot::Sender<Result<(), ElectorError>>),
 }
 
@@ -141,6 +143,27 @@ impl Elector {
             drain_timeout: timing.renew_deadline,
             seed: None,
         }
+    }
+
+    /// A handle around a native driver: `driver` receives the publishing half of the leadership
+    /// channels and the command receiver, and returns the future that runs the election; it is
+    /// spawned on the current tokio runtime. Backends with server-side sessions (etcd,
+    /// ZooKeeper) use this so that users, the CLI and the HA runtime see one `Elector` type.
+    ///
+    /// `timing` describes the backend's session (lease = session TTL, renew deadline = the
+    /// instant the driver fences itself, retry = keep-alive interval).
+    pub fn from_driver<F>(
+        identity: impl Into<String>,
+        timing: Timing,
+        driver: impl FnOnce(Publisher, mpsc::Receiver<ElectorCommand>) -> F,
+    ) -> Elector
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let (publisher, subscriber) = Publisher::new();
+        let (commands, command_rx) = mpsc::channel(8);
+        let task = tokio::spawn(driver(publisher, command_rx));
+        Elector { identity: identity.into(), timing, subscriber, commands, task: Some(task) }
     }
 
     /// This candidate's identity.
@@ -190,7 +213,7 @@ impl Elector {
     /// that will not take the lock back for one lease unless nobody else does.
     pub async fn resign(&self) -> Result<(), ElectorError> {
         let (reply, answer) = oneshot::channel();
-        self.commands.send(Command::Resign(reply)).await.map_err(|_| ElectorError::Stopped)?;
+        self.commands.send(ElectorCommand::Resign(reply)).await.map_err(|_| ElectorError::Stopped)?;
         answer.await.map_err(|_| ElectorError::Stopped)?
     }
 
@@ -198,7 +221,7 @@ impl Elector {
     /// the release, and ends the background task.
     pub async fn shutdown(mut self) -> Result<(), ElectorError> {
         let (reply, answer) = oneshot::channel();
-        self.commands.send(Command::Shutdown(reply)).await.map_err(|_| ElectorError::Stopped)?;
+        self.commands.send(ElectorCommand::Shutdown(reply)).await.map_err(|_| ElectorError::Stopped)?;
         let result = answer.await.map_err(|_| ElectorError::Stopped)?;
         if let Some(task) = self.task.take() {
             let _ = task.await;
@@ -236,7 +259,7 @@ enum Wake {
     Timer,
     Change(Option<Result<Option<StoredRecord>, LockError>>),
     ReopenWatch,
-    Command(Option<Command>),
+    Command(Option<ElectorCommand>),
     Drained,
 }
 
@@ -259,7 +282,7 @@ impl Driver {
         self.origin + time.0
     }
 
-    async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+    async fn run(mut self, mut commands: mpsc::Receiver<ElectorCommand>) {
         tracing::debug!(identity = self.candidate.identity(), lock = %self.lock.describe(), "campaigning");
         let mut op: Option<OpFuture> = None;
         let mut stopping: Option<Stopping> = None;
@@ -350,8 +373,8 @@ impl Driver {
                 }
                 Wake::Command(command) => {
                     let (after, reply) = match command {
-                        Some(Command::Resign(reply)) => (AfterRelease::Campaign, Some(reply)),
-                        Some(Command::Shutdown(reply)) => (AfterRelease::Stop, Some(reply)),
+                        Some(ElectorCommand::Resign(reply)) => (AfterRelease::Campaign, Some(reply)),
+                        Some(ElectorCommand::Shutdown(reply)) => (AfterRelease::Stop, Some(reply)),
                         None => {
                             commands_open = false;
                             (AfterRelease::Stop, None)
