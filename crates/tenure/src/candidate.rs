@@ -218,10 +218,7 @@ impl Candidate {
     /// The term of the current tenure if this candidate leads at `now` (S1: only until the start
     /// of its last successful renew plus the renew deadline).
     pub fn is_leader(&self, now: MonotonicTime) -> Option<Term> {
-        self.tenure
-            .as_ref()
-            .filter(|t| t.leading && now < t.valid_until)
-            .map(|t| t.term)
+        self.tenure.as_ref().filter(|t| t.leading && now < t.valid_until).map(|t| t.term)
     }
 
     /// Until when the current leadership is valid, if this candidate leads.
@@ -415,10 +412,8 @@ impl Candidate {
         };
         let notified_other = notified.is_some_and(|n| n.as_ref() != Some(&version));
         let term = Term(u64::try_from(record.leader_transitions).unwrap_or(0));
-        self.observed = Some(Observed {
-            stored: Some(StoredRecord { version, record: Ok(record.clone()) }),
-            seen_at: now,
-        });
+        self.observed =
+            Some(Observed { stored: Some(StoredRecord { version, record: Ok(record.clone()) }), seen_at: now });
         self.note_term(term);
         self.needs_read = false;
         self.next_attempt = match self.mode {
@@ -563,10 +558,9 @@ impl Candidate {
 
     fn publish_holder(&mut self) {
         let (leader, term) = match self.observed_record() {
-            Some(r) if !r.holder_identity.is_empty() => (
-                Some(r.holder_identity.clone()),
-                Some(Term(u64::try_from(r.leader_transitions).unwrap_or(0))),
-            ),
+            Some(r) if !r.holder_identity.is_empty() => {
+                (Some(r.holder_identity.clone()), Some(Term(u64::try_from(r.leader_transitions).unwrap_or(0))))
+            }
             _ => (None, None),
         };
         let current = (leader, term);

@@ -92,9 +92,9 @@ mod record_time {
         match text {
             None => Ok(None),
             Some(t) if t.is_empty() => Ok(None),
-            Some(t) => DateTime::parse_from_rfc3339(&t)
-                .map(|t| Some(t.with_timezone(&Utc)))
-                .map_err(serde::de::Error::custom),
+            Some(t) => {
+                DateTime::parse_from_rfc3339(&t).map(|t| Some(t.with_timezone(&Utc))).map_err(serde::de::Error::custom)
+            }
         }
     }
 }

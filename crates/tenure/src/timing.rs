@@ -128,9 +128,7 @@ impl Timing {
         if !self.jitter_factor.is_finite() || self.jitter_factor < 0.0 {
             return Err(TimingError::BadJitter(self.jitter_factor));
         }
-        if self.lease_duration < Duration::from_secs(1)
-            || self.lease_duration > Duration::from_secs(24 * 3600)
-        {
+        if self.lease_duration < Duration::from_secs(1) || self.lease_duration > Duration::from_secs(24 * 3600) {
             return Err(TimingError::LeaseOutOfRange(self.lease_duration));
         }
         if self.lease_duration <= self.renew_deadline {
@@ -147,10 +145,7 @@ impl Timing {
             });
         }
         if self.call_timeout >= self.renew_deadline {
-            return Err(TimingError::CallTimeoutTooLong {
-                call: self.call_timeout,
-                renew: self.renew_deadline,
-            });
+            return Err(TimingError::CallTimeoutTooLong { call: self.call_timeout, renew: self.renew_deadline });
         }
         Ok(())
     }
@@ -215,8 +210,10 @@ mod tests {
     #[test]
     fn ttl_mapping_matches_leader_elector() {
         let t = Timing::from_ttl(Duration::from_secs(10)).unwrap();
-        assert_eq!((t.lease_duration, t.renew_deadline, t.retry_period),
-            (Duration::from_secs(10), Duration::from_secs(5), Duration::from_millis(2500)));
+        assert_eq!(
+            (t.lease_duration, t.renew_deadline, t.retry_period),
+            (Duration::from_secs(10), Duration::from_secs(5), Duration::from_millis(2500))
+        );
     }
 
     #[test]

@@ -80,7 +80,10 @@ async fn first_candidate_acquires_an_empty_lock_at_once_with_term_one() {
     assert_eq!(a.valid_until(), Some(start + RENEW_DEADLINE));
     assert_eq!(a.leadership().leader.as_deref(), Some("a"));
     let record = store.peek().unwrap().record.unwrap();
-    assert_eq!((record.holder_identity.as_str(), record.leader_transitions, record.lease_duration_seconds), ("a", 1, 15));
+    assert_eq!(
+        (record.holder_identity.as_str(), record.leader_transitions, record.lease_duration_seconds),
+        ("a", 1, 15)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -142,7 +145,11 @@ async fn leader_cut_off_from_the_store_steps_down_at_its_renew_deadline_before_a
     store.partition("a", true);
     let stepped_down = until(&mut a_rx, |l| !leads(l)).await;
     let last_renew = changes.borrow().iter().rev().find(|(_, h)| h == "a").map(|(t, _)| *t).unwrap();
-    assert!(stepped_down - last_renew <= RENEW_DEADLINE + TICK, "stepped down {:?} after the last renew", stepped_down - last_renew);
+    assert!(
+        stepped_down - last_renew <= RENEW_DEADLINE + TICK,
+        "stepped down {:?} after the last renew",
+        stepped_down - last_renew
+    );
     assert_eq!(a.is_leader(), None);
     let b_leads = until(&mut b_rx, leads).await;
     assert!(b_leads > stepped_down + (LEASE - RENEW_DEADLINE) - TICK);
@@ -365,7 +372,11 @@ async fn lost_replies_and_failed_calls_never_make_two_leaders() {
     first.ended().await;
     let stepped_down = Instant::now();
     let last_landed = changes.borrow().iter().rev().find(|(_, h)| h == "a").map(|(t, _)| *t).unwrap();
-    assert!(stepped_down - last_landed <= RENEW_DEADLINE, "a led {:?} past its last landed write", stepped_down - last_landed);
+    assert!(
+        stepped_down - last_landed <= RENEW_DEADLINE,
+        "a led {:?} past its last landed write",
+        stepped_down - last_landed
+    );
     assert_eq!((a.is_leader(), b.is_leader()), (None, None));
     // Lost replies cost no extra writes: one renew attempt per retry period.
     assert!(store.requests("a").update <= 1 + 15 / 2 + 1, "{:?}", store.requests("a"));

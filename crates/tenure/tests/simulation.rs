@@ -98,8 +98,8 @@ use chrono::{DateTime, Utc};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tenure::{
-    Action, AfterRelease, Candidate, Event, LeaderElectionRecord, LockError, MonotonicTime, StoredRecord, Term,
-    Timing, Version,
+    Action, AfterRelease, Candidate, Event, LeaderElectionRecord, LockError, MonotonicTime, StoredRecord, Term, Timing,
+    Version,
 };
 
 const MS: u64 = 1_000_000;
@@ -259,22 +259,61 @@ enum OpResult {
 #[derive(Debug)]
 enum Ev {
     /// A process's `next_wakeup` (or shutdown deadline) timer.
-    Timer { node: usize, inc: u32, gen: u64 },
+    Timer {
+        node: usize,
+        inc: u32,
+        gen: u64,
+    },
     /// A request reaches the store.
-    Arrive { node: usize, inc: u32, req: u64, op: Op, fate: Fate },
+    Arrive {
+        node: usize,
+        inc: u32,
+        req: u64,
+        op: Op,
+        fate: Fate,
+    },
     /// A reply reaches the process.
-    Reply { node: usize, inc: u32, req: u64, result: OpResult, faulty: bool },
+    Reply {
+        node: usize,
+        inc: u32,
+        req: u64,
+        result: OpResult,
+        faulty: bool,
+    },
     /// The driver's call timeout of a request.
-    Timeout { node: usize, inc: u32, req: u64 },
+    Timeout {
+        node: usize,
+        inc: u32,
+        req: u64,
+    },
     /// A watch notification reaches the process; `None`: coalescing, read the store on delivery.
-    Watch { node: usize, inc: u32, gen: u64, payload: Option<StoredRecord>, faulty: bool },
+    Watch {
+        node: usize,
+        inc: u32,
+        gen: u64,
+        payload: Option<StoredRecord>,
+        faulty: bool,
+    },
     /// The driver re-opens a broken watch.
-    WatchReopen { node: usize, inc: u32 },
+    WatchReopen {
+        node: usize,
+        inc: u32,
+    },
     /// After a step-down (shutdown or resign) the user's guards are gone: write the release.
-    Drained { node: usize, inc: u32 },
-    Resume { node: usize, at: u64 },
-    Restart { node: usize },
-    Heal { node: usize },
+    Drained {
+        node: usize,
+        inc: u32,
+    },
+    Resume {
+        node: usize,
+        at: u64,
+    },
+    Restart {
+        node: usize,
+    },
+    Heal {
+        node: usize,
+    },
     Phase,
     Probe,
     HandoverProbe,
@@ -555,7 +594,11 @@ impl World {
         for i in 0..sc.candidates {
             // Half of the clocks sit at the extremes of the allowed drift: that is where it bites.
             let spread = if rng.gen_bool(0.5) {
-                if rng.gen_bool(0.5) { 1.0 } else { -1.0 }
+                if rng.gen_bool(0.5) {
+                    1.0
+                } else {
+                    -1.0
+                }
             } else {
                 rng.gen_range(-1.0..=1.0)
             };
@@ -1021,8 +1064,7 @@ impl World {
                 }
                 Event::StoppedLeading { term, .. } => {
                     if proc.published != Some(term) {
-                        let message =
-                            format!("{} stopped term {term} but had published {:?}", node, proc.published);
+                        let message = format!("{} stopped term {term} but had published {:?}", node, proc.published);
                         self.fail(FailureKind::Safety, message);
                         return;
                     }
@@ -1552,9 +1594,10 @@ impl World {
         let watching = |w: &World, n: usize| {
             n != h.releaser
                 && w.is_up(n)
-                && w.nodes[n].proc.as_ref().is_some_and(|p| {
-                    p.watch_up && p.stopping.is_none() && !p.resigning && w.now >= p.held_off_until
-                })
+                && w.nodes[n]
+                    .proc
+                    .as_ref()
+                    .is_some_and(|p| p.watch_up && p.stopping.is_none() && !p.resigning && w.now >= p.held_off_until)
         };
         if !quiet || self.failure.is_some() || !(0..self.nodes.len()).any(|n| watching(self, n)) {
             return;
@@ -1575,8 +1618,7 @@ impl World {
 /// The availability bound `B` and the failover bound `F` (see the module documentation).
 fn liveness_bounds(sc: &Scenario, params: &Params, slowest_rate: f64) -> (u64, u64) {
     let lease = (f64::from(sc.timing.lease_seconds()) * 1e9 / slowest_rate).ceil() as u64;
-    let poll =
-        (nanos(sc.timing.retry_period) as f64 * (1.0 + sc.timing.jitter_factor) / slowest_rate).ceil() as u64;
+    let poll = (nanos(sc.timing.retry_period) as f64 * (1.0 + sc.timing.jitter_factor) / slowest_rate).ceil() as u64;
     let rtt = 2 * MAX_DELAY;
     let watch = if sc.has_watch { MAX_WATCH_DELAY } else { 0 };
     let settle = lease + poll + watch + 4 * rtt + MS;

@@ -194,7 +194,12 @@ impl MemoryLock {
         Ok(Fate::Apply)
     }
 
-    fn write(&self, fate: Fate, expected: Option<&Version>, record: &LeaderElectionRecord) -> Result<Version, LockError> {
+    fn write(
+        &self,
+        fate: Fate,
+        expected: Option<&Version>,
+        record: &LeaderElectionRecord,
+    ) -> Result<Version, LockError> {
         let mut state = lock_state(&self.shared);
         match (&state.content, expected) {
             (Some(_), None) => return Err(LockError::AlreadyExists),
