@@ -34,7 +34,7 @@ use crate::clock::MonotonicTime;
 use crate::lock::{LockError, StoredRecord, Version};
 use crate::record::LeaderElectionRecord;
 use crate::term::Term;
-use crate::timing::Timing;
+use crate::timing::{Timing, MAX_LEASE};
 
 /// What the driver must do next on the lock.
 #[derive(Debug, Clone, PartialEq)]
@@ -179,6 +179,8 @@ pub struct Candidate {
     /// The version of the last change notified while an action was in flight (`Some(None)`: the
     /// record was deleted). A reply that disagrees with it may be older news.
     notified_while_pending: Option<Option<Version>>,
+    /// A resync was asked for while a request was in flight: read again after its reply.
+    resync_after_pending: bool,
 }
 
 impl Candidate {
@@ -202,6 +204,7 @@ impl Candidate {
             published_holder: None,
             events: VecDeque::new(),
             notified_while_pending: None,
+            resync_after_pending: false,
         }
     }
 
@@ -263,6 +266,8 @@ impl Candidate {
     pub fn resync(&mut self, now: MonotonicTime) {
         self.needs_read = true;
         self.next_attempt = self.next_attempt.min(now);
+        // A reply to a request already in flight may predate the missed changes.
+        self.resync_after_pending |= self.pending.is_some();
     }
 
     /// True while an action handed out by [`Candidate::poll_action`] awaits its result.
@@ -295,6 +300,14 @@ impl Candidate {
         self.fence(now);
         if self.pending.is_some() || self.mode == Mode::Stopped || now < self.next_attempt {
             return None;
+        }
+        if let Mode::Releasing(after) = self.mode {
+            // Nothing of ours to release, and no uncertain write to check: done, even if the
+            // store is unreachable.
+            if self.tenure.is_none() && !self.holds_lock() && !self.needs_read {
+                self.finish_release(now, after);
+                return None;
+            }
         }
         if self.needs_read || self.observed.is_none() {
             self.pending = Some(Pending::Read);
@@ -362,6 +375,8 @@ impl Candidate {
 
     /// The result of an [`Action::Read`] that completed at `now`.
     pub fn on_read(&mut self, now: MonotonicTime, result: Result<Option<StoredRecord>, LockError>) {
+        // A reply handled after the fencing deadline must not revive an ended tenure.
+        self.fence(now);
         if matches!(self.pending, Some(Pending::Read)) {
             self.pending = None;
         }
@@ -375,7 +390,7 @@ impl Candidate {
                 self.next_attempt = now;
             }
             Ok(stored) => {
-                self.needs_read = false;
+                self.needs_read = std::mem::take(&mut self.resync_after_pending);
                 self.observe(now, stored, true);
                 self.next_attempt = now;
             }
@@ -388,6 +403,8 @@ impl Candidate {
 
     /// The result of an [`Action::Create`] or [`Action::Update`] that completed at `now`.
     pub fn on_write(&mut self, now: MonotonicTime, result: Result<Version, LockError>) {
+        // A renew reply handled after the fencing deadline must not revive an ended tenure.
+        self.fence(now);
         let Some(Pending::Write { started, kind, record }) = self.pending.take() else {
             return;
         };
@@ -443,7 +460,7 @@ impl Candidate {
                 }
             }
         }
-        if notified_other {
+        if notified_other || std::mem::take(&mut self.resync_after_pending) {
             // A notification arrived while the write was in flight: it may be older than the
             // write (then the read changes nothing) or newer (someone wrote on top, typically
             // taking a lock just released); find out now rather than at the next conflict.
@@ -455,6 +472,7 @@ impl Candidate {
 
     /// A change pushed by the lock's watch, received at `now`.
     pub fn on_change(&mut self, now: MonotonicTime, stored: Option<StoredRecord>) {
+        self.fence(now);
         self.observe(now, stored, false);
     }
 
@@ -529,7 +547,7 @@ impl Candidate {
             return;
         }
         let ours = self.is_own_tenure(stored.as_ref());
-        if self.tenure.is_some() && !ours {
+        if (self.tenure.is_some() || self.holds_lock()) && !ours {
             if !authoritative {
                 // A watch may deliver an event older than our last write; confirm with a read
                 // before giving up a tenure.
@@ -587,7 +605,8 @@ impl Candidate {
         }
         let lease = match &stored.record {
             Ok(r) if r.holder_identity.is_empty() => return Holder::Free,
-            Ok(r) => Duration::from_secs(u64::try_from(r.lease_duration_seconds).unwrap_or(0)),
+            // A lease longer than any valid configuration is not honoured beyond that maximum.
+            Ok(r) => Duration::from_secs(u64::try_from(r.lease_duration_seconds).unwrap_or(0)).min(MAX_LEASE),
             // Unknown holder: respect one full lease of our own configuration.
             Err(_) => self.timing.lease_duration,
         };

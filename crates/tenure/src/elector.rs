@@ -80,7 +80,8 @@ impl ElectorBuilder {
         self
     }
 
-    /// Validates the configuration and starts campaigning on the current tokio runtime.
+    /// Validates the configuration and starts campaigning on the current tokio runtime (like
+    /// `tokio::spawn`, it panics when called outside one).
     pub fn spawn(self) -> Result<Elector, ElectorError> {
         if self.identity.is_empty() {
             return Err(ElectorError::EmptyIdentity);
@@ -110,8 +111,9 @@ impl ElectorBuilder {
 ///
 /// Why a handle with a background task: leadership must be renewed on time whatever the user's
 /// code is doing, and followers must react to changes the moment they happen. Dropping the handle
-/// shuts the elector down (releasing the lock) in the background; call [`Elector::shutdown`] to
-/// wait for the release.
+/// shuts the elector down (releasing the lock) in the background, which only completes if the
+/// runtime keeps running: at the end of `main`, call [`Elector::shutdown`] and await it, or the
+/// lock stays held until its lease runs out.
 pub struct Elector {
     identity: String,
     timing: Timing,
@@ -230,6 +232,10 @@ impl Elector {
     }
 }
 
+/// "Never", far enough from `Instant`'s limits that adding it cannot overflow: caps the instants
+/// derived from untrusted input (a foreign record's lease) and from user settings.
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 86_400);
+
 type OpFuture = Pin<Box<dyn Future<Output = OpResult> + Send>>;
 
 enum OpResult {
@@ -279,7 +285,7 @@ impl Driver {
     }
 
     fn instant(&self, time: MonotonicTime) -> Instant {
-        self.origin + time.0
+        self.origin + time.0.min(FAR_FUTURE)
     }
 
     async fn run(mut self, mut commands: mpsc::Receiver<ElectorCommand>) {
@@ -366,8 +372,11 @@ impl Driver {
                     self.reopen_watch_at = Some(Instant::now() + self.candidate.timing().retry_period);
                 }
                 Wake::ReopenWatch => {
-                    self.reopen_watch_at = None;
                     self.changes = self.lock.watch();
+                    // A lock that cannot watch right now is asked again later; meanwhile the
+                    // resync below and the candidate's retries keep it informed.
+                    self.reopen_watch_at =
+                        self.changes.is_none().then(|| Instant::now() + self.candidate.timing().retry_period);
                     // Changes may have been missed while the watch was down.
                     self.candidate.resync(now);
                 }
@@ -383,7 +392,7 @@ impl Driver {
                     self.candidate.step_down(now);
                     self.publish();
                     drained = Some(Box::pin(self.publisher.wait_for_ended_tenures()));
-                    let deadline = Instant::now() + self.drain_timeout;
+                    let deadline = Instant::now() + self.drain_timeout.min(FAR_FUTURE);
                     stopping = Some(Stopping { after, stage: StopStage::Draining { deadline }, reply });
                 }
                 Wake::Drained => drained = None,

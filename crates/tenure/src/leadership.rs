@@ -3,7 +3,7 @@
 //! same types through a [`Publisher`], so everything above the backends is backend-agnostic.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{watch, Notify};
@@ -65,6 +65,10 @@ pub struct NotLeader {
 struct TenureShared {
     term: Term,
     valid_until: Mutex<Instant>,
+    /// Set (SeqCst) before the guards are counted at the end of a tenure, and read (SeqCst) after
+    /// a guard is counted: together they ensure that a guard handed out as valid is always waited
+    /// for by the drain.
+    is_over: AtomicBool,
     ended: CancellationToken,
     guards: AtomicUsize,
     all_dropped: Notify,
@@ -101,7 +105,7 @@ impl Tenure {
     /// True while the tenure lasts: not ended by the elector and within its self-fencing deadline
     /// on the local monotonic clock (so a process resumed after a long pause sees `false` at once).
     pub fn is_valid(&self) -> bool {
-        !self.shared.ended.is_cancelled() && Instant::now() < self.valid_until()
+        !self.shared.is_over.load(Ordering::SeqCst) && Instant::now() < self.valid_until()
     }
 
     /// The term if the tenure is still valid: call before a side effect.
@@ -137,7 +141,7 @@ impl Clone for Tenure {
 
 impl Drop for Tenure {
     fn drop(&mut self) {
-        if self.shared.guards.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if self.shared.guards.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.shared.all_dropped.notify_waiters();
         }
     }
@@ -145,7 +149,7 @@ impl Drop for Tenure {
 
 impl Tenure {
     fn from_shared(shared: Arc<TenureShared>) -> Self {
-        shared.guards.fetch_add(1, Ordering::AcqRel);
+        shared.guards.fetch_add(1, Ordering::SeqCst);
         Tenure { shared }
     }
 }
@@ -196,6 +200,7 @@ impl Publisher {
         let shared = Arc::new(TenureShared {
             term,
             valid_until: Mutex::new(valid_until),
+            is_over: AtomicBool::new(false),
             ended: CancellationToken::new(),
             guards: AtomicUsize::new(0),
             all_dropped: Notify::new(),
@@ -212,8 +217,9 @@ impl Publisher {
 
     /// Ends the current tenure: its guards turn invalid and `ended()` completes.
     pub fn end_tenure(&mut self) {
+        self.prune_ended();
         if let Some(shared) = self.current.send_replace(None) {
-            shared.ended.cancel();
+            shared.end();
             self.ending.push(shared);
         }
     }
@@ -227,7 +233,7 @@ impl Publisher {
                     let notified = shared.all_dropped.notified();
                     tokio::pin!(notified);
                     notified.as_mut().enable();
-                    if shared.guards.load(Ordering::Acquire) == 0 {
+                    if shared.guards.load(Ordering::SeqCst) == 0 {
                         break;
                     }
                     notified.await;
@@ -238,7 +244,24 @@ impl Publisher {
 
     /// Forgets ended tenures whose guards are all gone (keeps the list short).
     pub fn prune_ended(&mut self) {
-        self.ending.retain(|s| s.guards.load(Ordering::Acquire) > 0);
+        self.ending.retain(|s| s.guards.load(Ordering::SeqCst) > 0);
+    }
+}
+
+impl TenureShared {
+    fn end(&self) {
+        self.is_over.store(true, Ordering::SeqCst);
+        self.ended.cancel();
+    }
+}
+
+impl Drop for Publisher {
+    /// A driver that stops for any reason (including a panic) ends its tenure, so leader work
+    /// waiting on [`Tenure::ended`] always learns of it.
+    fn drop(&mut self) {
+        if let Some(shared) = self.current.send_replace(None) {
+            shared.end();
+        }
     }
 }
 

@@ -63,6 +63,10 @@ impl LeaderElectionRecord {
         if record.leader_transitions < 0 {
             return Err(RecordError::Invalid("leaderTransitions is negative"));
         }
+        if record.leader_transitions == i64::MAX {
+            // No next term could be written: terms would repeat (S2).
+            return Err(RecordError::Invalid("leaderTransitions is at its maximum"));
+        }
         if !record.holder_identity.is_empty() && record.lease_duration_seconds <= 0 {
             return Err(RecordError::Invalid("a held lock has leaseDurationSeconds <= 0"));
         }
@@ -139,6 +143,10 @@ mod tests {
         ));
         assert!(matches!(
             LeaderElectionRecord::from_json(r#"{"holderIdentity":"","leaderTransitions":-1}"#),
+            Err(RecordError::Invalid(_))
+        ));
+        assert!(matches!(
+            LeaderElectionRecord::from_json(r#"{"holderIdentity":"","leaderTransitions":9223372036854775807}"#),
             Err(RecordError::Invalid(_))
         ));
     }

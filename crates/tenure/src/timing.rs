@@ -7,6 +7,10 @@ use std::time::Duration;
 /// client-go's `JitterFactor`: a polling candidate waits between `retry` and `(1 + 1.2) * retry`.
 pub const DEFAULT_JITTER_FACTOR: f64 = 1.2;
 
+/// The longest lease a configuration may have; a foreign record claiming more is honoured only
+/// this long, so a hostile or broken record cannot freeze an election indefinitely.
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+
 /// The timing rules of one election.
 ///
 /// Why these three numbers: a follower may take the lock `lease_duration` after it saw the

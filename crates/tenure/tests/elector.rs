@@ -479,3 +479,41 @@ async fn rejects_invalid_configuration_with_a_clear_error() {
     let err = Elector::builder("x", store.client("x")).timing(timing).spawn().err().unwrap();
     assert!(err.to_string().contains("must be greater than the renew deadline"), "{err}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_foreign_record_claiming_an_endless_lease_is_honoured_for_at_most_a_day() {
+    let store = MemoryStore::new();
+    store.put_raw(&foreign_record("squatter", i64::MAX, 1));
+    let seen = Instant::now();
+    let b = spawn(&store, "b");
+    let mut rx = b.subscribe();
+    // The elector survives the record and, in time, takes over.
+    timeout(Duration::from_secs(48 * 3600), rx.wait_for(leads)).await.expect("took over within two days").unwrap();
+    let at = Instant::now();
+    assert!(at - seen >= Duration::from_secs(24 * 3600) && at - seen < Duration::from_secs(24 * 3600) + TICK);
+    assert_eq!(b.is_leader(), Some(Term(2)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unbounded_drain_timeout_waits_for_the_work_and_then_releases() {
+    let store = MemoryStore::new();
+    let a = Elector::builder("a", store.client("a")).drain_timeout(Duration::MAX).spawn().unwrap();
+    let tenure = a.acquired().await.unwrap();
+    let work = tokio::spawn(async move {
+        tenure.ended().await;
+        tokio::time::sleep(Duration::from_secs(30)).await; // longer than the lease: renewals continue
+    });
+    a.shutdown().await.unwrap();
+    assert!(work.is_finished());
+    assert_eq!(holder(&store), "");
+}
+
+#[tokio::test(start_paused = true)]
+async fn leader_work_learns_that_its_tenure_ended_when_the_elector_task_is_gone() {
+    let (mut publisher, subscriber) = tenure::Publisher::new();
+    publisher.start_tenure(Term(7), Instant::now() + Duration::from_secs(60));
+    let tenure = subscriber.tenure().expect("a valid tenure");
+    drop(publisher); // a driver that stopped for any reason, a panic included
+    timeout(Duration::from_secs(1), tenure.ended()).await.expect("the tenure ends with its driver");
+    assert!(tenure.check().is_err());
+}
