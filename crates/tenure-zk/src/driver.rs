@@ -74,8 +74,7 @@ struct Driver {
 /// Runs one candidate until shutdown (or until every handle is dropped).
 pub(crate) async fn run(config: Config, publisher: Publisher, commands: mpsc::Receiver<ElectorCommand>) {
     let now = Instant::now();
-    let mut driver =
-        Driver { config, publisher, commands, leading: None, valid_until: now, next_heartbeat: now };
+    let mut driver = Driver { config, publisher, commands, leading: None, valid_until: now, next_heartbeat: now };
     tracing::debug!(identity = %driver.config.identity, path = %driver.config.path, "campaigning on ZooKeeper");
     let reply = driver.run_sessions().await;
     if let Some(reply) = reply {
@@ -126,9 +125,8 @@ impl Driver {
     /// Opens a new session, retrying with backoff; `Err` when shutdown was asked for meanwhile.
     async fn connect(&mut self, backoff: &mut Duration) -> Result<zk::Client, Reply> {
         loop {
-            let attempt = zk::Client::connector()
-                .with_session_timeout(self.config.session_timeout)
-                .connect(&self.config.servers);
+            let attempt =
+                zk::Client::connector().with_session_timeout(self.config.session_timeout).connect(&self.config.servers);
             let limit = self.config.session_timeout * 2;
             let result = tokio::select! {
                 result = timeout(limit, attempt) => result,
@@ -299,7 +297,12 @@ impl Driver {
 
     /// Reads the children, makes sure our node is among them (finding it by guid first, so a
     /// create whose reply was lost is not repeated), and sets the watches.
-    async fn observe(&mut self, client: &zk::Client, guid: &str, own: &mut Option<OwnNode>) -> Result<Observed, ZkError> {
+    async fn observe(
+        &mut self,
+        client: &zk::Client,
+        guid: &str,
+        own: &mut Option<OwnNode>,
+    ) -> Result<Observed, ZkError> {
         let call = self.call_timeout();
         let started = Instant::now();
         let children = match with_timeout(call, client.list_children(&self.config.path)).await {

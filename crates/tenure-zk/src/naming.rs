@@ -33,7 +33,9 @@ pub fn node_prefix(path: &str, guid: &str) -> String {
 
 /// True when `name` (a child of the election path) was created by the client with `guid`.
 pub fn is_own(name: &str, guid: &str) -> bool {
-    name.strip_prefix(PROTECTED_PREFIX).and_then(|rest| rest.strip_prefix(guid)).is_some_and(|rest| rest.starts_with('-'))
+    name.strip_prefix(PROTECTED_PREFIX)
+        .and_then(|rest| rest.strip_prefix(guid))
+        .is_some_and(|rest| rest.starts_with('-'))
 }
 
 /// The sequence number of a latch node, `None` for a child that is not a latch node.

@@ -135,7 +135,8 @@ async fn paused_leader_stops_leading_before_another_is_elected() {
             deadline_ns = deadline_ns.max(ns.parse().expect("ns"));
         }
     }
-    let tenure = tokio::time::timeout(SESSION_TIMEOUT * 4, follower.acquired()).await.expect("elected").expect("tenure");
+    let tenure =
+        tokio::time::timeout(SESSION_TIMEOUT * 4, follower.acquired()).await.expect("elected").expect("tenure");
     let elected_ns = monotonic_ns();
     let margin_ms = (elected_ns as f64 - deadline_ns as f64) / 1e6;
     eprintln!(
@@ -161,7 +162,8 @@ async fn own_node_deleted_from_outside_ends_the_tenure_and_the_candidate_campaig
     let Some(election) = election(&path).await else { return };
     let server = server().expect("server");
     let elector = election.campaign("lonely").expect("campaign");
-    let tenure = tokio::time::timeout(Duration::from_secs(10), elector.acquired()).await.expect("leads").expect("tenure");
+    let tenure =
+        tokio::time::timeout(Duration::from_secs(10), elector.acquired()).await.expect("leads").expect("tenure");
     let node = election.leader().await.expect("leader()").expect("leader").node;
 
     let admin = zookeeper_client::Client::connect(&server.servers).await.expect("admin client");
@@ -171,7 +173,8 @@ async fn own_node_deleted_from_outside_ends_the_tenure_and_the_candidate_campaig
     eprintln!("tenure ended {:?} after the node was deleted", deleted.elapsed());
     assert!(!tenure.is_valid());
 
-    let again = tokio::time::timeout(Duration::from_secs(10), elector.acquired()).await.expect("leads again").expect("tenure");
+    let again =
+        tokio::time::timeout(Duration::from_secs(10), elector.acquired()).await.expect("leads again").expect("tenure");
     assert!(again.term() > tenure.term(), "a new node gives a greater term");
     let leader = election.leader().await.expect("leader()").expect("leader");
     assert_ne!(leader.node, node);

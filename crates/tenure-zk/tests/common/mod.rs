@@ -55,7 +55,9 @@ fn have_zookeeper() -> Result<(), String> {
             return Err(format!("`{tool}` is not installed (apt-get install default-jdk-headless)"));
         }
     }
-    for j in ["zookeeper.jar", "zookeeper-jute.jar", "curator-recipes.jar", "curator-framework.jar", "curator-client.jar"] {
+    for j in
+        ["zookeeper.jar", "zookeeper-jute.jar", "curator-recipes.jar", "curator-framework.jar", "curator-client.jar"]
+    {
         if !Path::new(&jar(j)).exists() {
             return Err(format!("{} is missing (apt-get install zookeeper libcurator-recipes-java)", jar(j)));
         }
@@ -111,7 +113,7 @@ fn start_server() -> Result<ZkServer, String> {
     let child = spawn_tied_to_process(command).map_err(|e| format!("cannot start java: {e}"))?;
     let server = ZkServer { servers: format!("127.0.0.1:{port}"), port, dir };
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !four_letter_word(port, "ruok").is_some_and(|answer| answer == "imok") {
+    while !answers(port, "ruok", "imok") {
         if Instant::now() > deadline {
             let log = std::fs::read_to_string(server.dir.join("server.log")).unwrap_or_default();
             return Err(format!("ZooKeeper did not answer within 30 s; log:\n{log}"));
@@ -119,7 +121,7 @@ fn start_server() -> Result<ZkServer, String> {
         std::thread::sleep(Duration::from_millis(50)); // polling a process we cannot watch
     }
     // A `ruok` answer can precede the end of start-up: wait for `srvr` to report the mode.
-    while !four_letter_word(port, "srvr").is_some_and(|a| a.contains("Mode:")) {
+    while !answers(port, "srvr", "Mode:") {
         if Instant::now() > deadline {
             return Err("ZooKeeper did not report its mode within 30 s".into());
         }
@@ -155,6 +157,11 @@ fn spawn_tied_to_process(mut command: Command) -> std::io::Result<u32> {
         }
     });
     rx.recv().unwrap_or_else(|_| Err(std::io::Error::other("spawner thread died")))
+}
+
+/// True when the server answers `word` with text containing `expected`.
+fn answers(port: u16, word: &str, expected: &str) -> bool {
+    four_letter_word(port, word).is_some_and(|answer| answer.contains(expected))
 }
 
 /// Sends a four-letter word and returns the answer.
@@ -262,8 +269,9 @@ impl ChildProcess {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 // libtest's "test name ... " may precede the first line of a child on one line.
-                Ok(line) if line.contains(prefix) => {
-                    let at = line.find(prefix).unwrap_or(0);
+                Ok(line) if line.starts_with(prefix) => return line,
+                Ok(line) if line.contains(&format!("... {prefix}")) => {
+                    let at = line.find(&format!("... {prefix}")).unwrap_or(0) + 4;
                     return line[at..].to_owned();
                 }
                 Ok(line) => seen(&line),
