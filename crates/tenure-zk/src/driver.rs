@@ -69,12 +69,23 @@ struct Driver {
     valid_until: Instant,
     /// When the leader next proves to itself that the server still hears it.
     next_heartbeat: Instant,
+    /// The session timeout the server granted to the current session.
+    negotiated_timeout: Duration,
 }
 
 /// Runs one candidate until shutdown (or until every handle is dropped).
 pub(crate) async fn run(config: Config, publisher: Publisher, commands: mpsc::Receiver<ElectorCommand>) {
     let now = Instant::now();
-    let mut driver = Driver { config, publisher, commands, leading: None, valid_until: now, next_heartbeat: now };
+    let negotiated_timeout = config.session_timeout;
+    let mut driver = Driver {
+        config,
+        publisher,
+        commands,
+        leading: None,
+        valid_until: now,
+        next_heartbeat: now,
+        negotiated_timeout,
+    };
     tracing::debug!(identity = %driver.config.identity, path = %driver.config.path, "campaigning on ZooKeeper");
     let reply = driver.run_sessions().await;
     if let Some(reply) = reply {
@@ -83,16 +94,18 @@ pub(crate) async fn run(config: Config, publisher: Publisher, commands: mpsc::Re
 }
 
 impl Driver {
+    /// How long after the start of a request the server answered the leader still leads: 2/3 of
+    /// the session timeout the server granted (it may grant less than we asked for).
     fn fence_margin(&self) -> Duration {
-        self.config.session_timeout * 2 / 3
+        self.negotiated_timeout * 2 / 3
     }
 
     fn heartbeat_interval(&self) -> Duration {
-        self.config.session_timeout / 3
+        self.negotiated_timeout / 3
     }
 
     fn call_timeout(&self) -> Duration {
-        self.config.session_timeout / 2
+        self.negotiated_timeout / 2
     }
 
     fn node_path(&self, name: &str) -> String {
@@ -106,7 +119,16 @@ impl Driver {
                 Ok(client) => client,
                 Err(reply) => return reply,
             };
-            tracing::debug!(identity = %self.config.identity, session = %client.session_id(), "session established");
+            self.negotiated_timeout = client.session_timeout().min(self.config.session_timeout);
+            if self.negotiated_timeout.is_zero() {
+                self.negotiated_timeout = self.config.session_timeout;
+            }
+            tracing::debug!(
+                identity = %self.config.identity,
+                session = %client.session_id(),
+                timeout = ?self.negotiated_timeout,
+                "session established"
+            );
             let mut own = None;
             match self.campaign(&client, &mut own).await {
                 SessionEnd::Lost => {
@@ -246,7 +268,12 @@ impl Driver {
                 _ = &mut watches => return None,
                 state = states.changed() => match state {
                     zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => return None,
-                    zk::SessionState::Disconnected => return None,
+                    zk::SessionState::Disconnected => {
+                        // Stop at once, even if the client reconnects before we look again.
+                        self.stop_leading("connection to ZooKeeper lost");
+                        self.publish_unknown();
+                        return None;
+                    }
                     _ => return Some(SessionEnd::Lost),
                 },
                 _ = sleep_until(heartbeat_at), if leading => {

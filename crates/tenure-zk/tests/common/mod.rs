@@ -24,6 +24,7 @@ pub struct ZkServer {
     pub servers: String,
     pub port: u16,
     dir: PathBuf,
+    pid: Mutex<u32>,
 }
 
 fn jar(name: &str) -> String {
@@ -96,39 +97,81 @@ fn start_server() -> Result<ZkServer, String> {
         dir.join("data").display()
     );
     std::fs::write(dir.join("zoo.cfg"), config).map_err(|e| e.to_string())?;
-    let log = std::fs::File::create(dir.join("server.log")).map_err(|e| e.to_string())?;
-    let log2 = log.try_clone().map_err(|e| e.to_string())?;
-    let mut command = Command::new("java");
-    command
-        .arg("-Xmx256m")
-        .arg("-XX:+UseSerialGC")
-        .arg("-XX:TieredStopAtLevel=1")
-        .arg("-cp")
-        .arg(classpath())
-        .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
-        .arg(dir.join("zoo.cfg"))
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log2);
-    let child = spawn_tied_to_process(command).map_err(|e| format!("cannot start java: {e}"))?;
-    let server = ZkServer { servers: format!("127.0.0.1:{port}"), port, dir };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !answers(port, "ruok", "imok") {
-        if Instant::now() > deadline {
-            let log = std::fs::read_to_string(server.dir.join("server.log")).unwrap_or_default();
-            return Err(format!("ZooKeeper did not answer within 30 s; log:\n{log}"));
-        }
-        std::thread::sleep(Duration::from_millis(50)); // polling a process we cannot watch
-    }
-    // A `ruok` answer can precede the end of start-up: wait for `srvr` to report the mode.
-    while !answers(port, "srvr", "Mode:") {
-        if Instant::now() > deadline {
-            return Err("ZooKeeper did not report its mode within 30 s".into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child;
+    let server = ZkServer { servers: format!("127.0.0.1:{port}"), port, dir, pid: Mutex::new(0) };
+    server.launch()?;
     Ok(server)
+}
+
+impl ZkServer {
+    /// A server of its own for a test that stops and restarts it; `None` as for [`server`].
+    pub fn private() -> Option<ZkServer> {
+        match start_server() {
+            Ok(server) => Some(server),
+            Err(why) => {
+                if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
+                    panic!("ZooKeeper integration tests need a server and CI=true: {why}");
+                }
+                eprintln!("skipped: {why}");
+                None
+            }
+        }
+    }
+
+    /// Starts the JVM on this server's configuration and waits until it serves.
+    fn launch(&self) -> Result<(), String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("server.log"))
+            .map_err(|e| e.to_string())?;
+        let log2 = log.try_clone().map_err(|e| e.to_string())?;
+        let mut command = Command::new("java");
+        command
+            .arg("-Xmx256m")
+            .arg("-XX:+UseSerialGC")
+            .arg("-XX:TieredStopAtLevel=1")
+            .arg("-cp")
+            .arg(classpath())
+            .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
+            .arg(self.dir.join("zoo.cfg"))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2);
+        let pid = spawn_tied_to_process(command).map_err(|e| format!("cannot start java: {e}"))?;
+        *self.pid.lock().unwrap_or_else(|e| e.into_inner()) = pid;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // `ruok` can answer before start-up is over: wait for `srvr` to report the mode too.
+        while !answers(self.port, "ruok", "imok") || !answers(self.port, "srvr", "Mode:") {
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+                return Err(format!("ZooKeeper did not answer within 30 s; log:\n{log}"));
+            }
+            std::thread::sleep(Duration::from_millis(50)); // polling a process we cannot watch
+        }
+        Ok(())
+    }
+
+    /// Kills the server (SIGKILL) and waits until its port is closed.
+    pub fn kill(&self) {
+        let pid = *self.pid.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_ok() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts the server again on the same port and data (sessions survive).
+    pub fn restart(&self) {
+        self.launch().expect("restart ZooKeeper");
+    }
+}
+
+impl Drop for ZkServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// Spawns `command` from a thread that lives as long as the process, with a parent-death
