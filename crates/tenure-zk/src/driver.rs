@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tenure::{ElectorCommand, ElectorError, Leadership, Publisher, Role, Term};
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::{sleep, sleep_until, timeout, Instant};
+use tokio::time::{sleep_until, timeout, Instant};
 use zookeeper_client as zk;
 
 use crate::{naming, term_of, with_timeout, ZkError};
@@ -87,9 +87,9 @@ pub(crate) async fn run(config: Config, publisher: Publisher, commands: mpsc::Re
         negotiated_timeout,
     };
     tracing::debug!(identity = %driver.config.identity, path = %driver.config.path, "campaigning on ZooKeeper");
-    let reply = driver.run_sessions().await;
+    let (reply, result) = driver.run_sessions().await;
     if let Some(reply) = reply {
-        let _ = reply.send(Ok(()));
+        let _ = reply.send(result);
     }
 }
 
@@ -112,12 +112,13 @@ impl Driver {
         format!("{}/{}", self.config.path, name)
     }
 
-    async fn run_sessions(&mut self) -> Reply {
+    /// Campaigns session after session; returns who to answer at shutdown, and the answer.
+    async fn run_sessions(&mut self) -> (Reply, Result<(), ElectorError>) {
         let mut backoff = Duration::from_millis(50);
         loop {
             let client = match self.connect(&mut backoff).await {
                 Ok(client) => client,
-                Err(reply) => return reply,
+                Err(reply) => return (reply, Ok(())),
             };
             self.negotiated_timeout = client.session_timeout().min(self.config.session_timeout);
             if self.negotiated_timeout.is_zero() {
@@ -136,9 +137,9 @@ impl Driver {
                     self.publish_unknown();
                 }
                 SessionEnd::Stop(reply) => {
-                    self.shut_down(&client, own).await;
+                    let result = self.shut_down(&client, own).await;
                     drop(client); // closes the session
-                    return reply;
+                    return (reply, result);
                 }
             }
         }
@@ -288,8 +289,8 @@ impl Driver {
                 }
                 command = self.commands.recv() => match command {
                     Some(ElectorCommand::Resign(reply)) => {
-                        self.resign(client, own).await;
-                        let _ = reply.send(Ok(()));
+                        let result = self.resign(client, own).await;
+                        let _ = reply.send(result);
                         return None;
                     }
                     Some(ElectorCommand::Shutdown(reply)) => return Some(SessionEnd::Stop(Some(reply))),
@@ -476,12 +477,19 @@ impl Driver {
 
     /// Ends the tenure, lets its guards finish (up to the drain timeout) and deletes our node,
     /// so the next candidate leads within one round trip. Not leading: nothing to do.
-    async fn resign(&mut self, client: &zk::Client, own: &mut Option<OwnNode>) {
-        let Some(term) = self.leading else { return };
-        self.release(client, own, term).await;
+    async fn resign(&mut self, client: &zk::Client, own: &mut Option<OwnNode>) -> Result<(), ElectorError> {
+        let Some(term) = self.leading else { return Ok(()) };
+        self.release(client, own, term).await
     }
 
-    async fn release(&mut self, client: &zk::Client, own: &mut Option<OwnNode>, term: Term) {
+    /// `Err(ReleaseTimedOut)` when the node could not be deleted: the next candidate then leads
+    /// when our session ends.
+    async fn release(
+        &mut self,
+        client: &zk::Client,
+        own: &mut Option<OwnNode>,
+        term: Term,
+    ) -> Result<(), ElectorError> {
         self.stop_leading("stepped down");
         self.publisher.publish(Leadership {
             leader: Some(self.config.identity.clone()),
@@ -492,38 +500,41 @@ impl Driver {
         if timeout(self.config.drain_timeout, drained).await.is_err() {
             tracing::warn!(identity = %self.config.identity, "tenure guards still held after the drain timeout; releasing anyway");
         }
-        self.delete_own(client, own).await;
+        let deleted = self.delete_own(client, own).await;
         self.publish_unknown();
+        deleted
     }
 
-    async fn delete_own(&mut self, client: &zk::Client, own: &mut Option<OwnNode>) {
-        let Some(node) = own.take() else { return };
+    async fn delete_own(&mut self, client: &zk::Client, own: &mut Option<OwnNode>) -> Result<(), ElectorError> {
+        let Some(node) = own.take() else { return Ok(()) };
         let path = self.node_path(&node.name);
         match with_timeout(self.call_timeout(), client.delete(&path, None)).await {
             Ok(()) | Err(ZkError::Request(zk::Error::NoNode)) => {
-                tracing::debug!(identity = %self.config.identity, node = %node.name, "deleted own node")
+                tracing::debug!(identity = %self.config.identity, node = %node.name, "deleted own node");
+                Ok(())
             }
             Err(err) => {
-                tracing::warn!(identity = %self.config.identity, error = %err, "could not delete own node; it goes with the session")
+                tracing::warn!(identity = %self.config.identity, error = %err, "could not delete own node; it goes with the session");
+                Err(ElectorError::ReleaseTimedOut)
             }
         }
     }
 
     /// Shutdown: end the tenure, wait for guards, delete the node (the session closes after).
-    async fn shut_down(&mut self, client: &zk::Client, mut own: Option<OwnNode>) {
-        match self.leading {
+    async fn shut_down(&mut self, client: &zk::Client, mut own: Option<OwnNode>) -> Result<(), ElectorError> {
+        let result = match self.leading {
             Some(term) => self.release(client, &mut own, term).await,
             None => {
-                self.delete_own(client, &mut own).await;
+                let deleted = self.delete_own(client, &mut own).await;
                 self.publish_unknown();
+                deleted
             }
-        }
+        };
         // Guards of tenures that ended earlier (a loss) are waited for too, so that a shutdown
         // returns only when no leader work is left running.
         let drained = self.publisher.wait_for_ended_tenures();
         let _ = timeout(self.config.drain_timeout, drained).await;
-        // Give the close request a moment to leave with the client dropped by the caller.
-        sleep(Duration::ZERO).await;
+        result
     }
 }
 

@@ -86,8 +86,23 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
+/// Removes the temporary directories of earlier test processes that are gone (the shared
+/// server lives in a static, which is never dropped).
+fn remove_stale_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix("tenure-zk-test-") else { continue };
+        let pid = rest.split('-').next().unwrap_or_default();
+        if !pid.is_empty() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 fn start_server() -> Result<ZkServer, String> {
     have_zookeeper()?;
+    remove_stale_dirs();
     let dir = std::env::temp_dir().join(format!("tenure-zk-test-{}-{}", std::process::id(), free_port()));
     std::fs::create_dir_all(dir.join("data")).map_err(|e| e.to_string())?;
     let port = free_port();
@@ -429,7 +444,7 @@ pub fn child_candidate_main() {
 pub fn spawn_latch_probe(servers: &str, path: &str, id: &str) -> ChildProcess {
     static COMPILED: OnceLock<PathBuf> = OnceLock::new();
     let classes = COMPILED.get_or_init(|| {
-        let out = std::env::temp_dir().join(format!("tenure-zk-latch-probe-{}", std::process::id()));
+        let out = std::env::temp_dir().join(format!("tenure-zk-test-{}-latch-probe", std::process::id()));
         std::fs::create_dir_all(&out).expect("class dir");
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java/LatchProbe.java");
         let status = Command::new("javac")
