@@ -38,6 +38,7 @@
 mod driver;
 pub mod naming;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tenure::{Elector, Timing};
@@ -98,7 +99,8 @@ pub struct ZkElection {
     path: String,
     session_timeout: Duration,
     drain_timeout: Duration,
-    client: zk::Client,
+    /// The session for status queries, replaced when it expires.
+    client: Arc<Mutex<zk::Client>>,
 }
 
 impl ZkElection {
@@ -110,17 +112,13 @@ impl ZkElection {
         if session_timeout < Duration::from_millis(100) {
             return Err(ZkError::SessionTimeout(session_timeout));
         }
-        let client = zk::Client::connector()
-            .with_session_timeout(session_timeout)
-            .connect(servers)
-            .await
-            .map_err(|source| ZkError::Connect { servers: servers.to_owned(), source })?;
+        let client = open_session(servers, session_timeout).await?;
         Ok(ZkElection {
             servers: servers.to_owned(),
             path: path.to_owned(),
             session_timeout,
             drain_timeout: session_timeout * 2 / 3,
-            client,
+            client: Arc::new(Mutex::new(client)),
         })
     }
 
@@ -164,9 +162,22 @@ impl ZkElection {
     /// Who leads now: the lowest latch node's identity, term and name; `None` when nobody
     /// campaigns (or the path does not exist yet).
     pub async fn leader(&self) -> Result<Option<ZkLeader>, ZkError> {
+        match self.read_leader().await {
+            Err(ZkError::Request(zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::SessionMoved)) => {
+                // The status session ended (a long partition): open a new one and ask again.
+                let client = open_session(&self.servers, self.session_timeout).await?;
+                *self.client.lock().unwrap_or_else(|e| e.into_inner()) = client;
+                self.read_leader().await
+            }
+            result => result,
+        }
+    }
+
+    async fn read_leader(&self) -> Result<Option<ZkLeader>, ZkError> {
         let call_timeout = self.session_timeout;
+        let client = self.client.lock().unwrap_or_else(|e| e.into_inner()).clone();
         loop {
-            let children = match with_timeout(call_timeout, self.client.list_children(&self.path)).await {
+            let children = match with_timeout(call_timeout, client.list_children(&self.path)).await {
                 Ok(children) => children,
                 Err(ZkError::Request(zk::Error::NoNode)) => return Ok(None),
                 Err(err) => return Err(err),
@@ -175,7 +186,7 @@ impl ZkElection {
                 return Ok(None);
             };
             let node_path = format!("{}/{}", self.path, first);
-            match with_timeout(call_timeout, self.client.get_data(&node_path)).await {
+            match with_timeout(call_timeout, client.get_data(&node_path)).await {
                 Ok((data, stat)) => {
                     return Ok(Some(ZkLeader {
                         identity: String::from_utf8_lossy(&data).into_owned(),
@@ -201,6 +212,14 @@ pub fn timing_of(session_timeout: Duration) -> Timing {
         jitter_factor: 0.0,
         call_timeout: session_timeout / 3,
     }
+}
+
+async fn open_session(servers: &str, session_timeout: Duration) -> Result<zk::Client, ZkError> {
+    zk::Client::connector()
+        .with_session_timeout(session_timeout)
+        .connect(servers)
+        .await
+        .map_err(|source| ZkError::Connect { servers: servers.to_owned(), source })
 }
 
 fn validate_path(path: &str) -> Result<(), ZkError> {
