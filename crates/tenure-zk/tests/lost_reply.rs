@@ -27,8 +27,7 @@ async fn lossy_proxy(listener: TcpListener, upstream: String, armed: Arc<AtomicB
         let hole = blackhole.clone();
         let replies = tokio::spawn(async move {
             let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let Ok(n) = server_read.read(&mut buf).await else { break };
+            while let Ok(n) = server_read.read(&mut buf).await {
                 if n == 0 || hole.load(Ordering::SeqCst) {
                     break; // drops the reply and both halves: the client sees a lost connection
                 }
