@@ -53,14 +53,14 @@ fn have_zookeeper() -> Result<(), String> {
     for tool in ["java", "javac"] {
         let found = Command::new(tool).arg("-version").stdout(Stdio::null()).stderr(Stdio::null()).status();
         if !found.map(|s| s.success()).unwrap_or(false) {
-            return Err(format!("`{tool}` is not installed (apt-get install default-jdk-headless)"));
+            return Err(format!("`{tool}` is not installed (apt-get install openjdk-17-jdk-headless)"));
         }
     }
     for j in
         ["zookeeper.jar", "zookeeper-jute.jar", "curator-recipes.jar", "curator-framework.jar", "curator-client.jar"]
     {
         if !Path::new(&jar(j)).exists() {
-            return Err(format!("{} is missing (apt-get install zookeeper libcurator-recipes-java)", jar(j)));
+            return Err(format!("{} is missing (apt-get install libzookeeper-java libcurator-recipes-java)", jar(j)));
         }
     }
     Ok(())
