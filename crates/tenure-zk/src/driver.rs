@@ -216,8 +216,8 @@ impl Driver {
                 Err(err) if is_session_lost(&err) => return SessionEnd::Lost,
                 Err(err) => {
                     tracing::debug!(identity = %self.config.identity, error = %err, "looking at the election failed; retrying");
-                    if let Some(reply) = self.pause(retry).await {
-                        return SessionEnd::Stop(reply);
+                    if let Some(end) = self.pause_in_session(retry, client, own).await {
+                        return end;
                     }
                     retry = (retry * 2).min(self.config.session_timeout / 4);
                     continue;
@@ -227,6 +227,30 @@ impl Driver {
             self.apply(&view, own);
             if let Some(end) = self.wait(client, own, view.watches, &mut states).await {
                 return end;
+            }
+        }
+    }
+
+    /// Waits `duration` before a retry within a session, answering commands (a resign steps
+    /// down, as we may still lead); `Some` when shutdown was asked for.
+    async fn pause_in_session(
+        &mut self,
+        duration: Duration,
+        client: &zk::Client,
+        own: &mut Option<OwnNode>,
+    ) -> Option<SessionEnd> {
+        let until = Instant::now() + duration;
+        loop {
+            tokio::select! {
+                _ = sleep_until(until) => return None,
+                command = self.commands.recv() => match command {
+                    Some(ElectorCommand::Resign(reply)) => {
+                        let result = self.resign(client, own).await;
+                        let _ = reply.send(result);
+                    }
+                    Some(ElectorCommand::Shutdown(reply)) => return Some(SessionEnd::Stop(Some(reply))),
+                    None => return Some(SessionEnd::Stop(None)),
+                },
             }
         }
     }
