@@ -182,3 +182,22 @@ async fn own_node_deleted_from_outside_ends_the_tenure_and_the_candidate_campaig
     drop((tenure, again));
     elector.shutdown().await.expect("shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_every_handle_shuts_down_and_hands_over_without_waiting_for_expiry() {
+    let path = unique_path("dropped");
+    let Some(election) = election(&path).await else { return };
+    let first = election.campaign("first").expect("campaign");
+    tokio::time::timeout(Duration::from_secs(10), first.acquired()).await.expect("leads").expect("tenure");
+    let second = election.campaign("second").expect("campaign");
+    wait_until(&[&second], Duration::from_secs(10), "the second follows", |s| s[0].leader.as_deref() == Some("first"))
+        .await;
+
+    drop(first); // a closed command channel means shutdown: the node is deleted
+    let dropped = Instant::now();
+    tokio::time::timeout(SESSION_TIMEOUT * 4, second.acquired()).await.expect("takes over").expect("tenure");
+    let took = dropped.elapsed();
+    eprintln!("handover after dropping the leader's handle: {took:?}");
+    assert!(took < SESSION_TIMEOUT / 2, "took {took:?}: the node went with the session, not with the shutdown");
+    second.shutdown().await.expect("shutdown");
+}
