@@ -1,0 +1,278 @@
+//! # tenure-zk: a native ZooKeeper elector for Tenure
+//!
+//! Why a native elector: ZooKeeper has sessions with server-side expiry and ephemeral sequential
+//! nodes, so an election needs no lease arithmetic: candidates queue up as ephemeral sequential
+//! nodes, the lowest sequence leads, and each waiter watches only its predecessor (no herd when
+//! the leader goes). The nodes are named and ordered exactly as Apache Curator's `LeaderLatch`
+//! names and orders them (see [`naming`]), so Java `LeaderLatch`es and Tenure candidates on one
+//! path agree on one leader.
+//!
+//! The elector publishes the core's [`tenure::Leadership`] and [`tenure::Tenure`] through a
+//! [`tenure::Publisher`], so users, the CLI and the HA runtime see the same [`tenure::Elector`] as
+//! with record locks. The term is the creation zxid (`czxid`) of the leader's node: it grows with
+//! every node ever created in the ensemble.
+//!
+//! Self-fencing rule: the leader counts its tenure valid until `start of the last request the
+//! server answered + 2/3 * session timeout`. The server expires the session no earlier than
+//! `session timeout` after it last heard from the client, which is after that start, and the next
+//! candidate leads only after the expiry, so the old leader stops first with a third of the
+//! session timeout to spare (for clock-rate drift and the notice to reach the next candidate).
+//! A lost connection ends the tenure at once (Curator's advice: SUSPENDED means stop); after a
+//! reconnect the elector re-checks its own node; after a session expiry it campaigns again with a
+//! new session and a new node.
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use tenure_zk::ZkElection;
+//! let election = ZkElection::connect("127.0.0.1:2181", "/tenure/my-service", Duration::from_secs(6)).await?;
+//! let elector = election.campaign("replica-a")?;
+//! let tenure = elector.acquired().await?;
+//! println!("leading with term {}", tenure.term());
+//! drop(tenure);
+//! elector.shutdown().await?;
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+mod driver;
+pub mod naming;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tenure::{Elector, Timing};
+use zookeeper_client as zk;
+
+/// Why a ZooKeeper election could not be set up or queried.
+#[derive(Debug, thiserror::Error)]
+pub enum ZkError {
+    /// The election path is not an absolute ZooKeeper path below the root.
+    #[error("invalid election path {path:?}: {reason}")]
+    InvalidPath {
+        /// The path given.
+        path: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The session timeout is too short to leave room for self-fencing.
+    #[error("session timeout {0:?} is too short (at least 100 ms)")]
+    SessionTimeout(Duration),
+    /// The identity is empty; candidates must be told apart.
+    #[error("the identity of a candidate must not be empty")]
+    EmptyIdentity,
+    /// No session could be established with the servers.
+    #[error("cannot connect to ZooKeeper at {servers}: {source}")]
+    Connect {
+        /// The connection string.
+        servers: String,
+        /// The client's error.
+        source: zk::Error,
+    },
+    /// A request to ZooKeeper failed.
+    #[error("ZooKeeper request failed: {0}")]
+    Request(#[from] zk::Error),
+    /// A request to ZooKeeper got no answer in time.
+    #[error("ZooKeeper request timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+/// The leader of an election as seen from outside (for `tenure status`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZkLeader {
+    /// The leader's identity: the data of its node (a LeaderLatch's participant id).
+    pub identity: String,
+    /// The leader's fencing term: the creation zxid of its node.
+    pub term: tenure::Term,
+    /// The name of the leader's node under the election path.
+    pub node: String,
+}
+
+/// One election on a ZooKeeper ensemble: a connection string and an election path.
+///
+/// Why it exists: it validates the address once, keeps a session for status queries
+/// ([`ZkElection::leader`]), and starts candidates ([`ZkElection::campaign`]), each with its own
+/// session so that each one's liveness is judged by the server on its own.
+#[derive(Debug, Clone)]
+pub struct ZkElection {
+    servers: String,
+    path: String,
+    session_timeout: Duration,
+    drain_timeout: Duration,
+    /// The session for status queries, replaced when it expires.
+    client: Arc<Mutex<zk::Client>>,
+}
+
+impl ZkElection {
+    /// Connects to `servers` ("host:port,host:port") for the election at `path` (an absolute
+    /// path, created on first campaign if missing). `session_timeout` is what the candidates ask
+    /// the server for; the server may clamp it to its own bounds (2 to 20 ticks by default).
+    pub async fn connect(servers: &str, path: &str, session_timeout: Duration) -> Result<ZkElection, ZkError> {
+        validate_path(path)?;
+        if session_timeout < Duration::from_millis(100) {
+            return Err(ZkError::SessionTimeout(session_timeout));
+        }
+        let client = open_session(servers, session_timeout).await?;
+        Ok(ZkElection {
+            servers: servers.to_owned(),
+            path: path.to_owned(),
+            session_timeout,
+            drain_timeout: session_timeout * 2 / 3,
+            client: Arc::new(Mutex::new(client)),
+        })
+    }
+
+    /// How long a resign or shutdown waits for the [`tenure::Tenure`] guards of the ending term
+    /// to be dropped before it deletes the node anyway. Default: 2/3 of the session timeout.
+    pub fn with_drain_timeout(mut self, drain_timeout: Duration) -> Self {
+        self.drain_timeout = drain_timeout;
+        self
+    }
+
+    /// The election path.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The session timeout candidates ask for.
+    pub fn session_timeout(&self) -> Duration {
+        self.session_timeout
+    }
+
+    /// Starts a candidate named `identity` on the current tokio runtime. It opens its own
+    /// session, and keeps campaigning (through disconnects and session expiries) until it is
+    /// shut down or every handle is dropped.
+    pub fn campaign(&self, identity: impl Into<String>) -> Result<Elector, ZkError> {
+        let identity = identity.into();
+        if identity.is_empty() {
+            return Err(ZkError::EmptyIdentity);
+        }
+        let config = driver::Config {
+            servers: self.servers.clone(),
+            path: self.path.clone(),
+            session_timeout: self.session_timeout,
+            drain_timeout: self.drain_timeout,
+            identity: identity.clone(),
+        };
+        Ok(Elector::from_driver(identity, timing_of(self.session_timeout), move |publisher, commands| {
+            driver::run(config, publisher, commands)
+        }))
+    }
+
+    /// Who leads now: the lowest latch node's identity, term and name; `None` when nobody
+    /// campaigns (or the path does not exist yet).
+    pub async fn leader(&self) -> Result<Option<ZkLeader>, ZkError> {
+        match self.read_leader().await {
+            Err(ZkError::Request(zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::SessionMoved)) => {
+                // The status session ended (a long partition): open a new one and ask again.
+                let client = open_session(&self.servers, self.session_timeout).await?;
+                *self.client.lock().unwrap_or_else(|e| e.into_inner()) = client;
+                self.read_leader().await
+            }
+            result => result,
+        }
+    }
+
+    async fn read_leader(&self) -> Result<Option<ZkLeader>, ZkError> {
+        let call_timeout = self.session_timeout;
+        let client = self.client.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        loop {
+            let children = match with_timeout(call_timeout, client.list_children(&self.path)).await {
+                Ok(children) => children,
+                Err(ZkError::Request(zk::Error::NoNode)) => return Ok(None),
+                Err(err) => return Err(err),
+            };
+            let Some(first) = naming::in_election_order(children).into_iter().next() else {
+                return Ok(None);
+            };
+            let node_path = format!("{}/{}", self.path, first);
+            match with_timeout(call_timeout, client.get_data(&node_path)).await {
+                Ok((data, stat)) => {
+                    return Ok(Some(ZkLeader {
+                        identity: String::from_utf8_lossy(&data).into_owned(),
+                        term: term_of(stat.czxid),
+                        node: first,
+                    }))
+                }
+                // The leader left between the two reads: look again.
+                Err(ZkError::Request(zk::Error::NoNode)) => continue,
+                Err(err) => return Err(err),
+            }
+        }
+    }
+}
+
+/// The core's timing that describes a ZooKeeper session: the lease is the session timeout, the
+/// renew deadline is the self-fencing margin (2/3), the retry period the leader's heartbeat (1/3).
+pub fn timing_of(session_timeout: Duration) -> Timing {
+    Timing {
+        lease_duration: session_timeout,
+        renew_deadline: session_timeout * 2 / 3,
+        retry_period: session_timeout / 3,
+        jitter_factor: 0.0,
+        call_timeout: session_timeout / 3,
+    }
+}
+
+async fn open_session(servers: &str, session_timeout: Duration) -> Result<zk::Client, ZkError> {
+    zk::Client::connector()
+        .with_session_timeout(session_timeout)
+        .connect(servers)
+        .await
+        .map_err(|source| ZkError::Connect { servers: servers.to_owned(), source })
+}
+
+fn validate_path(path: &str) -> Result<(), ZkError> {
+    let invalid = |reason| Err(ZkError::InvalidPath { path: path.to_owned(), reason });
+    if !path.starts_with('/') {
+        return invalid("it must start with '/'");
+    }
+    if path.len() < 2 {
+        return invalid("the root cannot be an election path");
+    }
+    if path.ends_with('/') {
+        return invalid("it must not end with '/'");
+    }
+    if path.contains("//") {
+        return invalid("it has an empty component");
+    }
+    Ok(())
+}
+
+/// A creation zxid as a term (zxids are positive).
+fn term_of(czxid: i64) -> tenure::Term {
+    tenure::Term(u64::try_from(czxid).unwrap_or(0))
+}
+
+async fn with_timeout<T>(
+    limit: Duration,
+    request: impl std::future::Future<Output = Result<T, zk::Error>>,
+) -> Result<T, ZkError> {
+    match tokio::time::timeout(limit, request).await {
+        Ok(result) => result.map_err(ZkError::Request),
+        Err(_) => Err(ZkError::Timeout(limit)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn election_paths_are_validated() {
+        assert!(validate_path("/a").is_ok());
+        assert!(validate_path("/a/b").is_ok());
+        assert!(validate_path("a").is_err());
+        assert!(validate_path("/").is_err());
+        assert!(validate_path("/a/").is_err());
+        assert!(validate_path("/a//b").is_err());
+    }
+
+    #[test]
+    fn session_timing_fences_before_expiry() {
+        let timing = timing_of(Duration::from_secs(6));
+        assert_eq!(timing.renew_deadline, Duration::from_secs(4));
+        assert_eq!(timing.retry_period, Duration::from_secs(2));
+        assert!(timing.renew_deadline < timing.lease_duration);
+    }
+}

@@ -1,0 +1,42 @@
+//! A lost connection ends the tenure at once; after a reconnect within the session the candidate
+//! re-checks its node and leads again. Uses a server of its own, which it kills and restarts.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use tenure::Role;
+use tenure_zk::ZkElection;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_connection_ends_the_tenure_at_once_and_reconnect_rechecks_the_node() {
+    let Some(server) = ZkServer::private() else { return };
+    // A session long enough to survive the server's restart (a JVM start).
+    let session_timeout = Duration::from_secs(8);
+    let path = unique_path("disconnect");
+    let election = ZkElection::connect(&server.servers, &path, session_timeout).await.expect("connect");
+    let elector = election.campaign("steady").expect("campaign");
+    let tenure =
+        tokio::time::timeout(Duration::from_secs(10), elector.acquired()).await.expect("leads").expect("tenure");
+    let before = election.leader().await.expect("leader()").expect("leader");
+
+    server.kill();
+    let killed = Instant::now();
+    tokio::time::timeout(session_timeout / 2, tenure.ended()).await.expect("the tenure ends when the connection goes");
+    eprintln!("tenure ended {:?} after the server was killed", killed.elapsed());
+    assert!(!tenure.is_valid());
+    wait_until(&[&elector], Duration::from_secs(2), "no leader reported while disconnected", |s| {
+        s[0].role == Role::Follower && s[0].leader.is_none()
+    })
+    .await;
+
+    server.restart();
+    let again = tokio::time::timeout(session_timeout, elector.acquired()).await.expect("leads again").expect("tenure");
+    eprintln!("leading again {:?} after the server was killed", killed.elapsed());
+    let after = election.leader().await.expect("leader()").expect("leader");
+    assert_eq!(after.node, before.node, "the session survived: the node was re-checked and kept");
+    assert_eq!(again.term(), tenure.term());
+    drop((tenure, again));
+    elector.shutdown().await.expect("shutdown");
+}
