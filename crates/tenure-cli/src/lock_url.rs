@@ -21,24 +21,40 @@ pub enum LockUrl {
     /// `memory:`: a lock inside this process only. Useful to try `elect` or `run` without any
     /// file, and in tests; candidates in other processes never see it.
     Memory,
+    /// `zk://host:port[,host:port...]/path`: a ZooKeeper election (native elector: ephemeral
+    /// sequential nodes, compatible with Curator's LeaderLatch). `--ttl` is the session timeout.
+    Zk {
+        /// The connection string, `host:port[,host:port...]`.
+        servers: String,
+        /// The election path, absolute.
+        path: String,
+    },
 }
 
 /// Why a `--lock` value was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LockUrlError {
     /// Not a URL at all; most often a bare path.
-    #[error("'{0}' is not a lock URL (expected file:///absolute/path or memory:)")]
+    #[error("'{0}' is not a lock URL (expected file:///absolute/path, zk://host:port/path or memory:)")]
     NotAUrl(String),
     /// A scheme this project knows but this build cannot open yet.
-    #[error("scheme '{0}' is not supported by this build (supported: file, memory)")]
+    #[error("scheme '{0}' is not supported by this build (supported: file, memory, zk)")]
     NotSupported(String),
     /// A scheme nobody knows.
-    #[error("unknown lock scheme '{0}' (supported: file, memory)")]
+    #[error("unknown lock scheme '{0}' (supported: file, memory, zk)")]
     UnknownScheme(String),
     /// A `file:` URL that does not name an absolute local path.
     #[error("'{url}' is not a usable file lock URL: {reason}")]
     BadFileUrl {
         /// The URL given.
+        url: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A `zk:` URL that does not name servers and a path.
+    #[error("'{url}' is not a usable ZooKeeper URL: {reason}")]
+    BadZkUrl {
+        /// The URL as given.
         url: String,
         /// What is wrong with it.
         reason: &'static str,
@@ -50,7 +66,7 @@ pub enum LockUrlError {
 
 /// Schemes that later issues implement in other crates; named here so that users get "not
 /// supported by this build" rather than "unknown".
-const PLANNED_SCHEMES: &[&str] = &["kube", "etcd", "zk"];
+const PLANNED_SCHEMES: &[&str] = &["kube", "etcd"];
 
 impl FromStr for LockUrl {
     type Err = LockUrlError;
@@ -67,6 +83,7 @@ impl FromStr for LockUrl {
             "file" => parse_file_url(text),
             "memory" if rest.is_empty() => Ok(LockUrl::Memory),
             "memory" => Err(LockUrlError::BadMemoryUrl(text.to_owned())),
+            "zk" => parse_zk_url(text, rest),
             planned if PLANNED_SCHEMES.contains(&planned) => Err(LockUrlError::NotSupported(scheme)),
             _ => Err(LockUrlError::UnknownScheme(scheme)),
         }
@@ -95,6 +112,31 @@ fn parse_file_url(text: &str) -> Result<LockUrl, LockUrlError> {
     Ok(LockUrl::File(path))
 }
 
+fn parse_zk_url(text: &str, rest: &str) -> Result<LockUrl, LockUrlError> {
+    let bad = |reason| LockUrlError::BadZkUrl { url: text.to_owned(), reason };
+    let Some(rest) = rest.strip_prefix("//") else {
+        return Err(bad("write zk://host:port[,host:port]/path"));
+    };
+    let Some((servers, path)) = rest.split_once('/') else {
+        return Err(bad("it has no election path after the servers"));
+    };
+    if servers.is_empty() {
+        return Err(bad("it names no server"));
+    }
+    for server in servers.split(',') {
+        let Some((host, port)) = server.rsplit_once(':') else {
+            return Err(bad("every server needs a port (host:port)"));
+        };
+        if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(bad("every server must be host:port with a port from 1 to 65535"));
+        }
+    }
+    if path.is_empty() || path.ends_with('/') || path.contains("//") || path.contains(['?', '#']) {
+        return Err(bad("the election path must be /a/b with no empty part, query or fragment"));
+    }
+    Ok(LockUrl::Zk { servers: servers.to_owned(), path: format!("/{path}") })
+}
+
 impl fmt::Display for LockUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -103,6 +145,7 @@ impl fmt::Display for LockUrl {
                 Err(()) => write!(f, "file://{}", path.display()),
             },
             LockUrl::Memory => f.write_str("memory:"),
+            LockUrl::Zk { servers, path } => write!(f, "zk://{servers}{path}"),
         }
     }
 }
@@ -110,6 +153,9 @@ impl fmt::Display for LockUrl {
 /// Why a lock could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenLockError {
+    /// The URL names a backend with its own elector (ZooKeeper), not a record lock.
+    #[error("{0} is not a record lock")]
+    NotARecordLock(String),
     /// The default lock path for the election could not be worked out.
     #[error("no default lock file for this election: {source}")]
     DefaultPath {
@@ -163,6 +209,7 @@ impl LockUrl {
         match self {
             LockUrl::File(path) => Ok(Arc::new(open_file_lock(path)?)),
             LockUrl::Memory => Ok(Arc::new(MemoryStore::new().client(client))),
+            LockUrl::Zk { .. } => Err(OpenLockError::NotARecordLock(self.to_string())),
         }
     }
 }
@@ -171,8 +218,26 @@ impl LockUrl {
     /// Starts campaigning as `identity` on the lock this URL names. One place builds electors, so
     /// that backends with their own electors (etcd, ZooKeeper) are one match arm each.
     pub async fn campaign(&self, identity: &str, timing: Timing) -> Result<Elector, crate::CliError> {
+        if let LockUrl::Zk { servers, path } = self {
+            let election = self.zk_election(servers, path, timing).await?;
+            return election.campaign(identity).map_err(|e| crate::CliError::Usage(e.to_string()));
+        }
         let lock = self.open(identity)?;
         Elector::builder(identity, lock).timing(timing).spawn().map_err(|e| crate::CliError::Usage(e.to_string()))
+    }
+}
+
+impl LockUrl {
+    /// Connects to a ZooKeeper election; the session timeout is the lease of `timing` (`--ttl`).
+    pub async fn zk_election(
+        &self,
+        servers: &str,
+        path: &str,
+        timing: Timing,
+    ) -> Result<tenure_zk::ZkElection, crate::CliError> {
+        tenure_zk::ZkElection::connect(servers, path, timing.lease_duration)
+            .await
+            .map_err(|e| crate::CliError::Failed(format!("cannot reach ZooKeeper at {self}: {e}")))
     }
 }
 
@@ -206,6 +271,13 @@ mod tests {
     #[test]
     fn planned_schemes_are_not_supported_yet_and_others_are_unknown() {
         assert_eq!("etcd://127.0.0.1:2379/x".parse::<LockUrl>(), Err(LockUrlError::NotSupported("etcd".into())));
+        assert_eq!(
+            "zk://127.0.0.1:2181,[::1]:2182/services/a".parse(),
+            Ok(LockUrl::Zk { servers: "127.0.0.1:2181,[::1]:2182".into(), path: "/services/a".into() })
+        );
+        for bad in ["zk:/x", "zk://127.0.0.1:2181", "zk:///x", "zk://h/x", "zk://h:0/x", "zk://h:1/x/", "zk://h:1/a//b"] {
+            assert!(matches!(bad.parse::<LockUrl>(), Err(LockUrlError::BadZkUrl { .. })), "{bad}");
+        }
         assert_eq!("kube://default/leases/x".parse::<LockUrl>(), Err(LockUrlError::NotSupported("kube".into())));
         assert_eq!("consul://x".parse::<LockUrl>(), Err(LockUrlError::UnknownScheme("consul".into())));
         assert!(matches!("/tmp/x".parse::<LockUrl>(), Err(LockUrlError::NotAUrl(_))));

@@ -82,6 +82,40 @@ struct StatusReport {
 pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
     let election = args.election.election;
     let url = LockUrl::given_or_default(args.election.lock.as_ref(), &election)?;
+    let report = match &url {
+        LockUrl::Zk { servers, path } => zk_status(election, &url, servers, path).await?,
+        _ => record_status(election, &url).await?,
+    };
+    let text = match args.output {
+        OutputFormat::Text => report.to_text(Utc::now()),
+        OutputFormat::Json => serde_json::to_string_pretty(&report)
+            .map_err(|e| CliError::Failed(format!("cannot format the status: {e}")))?,
+    };
+    println!("{text}");
+    Ok(exit::SUCCESS)
+}
+
+/// The status of a ZooKeeper election: the lowest latch node's holder and term.
+async fn zk_status(election: String, url: &LockUrl, servers: &str, path: &str) -> Result<StatusReport, CliError> {
+    let timing = tenure_zk::timing_of(READ_TIMEOUT);
+    let zk = url.zk_election(servers, path, timing).await?;
+    let no_answer = || format!("cannot read {url}: no answer within {}", humantime::format_duration(READ_TIMEOUT));
+    let leader = tokio::time::timeout(READ_TIMEOUT, zk.leader())
+        .await
+        .map_err(|_| CliError::Failed(no_answer()))?
+        .map_err(|e| CliError::Failed(format!("cannot read {url}: {e}")))?;
+    let mut report = StatusReport::new(election, url.to_string(), None);
+    if let Some(leader) = leader {
+        report.state = LockState::Held;
+        report.leader = Some(leader.identity);
+        report.term = i64::try_from(leader.term.0).ok();
+        report.version = Some(leader.node);
+    }
+    Ok(report)
+}
+
+/// The status of a record lock: the record as stored.
+async fn record_status(election: String, url: &LockUrl) -> Result<StatusReport, CliError> {
     let lock = url.open("tenure-status")?;
     let stored = match tokio::time::timeout(READ_TIMEOUT, lock.get()).await {
         Ok(Ok(stored)) => stored,
@@ -93,14 +127,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
             )))
         }
     };
-    let report = StatusReport::new(election, url.to_string(), stored);
-    let text = match args.output {
-        OutputFormat::Text => report.to_text(Utc::now()),
-        OutputFormat::Json => serde_json::to_string_pretty(&report)
-            .map_err(|e| CliError::Failed(format!("cannot format the status: {e}")))?,
-    };
-    println!("{text}");
-    Ok(exit::SUCCESS)
+    Ok(StatusReport::new(election, url.to_string(), stored))
 }
 
 impl StatusReport {
@@ -173,10 +200,11 @@ impl StatusReport {
                 }
             }
         }
+        if let Some(term) = self.term {
+            let source = if record.is_some() { "leaderTransitions" } else { "creation zxid of the leader's node" };
+            lines.push(format!("term:      {term} ({source}; the fencing token)"));
+        }
         if let Some(record) = record {
-            if let Some(term) = self.term {
-                lines.push(format!("term:      {term} (leaderTransitions; the fencing token)"));
-            }
             lines.push(format!("acquired:  {}", time_with_age(record.acquire_time, now)));
             lines.push(format!("renewed:   {}", time_with_age(record.renew_time, now)));
             lines.push(format!("lease:     {}s", record.lease_duration_seconds));
