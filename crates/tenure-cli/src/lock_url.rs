@@ -275,7 +275,8 @@ mod tests {
             "zk://127.0.0.1:2181,[::1]:2182/services/a".parse(),
             Ok(LockUrl::Zk { servers: "127.0.0.1:2181,[::1]:2182".into(), path: "/services/a".into() })
         );
-        for bad in ["zk:/x", "zk://127.0.0.1:2181", "zk:///x", "zk://h/x", "zk://h:0/x", "zk://h:1/x/", "zk://h:1/a//b"] {
+        for bad in ["zk:/x", "zk://127.0.0.1:2181", "zk:///x", "zk://h/x", "zk://h:0/x", "zk://h:1/x/", "zk://h:1/a//b"]
+        {
             assert!(matches!(bad.parse::<LockUrl>(), Err(LockUrlError::BadZkUrl { .. })), "{bad}");
         }
         assert_eq!("kube://default/leases/x".parse::<LockUrl>(), Err(LockUrlError::NotSupported("kube".into())));
