@@ -4,7 +4,6 @@
 mod common;
 
 // The ZooKeeper server harness of the tenure-zk tests, shared rather than copied.
-#[allow(dead_code)]
 #[path = "../../tenure-zk/tests/common/mod.rs"]
 mod zk_server;
 
