@@ -200,6 +200,11 @@ impl Elector {
         self.subscriber.tenure().map(|t| t.valid_until())
     }
 
+    /// Counters of renews, failures and tenures, for metrics.
+    pub fn stats(&self) -> crate::leadership::ElectorStats {
+        self.subscriber.stats()
+    }
+
     /// A guard for the current tenure, if this instance leads.
     pub fn tenure(&self) -> Option<Tenure> {
         self.subscriber.tenure()
@@ -291,6 +296,7 @@ impl Driver {
     async fn run(mut self, mut commands: mpsc::Receiver<ElectorCommand>) {
         tracing::debug!(identity = self.candidate.identity(), lock = %self.lock.describe(), "campaigning");
         let mut op: Option<OpFuture> = None;
+        let mut op_started = Instant::now();
         let mut stopping: Option<Stopping> = None;
         let mut commands_open = true;
         let mut drained: Option<Pin<Box<dyn Future<Output = ()> + Send>>> = None;
@@ -299,6 +305,7 @@ impl Driver {
             let action = self.candidate.poll_action(now, chrono::Utc::now());
             if let Some(action) = action {
                 op = Some(self.start(action));
+                op_started = Instant::now();
             }
             self.publish();
 
@@ -345,11 +352,20 @@ impl Driver {
                     match result {
                         OpResult::Read(result) => {
                             if let Err(error) = &result {
+                                self.publisher.record_lock_error();
                                 tracing::warn!(identity = self.candidate.identity(), %error, "reading the lock failed");
                             }
                             self.candidate.on_read(now, result)
                         }
                         OpResult::Write(result) => {
+                            // A write while holding a tenure is a renew (or the release).
+                            if self.candidate.leader_valid_until().is_some() {
+                                let outcome = result.as_ref().map(|_| op_started.elapsed()).map_err(|_| ());
+                                self.publisher.record_renew(op_started, outcome);
+                            }
+                            if result.is_err() {
+                                self.publisher.record_lock_error();
+                            }
                             match &result {
                                 Err(error) if !error.is_conflict() => {
                                     tracing::warn!(identity = self.candidate.identity(), %error, "writing the lock failed")
@@ -363,6 +379,7 @@ impl Driver {
                 Wake::Timer => {}
                 Wake::Change(Some(Ok(stored))) => self.candidate.on_change(now, stored),
                 Wake::Change(Some(Err(error))) => {
+                    self.publisher.record_lock_error();
                     tracing::warn!(identity = self.candidate.identity(), %error, "watch of the lock failed; reopening");
                     self.changes = None;
                     self.reopen_watch_at = Some(Instant::now() + self.candidate.timing().retry_period);

@@ -53,6 +53,38 @@ impl Leadership {
     }
 }
 
+/// Counters of an elector's work, for metrics and probes (renew latency, failures, transitions).
+///
+/// Why in the core: only the driver sees each renew; every backend's driver records into the same
+/// counters through its [`Publisher`], so `/metrics` reads alike whatever the lock.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ElectorStats {
+    /// Tenures started by this instance (times it became leader).
+    pub tenures_started: u64,
+    /// Successful renews (keep-alives on session backends).
+    pub renews: u64,
+    /// Renews that failed (error, timeout or conflict) while leading.
+    pub failed_renews: u64,
+    /// Failed calls to the lock of any kind (reads, writes, watches).
+    pub lock_errors: u64,
+    /// How long the last successful renew took.
+    #[serde(with = "optional_seconds")]
+    pub last_renew_latency: Option<std::time::Duration>,
+    /// When the last successful renew started, as seconds on this process's monotonic clock.
+    #[serde(skip)]
+    pub last_renew_started: Option<Instant>,
+}
+
+mod optional_seconds {
+    pub fn serialize<S: serde::Serializer>(value: &Option<std::time::Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(d) => s.serialize_f64(d.as_secs_f64()),
+            None => s.serialize_none(),
+        }
+    }
+}
+
 /// The error returned by [`Tenure::check`] once the tenure is over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("leadership of term {term} has ended")]
@@ -159,6 +191,7 @@ impl Tenure {
 /// ZooKeeper) publish exactly what record-lock electors publish.
 #[derive(Debug)]
 pub struct Publisher {
+    stats: Arc<Mutex<ElectorStats>>,
     leadership: watch::Sender<Leadership>,
     current: watch::Sender<Option<Arc<TenureShared>>>,
     ending: Vec<Arc<TenureShared>>,
@@ -167,6 +200,7 @@ pub struct Publisher {
 /// The receiving side, held by the [`crate::Elector`] handle.
 #[derive(Debug, Clone)]
 pub struct Subscriber {
+    stats: Arc<Mutex<ElectorStats>>,
     leadership: watch::Receiver<Leadership>,
     current: watch::Receiver<Option<Arc<TenureShared>>>,
 }
@@ -176,9 +210,10 @@ impl Publisher {
     pub fn new() -> (Publisher, Subscriber) {
         let (leadership, leadership_rx) = watch::channel(Leadership::unknown());
         let (current, current_rx) = watch::channel(None);
+        let stats = Arc::new(Mutex::new(ElectorStats::default()));
         (
-            Publisher { leadership, current, ending: Vec::new() },
-            Subscriber { leadership: leadership_rx, current: current_rx },
+            Publisher { stats: stats.clone(), leadership, current, ending: Vec::new() },
+            Subscriber { stats, leadership: leadership_rx, current: current_rx },
         )
     }
 
@@ -194,9 +229,28 @@ impl Publisher {
         });
     }
 
+    /// Records a renew (or keep-alive) that started at `started`: `Ok(latency)` or a failure.
+    pub fn record_renew(&self, started: Instant, outcome: Result<std::time::Duration, ()>) {
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        match outcome {
+            Ok(latency) => {
+                stats.renews += 1;
+                stats.last_renew_latency = Some(latency);
+                stats.last_renew_started = Some(started);
+            }
+            Err(()) => stats.failed_renews += 1,
+        }
+    }
+
+    /// Records a failed call to the lock.
+    pub fn record_lock_error(&self) {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).lock_errors += 1;
+    }
+
     /// Starts a tenure: guards handed out from now on carry `term`.
     pub fn start_tenure(&mut self, term: Term, valid_until: Instant) {
         self.end_tenure();
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).tenures_started += 1;
         let shared = Arc::new(TenureShared {
             term,
             valid_until: Mutex::new(valid_until),
@@ -269,6 +323,11 @@ impl Subscriber {
     /// A receiver of leadership snapshots.
     pub fn leadership(&self) -> watch::Receiver<Leadership> {
         self.leadership.clone()
+    }
+
+    /// The elector's counters so far.
+    pub fn stats(&self) -> ElectorStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The latest snapshot.

@@ -129,6 +129,9 @@ async fn leader_renews_every_retry_period_and_keeps_leading() {
     let requests = store.requests("a");
     // One create, then one update every 2 s: 30 renews in 61 s, and no reads.
     assert_eq!((requests.create, requests.update, requests.get), (1, 30, 1));
+    let stats = a.stats();
+    assert_eq!((stats.tenures_started, stats.renews, stats.failed_renews, stats.lock_errors), (1, 30, 0, 0));
+    assert_eq!(stats.last_renew_latency, Some(Duration::ZERO));
 }
 
 #[tokio::test(start_paused = true)]
