@@ -1,0 +1,301 @@
+//! The etcd elector against real etcd servers.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{monotonic_nanos, EtcdCluster};
+use tenure::{Elector, Leadership, Role};
+use tenure_etcd::EtcdElection;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::mpsc;
+use tokio::time::{timeout, Instant};
+
+const TTL: Duration = Duration::from_secs(2);
+
+/// Waits (bounded) until `elector`'s leadership satisfies `condition`.
+async fn wait_for(
+    elector: &Elector,
+    bound: Duration,
+    what: &str,
+    condition: impl FnMut(&Leadership) -> bool,
+) -> Leadership {
+    let mut rx = elector.subscribe();
+    let result = match timeout(bound, rx.wait_for(condition)).await {
+        Ok(Ok(l)) => Some(l.clone()),
+        _ => None,
+    };
+    result.unwrap_or_else(|| {
+        panic!("{}: not within {bound:?}: {what}; last seen {:?}", elector.identity(), elector.leadership())
+    })
+}
+
+/// Waits until one of `electors` leads and every one of them names it; returns its index.
+async fn agreed_leader(electors: &[Elector], bound: Duration) -> usize {
+    let deadline = Instant::now() + bound;
+    let mut rxs: Vec<_> = electors.iter().map(|e| e.subscribe()).collect();
+    loop {
+        let snapshots: Vec<Leadership> = rxs.iter_mut().map(|rx| rx.borrow_and_update().clone()).collect();
+        let leaders: Vec<usize> =
+            snapshots.iter().enumerate().filter(|(_, l)| l.role == Role::Leader).map(|(i, _)| i).collect();
+        assert!(leaders.len() <= 1, "two leaders at once: {snapshots:?}");
+        if let [leader] = leaders[..] {
+            let name = electors[leader].identity();
+            if snapshots.iter().all(|l| l.leader.as_deref() == Some(name)) {
+                return leader;
+            }
+        }
+        let changes = futures::future::select_all(rxs.iter_mut().map(|rx| Box::pin(rx.changed())));
+        if timeout(deadline.saturating_duration_since(Instant::now()), changes).await.is_err() {
+            panic!("no agreed leader within {bound:?}: {snapshots:?}");
+        }
+    }
+}
+
+async fn campaign(election: &EtcdElection, names: &[&str]) -> Vec<Elector> {
+    names.iter().map(|n| election.campaign(*n, TTL).expect("campaign")).collect()
+}
+
+#[tokio::test]
+async fn three_candidates_agree_on_exactly_one_leader() {
+    let Some(cluster) = EtcdCluster::start(1).await else { return };
+    let election = EtcdElection::connect(&cluster.endpoints(), "three").await.unwrap();
+    let electors = campaign(&election, &["a", "b", "c"]).await;
+    let leader = agreed_leader(&electors, Duration::from_secs(5)).await;
+    let stored = election.leader().await.unwrap().expect("a leader key");
+    assert_eq!(stored.identity, electors[leader].identity());
+    assert_eq!(Some(stored.term), electors[leader].is_leader());
+    assert!(stored.key.starts_with("three/"));
+    assert_eq!(stored.key, format!("three/{:x}", stored.lease));
+    for elector in electors {
+        elector.shutdown().await.unwrap();
+    }
+    assert_eq!(election.leader().await.unwrap(), None, "shutdown deletes the keys");
+}
+
+#[tokio::test]
+async fn resign_hands_over_within_a_round_trip_and_terms_grow() {
+    let Some(cluster) = EtcdCluster::start(1).await else { return };
+    let election = EtcdElection::connect(&cluster.endpoints(), "handover").await.unwrap();
+    let electors = campaign(&election, &["a", "b", "c"]).await;
+    let mut last_term = None;
+    let mut leader = agreed_leader(&electors, Duration::from_secs(5)).await;
+    for _ in 0..3 {
+        let term = electors[leader].is_leader().expect("leads");
+        assert!(Some(term) > last_term, "terms grow");
+        last_term = Some(term);
+        let start = Instant::now();
+        electors[leader].resign().await.unwrap();
+        let next = agreed_leader(&electors, Duration::from_secs(2)).await;
+        let took = start.elapsed();
+        println!("handover after resign: {took:?}");
+        assert_ne!(next, leader, "the resigned candidate queues behind the others");
+        assert!(took < Duration::from_millis(500), "handover took {took:?}");
+        leader = next;
+    }
+    // Shutdown of the leader hands over as fast.
+    let mut electors = electors;
+    let old = electors.remove(leader);
+    let start = Instant::now();
+    old.shutdown().await.unwrap();
+    agreed_leader(&electors, Duration::from_secs(2)).await;
+    let took = start.elapsed();
+    println!("handover after shutdown: {took:?}");
+    assert!(took < Duration::from_millis(500), "handover took {took:?}");
+    for elector in electors {
+        elector.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn guarded_txn_applies_only_while_the_term_holds() {
+    use tenure_etcd::proto::etcdserverpb::{request_op, PutRequest, RequestOp};
+    let Some(cluster) = EtcdCluster::start(1).await else { return };
+    let election = EtcdElection::connect(&cluster.endpoints(), "guarded").await.unwrap();
+    let elector = election.campaign("a", TTL).unwrap();
+    let tenure = elector.acquired().await.unwrap();
+    let put = |v: &str| RequestOp {
+        request: Some(request_op::Request::RequestPut(PutRequest {
+            key: b"protected".to_vec(),
+            value: v.as_bytes().to_vec(),
+            ..Default::default()
+        })),
+    };
+    assert!(election.guarded_txn(tenure.term(), vec![put("1")]).await.unwrap().succeeded);
+    let term = tenure.term();
+    drop(tenure);
+    elector.resign().await.unwrap();
+    wait_for(&elector, Duration::from_secs(5), "leads again with a new term", |l| {
+        l.role == Role::Leader && l.term > Some(term)
+    })
+    .await;
+    assert!(!election.guarded_txn(term, vec![put("2")]).await.unwrap().succeeded, "an old term is fenced off");
+    elector.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn own_key_deleted_externally_stops_leading_at_once_and_recampaigns() {
+    let Some(cluster) = EtcdCluster::start(1).await else { return };
+    let election = EtcdElection::connect(&cluster.endpoints(), "deleted").await.unwrap();
+    let electors = campaign(&election, &["a", "b"]).await;
+    let leader = agreed_leader(&electors, Duration::from_secs(5)).await;
+    let tenure = electors[leader].tenure().expect("tenure");
+    let key = election.leader().await.unwrap().expect("leader").key;
+    let status = tokio::process::Command::new("etcdctl")
+        .args(["--endpoints", &cluster.endpoint(0), "del", &key])
+        .stdout(Stdio::null())
+        .status()
+        .await
+        .expect("run etcdctl");
+    assert!(status.success());
+    timeout(Duration::from_millis(500), tenure.ended()).await.expect("the tenure ends at once");
+    let next = agreed_leader(&electors, Duration::from_secs(2)).await;
+    assert_ne!(next, leader);
+    // The old leader is a candidate again, queued with a new key.
+    wait_for(&electors[leader], Duration::from_secs(2), "follows", |l| l.role == Role::Follower).await;
+    for elector in electors {
+        elector.shutdown().await.unwrap();
+    }
+}
+
+#[test]
+fn rejects_ttl_below_etcds_minimum() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let Some(cluster) = EtcdCluster::start(1).await else { return };
+        let election = EtcdElection::connect(&cluster.endpoints(), "ttl").await.unwrap();
+        let error = election.campaign("a", Duration::from_secs(1)).err().expect("rejected");
+        assert!(error.to_string().contains("minimum"), "{error}");
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// A candidate in a child process (this test binary, re-invoked), to kill or pause it for real.
+
+/// The child's side: campaigns and reports on stdout, until killed.
+#[tokio::test]
+async fn child_candidate() {
+    let Ok(endpoints) = std::env::var("TENURE_ETCD_CHILD_ENDPOINTS") else { return };
+    let election_name = std::env::var("TENURE_ETCD_CHILD_ELECTION").unwrap();
+    let identity = std::env::var("TENURE_ETCD_CHILD_IDENTITY").unwrap();
+    let endpoints: Vec<String> = endpoints.split(',').map(String::from).collect();
+    let election = EtcdElection::connect(&endpoints, &election_name).await.unwrap();
+    let elector = election.campaign(identity, TTL).unwrap();
+    let mut last = None;
+    loop {
+        // The self-fencing deadline as a CLOCK_MONOTONIC reading, whenever it moves.
+        let deadline = elector
+            .valid_until()
+            .map(|until| monotonic_nanos() + until.saturating_duration_since(Instant::now()).as_nanos());
+        if deadline != last {
+            match deadline {
+                Some(ns) => println!("CHILD deadline {ns}"),
+                None => println!("CHILD follower"),
+            }
+            last = deadline;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+struct ChildCandidate {
+    child: tokio::process::Child,
+    lines: mpsc::UnboundedReceiver<String>,
+    last_deadline: Option<u128>,
+}
+
+impl ChildCandidate {
+    fn spawn(endpoints: &[String], election: &str, identity: &str) -> ChildCandidate {
+        let exe = std::env::current_exe().unwrap();
+        let mut child = tokio::process::Command::new(exe)
+            .args(["--exact", "child_candidate", "--nocapture", "--test-threads", "1"])
+            .env("TENURE_ETCD_CHILD_ENDPOINTS", endpoints.join(","))
+            .env("TENURE_ETCD_CHILD_ELECTION", election)
+            .env("TENURE_ETCD_CHILD_IDENTITY", identity)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                if line.starts_with("CHILD") && tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        ChildCandidate { child, lines, last_deadline: None }
+    }
+
+    /// Waits until the child reports that it leads.
+    async fn wait_leading(&mut self, bound: Duration) {
+        timeout(bound, async {
+            while let Some(line) = self.lines.recv().await {
+                if let Some(ns) = line.strip_prefix("CHILD deadline ") {
+                    self.last_deadline = Some(ns.parse().unwrap());
+                    return;
+                }
+            }
+            panic!("child exited");
+        })
+        .await
+        .expect("the child leads");
+    }
+
+    /// Reads every line printed so far and returns the last self-fencing deadline.
+    fn drain_deadline(&mut self) -> Option<u128> {
+        while let Ok(line) = self.lines.try_recv() {
+            if let Some(ns) = line.strip_prefix("CHILD deadline ") {
+                self.last_deadline = Some(ns.parse().unwrap());
+            }
+        }
+        self.last_deadline
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id().unwrap()).unwrap());
+        nix::sys::signal::kill(pid, signal).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn killed_leader_is_replaced_within_the_ttl() {
+    let Some(cluster) = EtcdCluster::start(1).await else { return };
+    let election = EtcdElection::connect(&cluster.endpoints(), "crash").await.unwrap();
+    let mut child = ChildCandidate::spawn(&cluster.endpoints(), "crash", "child");
+    child.wait_leading(Duration::from_secs(10)).await;
+    let follower = election.campaign("follower", TTL).unwrap();
+    wait_for(&follower, Duration::from_secs(5), "sees the child lead", |l| l.leader.as_deref() == Some("child")).await;
+    let start = Instant::now();
+    child.signal(nix::sys::signal::Signal::SIGKILL);
+    follower.acquired().await.unwrap();
+    let took = start.elapsed();
+    println!("crash failover: {took:?} ({:.2} x TTL)", took.as_secs_f64() / TTL.as_secs_f64());
+    assert!(took < TTL + Duration::from_secs(1), "failover took {took:?}");
+    follower.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn paused_leader_stops_leading_before_another_is_elected() {
+    let Some(cluster) = EtcdCluster::start(1).await else { return };
+    let election = EtcdElection::connect(&cluster.endpoints(), "paused").await.unwrap();
+    let mut child = ChildCandidate::spawn(&cluster.endpoints(), "paused", "child");
+    child.wait_leading(Duration::from_secs(10)).await;
+    let follower = election.campaign("follower", TTL).unwrap();
+    wait_for(&follower, Duration::from_secs(5), "sees the child lead", |l| l.leader.as_deref() == Some("child")).await;
+    child.signal(nix::sys::signal::Signal::SIGSTOP);
+    follower.acquired().await.unwrap();
+    let elected_at = monotonic_nanos();
+    // The child is stopped: everything it printed is in the pipe.
+    let fenced_at = child.drain_deadline().expect("the child reported a deadline");
+    println!(
+        "paused leader: fenced {} ms before the next leader was elected",
+        (elected_at - fenced_at.min(elected_at)) / 1_000_000
+    );
+    assert!(fenced_at < elected_at, "the paused leader's deadline ({fenced_at}) is after the election ({elected_at})");
+    child.signal(nix::sys::signal::Signal::SIGKILL);
+    follower.shutdown().await.unwrap();
+}
