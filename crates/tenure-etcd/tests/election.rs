@@ -299,3 +299,190 @@ async fn paused_leader_stops_leading_before_another_is_elected() {
     child.signal(nix::sys::signal::Signal::SIGKILL);
     follower.shutdown().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Interoperability with etcd's own election client.
+
+/// Runs `etcdctl` with `args` and returns a receiver of its stdout lines.
+fn etcdctl(endpoint: &str, args: &[&str]) -> (tokio::process::Child, mpsc::UnboundedReceiver<String>) {
+    let mut child = tokio::process::Command::new("etcdctl")
+        .arg("--endpoints")
+        .arg(endpoint)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run etcdctl");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+async fn wait_line(lines: &mut mpsc::UnboundedReceiver<String>, wanted: &str, bound: Duration) {
+    let found = timeout(bound, async {
+        while let Some(line) = lines.recv().await {
+            if line == wanted {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(found, Ok(true), "etcdctl did not print {wanted:?}");
+}
+
+#[tokio::test]
+async fn tenure_and_etcdctl_elect_agree_on_one_leader() {
+    let Some(cluster) = EtcdCluster::start(1).await else { return };
+    let endpoint = cluster.endpoint(0);
+    let election = EtcdElection::connect(&cluster.endpoints(), "interop").await.unwrap();
+
+    // etcdctl campaigns first and wins: Tenure candidates follow it and report its proposal.
+    let (etcdctl_candidate, mut elected) = etcdctl(&endpoint, &["elect", "interop", "from-etcdctl"]);
+    wait_line(&mut elected, "from-etcdctl", Duration::from_secs(10)).await;
+    let electors = campaign(&election, &["a", "b"]).await;
+    for elector in &electors {
+        wait_for(elector, Duration::from_secs(5), "follows etcdctl", |l| {
+            l.leader.as_deref() == Some("from-etcdctl") && l.role == Role::Follower
+        })
+        .await;
+    }
+    assert_eq!(election.leader().await.unwrap().unwrap().identity, "from-etcdctl");
+
+    // etcdctl gives up (SIGINT: it revokes its session): a Tenure candidate takes over.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(etcdctl_candidate.id().unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let leader = agreed_leader(&electors, Duration::from_secs(5)).await;
+
+    // etcd's observer sees the Tenure leader's identity.
+    let (_observer, mut observed) = etcdctl(&endpoint, &["elect", "-l", "interop"]);
+    wait_line(&mut observed, electors[leader].identity(), Duration::from_secs(10)).await;
+
+    // An etcdctl candidate arriving now queues behind the Tenure candidates and wins only after
+    // both leave.
+    let (_late, mut late_elected) = etcdctl(&endpoint, &["elect", "interop", "late-etcdctl"]);
+    wait_for(&electors[leader], Duration::from_secs(1), "still leads", |l| l.role == Role::Leader).await;
+    for elector in electors {
+        elector.shutdown().await.unwrap();
+    }
+    wait_line(&mut late_elected, "late-etcdctl", Duration::from_secs(5)).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A three-member cluster: members and the raft leader killed, the whole cluster restarted.
+
+/// The index of the member that is the raft leader.
+async fn raft_leader(cluster: &EtcdCluster) -> usize {
+    let output = tokio::process::Command::new("etcdctl")
+        .arg("--endpoints")
+        .arg(cluster.endpoints().join(","))
+        .args(["endpoint", "status", "-w", "json"])
+        .output()
+        .await
+        .expect("etcdctl endpoint status");
+    let statuses: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json status");
+    let statuses = statuses.as_array().expect("a list");
+    for status in statuses {
+        let member = &status["Status"]["header"]["member_id"];
+        if member == &status["Status"]["leader"] {
+            let endpoint = status["Endpoint"].as_str().unwrap_or_default();
+            return cluster.endpoints().iter().position(|e| endpoint.ends_with(e.as_str())).expect("known endpoint");
+        }
+    }
+    panic!("no raft leader in {statuses:?}");
+}
+
+/// Waits until `elector` leads on a keep-alive that started after `since` (the self-fencing
+/// deadline moved past `since + TTL - margin`), proving that it renews through a live member.
+async fn renewed_after(elector: &Elector, since: Instant, bound: Duration) {
+    let wanted = since + TTL - tenure_etcd::self_fencing_margin(TTL);
+    let deadline = Instant::now() + bound;
+    while elector.valid_until().is_none_or(|until| until <= wanted) {
+        assert!(
+            Instant::now() < deadline,
+            "{} did not renew within {bound:?}: {:?}",
+            elector.identity(),
+            elector.leadership()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Resigns the leader and checks that every candidate sees the next one (watches work).
+async fn handover_works(electors: &[Elector], leader: usize) -> usize {
+    electors[leader].resign().await.unwrap();
+    let next = agreed_leader(electors, Duration::from_secs(3)).await;
+    assert_ne!(next, leader);
+    next
+}
+
+#[tokio::test]
+async fn three_member_cluster_member_loss_raft_leader_loss_and_full_restart() {
+    let Some(mut cluster) = EtcdCluster::start(3).await else { return };
+    let election = EtcdElection::connect(&cluster.endpoints(), "cluster").await.unwrap();
+    let electors = campaign(&election, &["a", "b", "c"]).await;
+    let first = agreed_leader(&electors, Duration::from_secs(5)).await;
+
+    // The member every candidate talks to (the first endpoint) dies: they fail over.
+    let start = Instant::now();
+    cluster.kill(0);
+    let leader = agreed_leader(&electors, Duration::from_secs(5)).await;
+    renewed_after(&electors[leader], start, TTL * 2).await;
+    println!(
+        "member 0 killed: leader {} -> {}, renewed through another member after {:?}",
+        electors[first].identity(),
+        electors[leader].identity(),
+        start.elapsed()
+    );
+    let leader = handover_works(&electors, leader).await;
+    cluster.restart(0);
+    assert!(cluster.wait_serving(Duration::from_secs(20)).await, "member 0 rejoins");
+
+    // The raft leader dies.
+    let raft = raft_leader(&cluster).await;
+    let start = Instant::now();
+    cluster.kill(raft);
+    let after = agreed_leader(&electors, Duration::from_secs(8)).await;
+    renewed_after(&electors[after], start, TTL * 3).await;
+    println!(
+        "raft leader m{raft} killed: leader {} -> {}, renewed after {:?}",
+        electors[leader].identity(),
+        electors[after].identity(),
+        start.elapsed()
+    );
+    let leader = handover_works(&electors, after).await;
+    cluster.restart(raft);
+    assert!(cluster.wait_serving(Duration::from_secs(20)).await, "the old raft leader rejoins");
+
+    // The whole cluster goes down for longer than the leader can hold on: it fences itself.
+    let tenure = electors[leader].tenure().expect("leads");
+    let start = Instant::now();
+    for i in 0..3 {
+        cluster.kill(i);
+    }
+    timeout(TTL, tenure.ended()).await.expect("the leader fences itself while the cluster is down");
+    println!("cluster down: leader fenced after {:?}", start.elapsed());
+    drop(tenure);
+    for i in 0..3 {
+        cluster.restart(i);
+    }
+    assert!(cluster.wait_serving(Duration::from_secs(20)).await, "the cluster comes back");
+    let restarted = Instant::now();
+    let back = agreed_leader(&electors, TTL * 5).await;
+    println!("whole cluster restarted: leader {} after {:?}", electors[back].identity(), restarted.elapsed());
+    let stored = election.leader().await.unwrap().expect("a leader key");
+    assert_eq!(stored.identity, electors[back].identity());
+    handover_works(&electors, back).await;
+    for elector in electors {
+        elector.shutdown().await.unwrap();
+    }
+}
