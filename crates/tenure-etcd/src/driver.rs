@@ -32,8 +32,9 @@ type Reply = Option<oneshot::Sender<Result<(), ElectorError>>>;
 
 /// What ended a session.
 enum SessionEnd {
-    /// Stop the driver; answer `reply` once the election is cleaned up.
-    Stop(Reply),
+    /// Stop the driver; answer `reply` once the election is cleaned up, saying whether the key
+    /// was released (or will only go when its lease expires).
+    Stop(Reply, bool),
     /// Start a new session after `delay`.
     Again(Duration),
 }
@@ -107,6 +108,7 @@ pub(crate) struct Driver {
     prefix: String,
     identity: String,
     timing: Timing,
+    drain_timeout: Duration,
     publisher: Publisher,
     commands: Commands,
     /// Leases of ended sessions not yet revoked (the cluster was unreachable).
@@ -119,6 +121,7 @@ impl Driver {
         prefix: String,
         identity: String,
         timing: Timing,
+        drain_timeout: Duration,
         publisher: Publisher,
         commands: mpsc::Receiver<ElectorCommand>,
     ) -> Driver {
@@ -127,6 +130,7 @@ impl Driver {
             prefix,
             identity,
             timing,
+            drain_timeout,
             publisher,
             commands: Commands { receiver: commands, open: true },
             stale_leases: Vec::new(),
@@ -144,26 +148,29 @@ impl Driver {
             let end = self.session().await;
             self.publisher.end_tenure();
             match end {
-                SessionEnd::Stop(reply) => {
-                    self.publish(None, Role::Follower);
-                    if let Some(reply) = reply {
-                        let _ = reply.send(Ok(()));
-                    }
+                SessionEnd::Stop(reply, released) => {
+                    self.finish(reply, released);
                     break;
                 }
                 SessionEnd::Again(delay) => {
                     if let Err(reply) = self.commands.race(sleep(delay)).await {
                         self.revoke_stale_leases().await;
-                        self.publish(None, Role::Follower);
-                        if let Some(reply) = reply {
-                            let _ = reply.send(Ok(()));
-                        }
+                        let released = self.stale_leases.is_empty();
+                        self.finish(reply, released);
                         break;
                     }
                 }
             }
         }
         tracing::debug!(identity = %self.identity, "stopped campaigning");
+    }
+
+    /// The last word: nobody leads as far as this stopped candidate knows; answer the shutdown.
+    fn finish(&self, reply: Reply, released: bool) {
+        self.publish(None, Role::Follower);
+        if let Some(reply) = reply {
+            let _ = reply.send(if released { Ok(()) } else { Err(ElectorError::ReleaseTimedOut) });
+        }
     }
 
     /// Revokes the leases of ended sessions, so that their keys (possibly ahead of ours in the
@@ -200,7 +207,7 @@ impl Driver {
         // The lease. Its grant counts as the first keep-alive.
         let started = Instant::now();
         let granted = match self.commands.race(self.conn.grant(limit, ttl_secs)).await {
-            Err(reply) => return SessionEnd::Stop(reply),
+            Err(reply) => return SessionEnd::Stop(reply, true),
             Ok(Err(error)) => {
                 tracing::warn!(identity = %self.identity, %error, "granting a lease failed; retrying");
                 return SessionEnd::Again(retry);
@@ -233,7 +240,8 @@ impl Driver {
             Err(reply) => {
                 self.stale_leases.push(lease);
                 self.revoke_stale_leases().await;
-                return SessionEnd::Stop(reply);
+                let released = self.stale_leases.is_empty();
+                return SessionEnd::Stop(reply, released);
             }
             Ok(Err(error)) => {
                 tracing::warn!(identity = %self.identity, %error, "creating the candidate key failed; retrying");
@@ -414,7 +422,7 @@ impl Driver {
         self.publisher.end_tenure();
         self.publish(Some((&self.identity.clone(), my_revision)), Role::Releasing);
         let drained = self.publisher.wait_for_ended_tenures();
-        if timeout(self.timing.renew_deadline, drained).await.is_err() {
+        if timeout(self.drain_timeout, drained).await.is_err() {
             tracing::warn!(identity = %self.identity, "tenure guards still held after the drain timeout; releasing anyway");
         }
     }
@@ -426,12 +434,16 @@ impl Driver {
             s.leading = false;
         }
         let limit = self.call_timeout();
-        if let Err(error) = self.conn.delete(limit, &s.key).await {
-            tracing::warn!(identity = %self.identity, %error, "deleting the key on shutdown failed");
-        }
+        let deleted = match self.conn.delete(limit, &s.key).await {
+            Ok(_) => true,
+            Err(error) => {
+                tracing::warn!(identity = %self.identity, %error, "deleting the key on shutdown failed");
+                false
+            }
+        };
         self.stale_leases.push(s.lease);
         self.revoke_stale_leases().await;
-        SessionEnd::Stop(reply)
+        SessionEnd::Stop(reply, deleted || !self.stale_leases.contains(&s.lease))
     }
 }
 

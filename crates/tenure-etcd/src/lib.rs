@@ -129,6 +129,8 @@ pub struct EtcdElection {
     conn: Arc<Connection>,
     /// The key prefix, `<election>/`.
     prefix: String,
+    /// How long resign and shutdown wait for tenure guards; `None`: the renew deadline.
+    drain_timeout: Option<Duration>,
 }
 
 /// Time limit of single calls made outside a campaign (`leader`, `guarded_txn`, `connect`).
@@ -142,9 +144,18 @@ impl EtcdElection {
             return Err(EtcdError::EmptyElection);
         }
         let conn = Arc::new(Connection::new(endpoints)?);
-        let election = EtcdElection { conn, prefix: format!("{election}/") };
+        let election = EtcdElection { conn, prefix: format!("{election}/"), drain_timeout: None };
         election.leader().await?;
         Ok(election)
+    }
+
+    /// Sets how long a resign or shutdown of a leader waits for the [`tenure::Tenure`] guards of
+    /// the ending term to be dropped before it deletes the key anyway (default: the renew
+    /// deadline, TTL - TTL/3). The key stays while guards are held, so nobody else leads while
+    /// this instance is still finishing leader work.
+    pub fn with_drain_timeout(mut self, drain_timeout: Duration) -> Self {
+        self.drain_timeout = Some(drain_timeout);
+        self
     }
 
     /// The prefix of the candidates' keys, `<election>/`.
@@ -166,8 +177,9 @@ impl EtcdElection {
         let conn = self.conn.clone();
         let prefix = self.prefix.clone();
         let name = identity.clone();
+        let drain_timeout = self.drain_timeout.unwrap_or(timing.renew_deadline);
         Ok(Elector::from_driver(identity, timing, move |publisher, commands| {
-            driver::Driver::new(conn, prefix, name, timing, publisher, commands).run()
+            driver::Driver::new(conn, prefix, name, timing, drain_timeout, publisher, commands).run()
         }))
     }
 

@@ -109,6 +109,21 @@ async fn resign_hands_over_within_a_round_trip_and_terms_grow() {
 }
 
 #[tokio::test]
+async fn dropping_the_handle_is_a_shutdown() {
+    let Some(cluster) = EtcdCluster::start(1).await else { return };
+    let election = EtcdElection::connect(&cluster.endpoints(), "dropped").await.unwrap();
+    let mut electors = campaign(&election, &["a", "b"]).await;
+    let leader = agreed_leader(&electors, Duration::from_secs(5)).await;
+    let start = Instant::now();
+    drop(electors.remove(leader));
+    agreed_leader(&electors, Duration::from_secs(1)).await;
+    println!("handover after dropping the handle: {:?}", start.elapsed());
+    for elector in electors {
+        elector.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test]
 async fn guarded_txn_applies_only_while_the_term_holds() {
     use tenure_etcd::proto::etcdserverpb::{request_op, PutRequest, RequestOp};
     let Some(cluster) = EtcdCluster::start(1).await else { return };
@@ -255,6 +270,21 @@ impl ChildCandidate {
         self.last_deadline
     }
 
+    /// Waits until the kernel reports the child as stopped (state `T` in /proc/PID/stat).
+    async fn wait_stopped(&self) {
+        let path = format!("/proc/{}/stat", self.child.id().unwrap());
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let stat = std::fs::read_to_string(&path).unwrap();
+            let state = stat.rsplit(')').next().unwrap_or("").split_whitespace().next().unwrap_or("");
+            if state == "T" {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the child did not stop: {stat}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     fn signal(&self, signal: nix::sys::signal::Signal) {
         let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id().unwrap()).unwrap());
         nix::sys::signal::kill(pid, signal).unwrap();
@@ -287,15 +317,21 @@ async fn paused_leader_stops_leading_before_another_is_elected() {
     let follower = election.campaign("follower", TTL).unwrap();
     wait_for(&follower, Duration::from_secs(5), "sees the child lead", |l| l.leader.as_deref() == Some("child")).await;
     child.signal(nix::sys::signal::Signal::SIGSTOP);
+    child.wait_stopped().await;
+    // From now on the child starts no keep-alive: its deadline is at most this + TTL - margin.
+    let stopped_at = monotonic_nanos();
     follower.acquired().await.unwrap();
     let elected_at = monotonic_nanos();
     // The child is stopped: everything it printed is in the pipe.
     let fenced_at = child.drain_deadline().expect("the child reported a deadline");
+    let latest_possible = stopped_at + (TTL - tenure_etcd::self_fencing_margin(TTL)).as_nanos();
     println!(
-        "paused leader: fenced {} ms before the next leader was elected",
-        (elected_at - fenced_at.min(elected_at)) / 1_000_000
+        "paused leader: last reported deadline {} ms, latest possible deadline {} ms before the next leader was elected",
+        elected_at.saturating_sub(fenced_at) / 1_000_000,
+        elected_at.saturating_sub(latest_possible) / 1_000_000
     );
     assert!(fenced_at < elected_at, "the paused leader's deadline ({fenced_at}) is after the election ({elected_at})");
+    assert!(latest_possible < elected_at, "the paused leader may have led until {latest_possible}, after {elected_at}");
     child.signal(nix::sys::signal::Signal::SIGKILL);
     follower.shutdown().await.unwrap();
 }
@@ -404,7 +440,8 @@ async fn raft_leader(cluster: &EtcdCluster) -> usize {
 /// Waits until `elector` leads on a keep-alive that started after `since` (the self-fencing
 /// deadline moved past `since + TTL - margin`), proving that it renews through a live member.
 async fn renewed_after(elector: &Elector, since: Instant, bound: Duration) {
-    let wanted = since + TTL - tenure_etcd::self_fencing_margin(TTL);
+    let ttl = elector.timing().lease_duration;
+    let wanted = since + ttl - tenure_etcd::self_fencing_margin(ttl);
     let deadline = Instant::now() + bound;
     while elector.valid_until().is_none_or(|until| until <= wanted) {
         assert!(
@@ -429,7 +466,10 @@ async fn handover_works(electors: &[Elector], leader: usize) -> usize {
 async fn three_member_cluster_member_loss_raft_leader_loss_and_full_restart() {
     let Some(mut cluster) = EtcdCluster::start(3).await else { return };
     let election = EtcdElection::connect(&cluster.endpoints(), "cluster").await.unwrap();
-    let electors = campaign(&election, &["a", "b", "c"]).await;
+    // A TTL well above etcd's election timeout (1 s, randomized up to 2 s), so that a raft
+    // election need not cost the session.
+    const TTL: Duration = Duration::from_secs(4);
+    let electors: Vec<Elector> = ["a", "b", "c"].iter().map(|n| election.campaign(*n, TTL).unwrap()).collect();
     let first = agreed_leader(&electors, Duration::from_secs(5)).await;
 
     // The member every candidate talks to (the first endpoint) dies: they fail over.
@@ -449,15 +489,17 @@ async fn three_member_cluster_member_loss_raft_leader_loss_and_full_restart() {
 
     // The raft leader dies.
     let raft = raft_leader(&cluster).await;
+    let before = electors[leader].is_leader();
     let start = Instant::now();
     cluster.kill(raft);
     let after = agreed_leader(&electors, Duration::from_secs(8)).await;
     renewed_after(&electors[after], start, TTL * 3).await;
     println!(
-        "raft leader m{raft} killed: leader {} -> {}, renewed after {:?}",
+        "raft leader m{raft} killed: leader {} -> {}, renewed after {:?}, same tenure: {}",
         electors[leader].identity(),
         electors[after].identity(),
-        start.elapsed()
+        start.elapsed(),
+        electors[after].is_leader() == before
     );
     let leader = handover_works(&electors, after).await;
     cluster.restart(raft);
