@@ -6,7 +6,7 @@
 //! failure moves every later call to the next endpoint) and the build free of `protoc`.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -29,6 +29,8 @@ use crate::EtcdError;
 pub(crate) struct Connection {
     endpoints: Vec<(String, Channel)>,
     current: AtomicUsize,
+    /// Requests sent (unary calls, keep-alives, watch creations), for metrics.
+    requests: AtomicU64,
 }
 
 /// gRPC codes after which another member may do better: the member is down, cut off from the
@@ -59,7 +61,16 @@ impl Connection {
                 .connect_lazy();
             channels.push((endpoint.clone(), channel));
         }
-        Ok(Connection { endpoints: channels, current: AtomicUsize::new(0) })
+        Ok(Connection { endpoints: channels, current: AtomicUsize::new(0), requests: AtomicU64::new(0) })
+    }
+
+    /// How many requests were sent so far.
+    pub(crate) fn requests_sent(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    fn count(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The endpoint in use, with its index (to report a failure of exactly this one).
@@ -105,6 +116,7 @@ impl Connection {
             let mut last = None;
             for _ in 0..self.endpoints.len() {
                 let (index, channel) = self.pick();
+                self.count();
                 match call(channel).await {
                     Ok(response) => return Ok(response.into_inner()),
                     Err(status) => {
@@ -189,6 +201,7 @@ impl Connection {
     /// Opens a keep-alive stream for `lease` on the endpoint in use, sending the first request.
     pub(crate) async fn keep_alive(&self, limit: Duration, lease: i64) -> Result<KeepAliveStream, EtcdError> {
         let (index, channel) = self.pick();
+        self.count();
         let (requests, receiver) = mpsc::channel(1);
         // Queued before the call: the server answers headers only with the first response.
         requests
@@ -218,6 +231,7 @@ impl Connection {
         start_revision: i64,
     ) -> Result<WatchStream, EtcdError> {
         let (index, channel) = self.pick();
+        self.count();
         let (requests, receiver) = mpsc::channel(1);
         let create = WatchCreateRequest {
             key: prefix.as_bytes().to_vec(),
@@ -270,6 +284,7 @@ impl KeepAliveStream {
         limit: Duration,
     ) -> Result<LeaseKeepAliveResponse, EtcdError> {
         if !self.first {
+            conn.count();
             self.requests
                 .send(LeaseKeepAliveRequest { id: self.lease })
                 .await

@@ -28,6 +28,9 @@ use crate::proto::etcdserverpb::{response_op, RangeRequest, TxnRequest};
 use crate::proto::mvccpb::event::EventType;
 use crate::{self_fencing_margin, EtcdError};
 
+/// How many unrevoked leases of ended sessions to remember.
+const MAX_STALE_LEASES: usize = 16;
+
 type Reply = Option<oneshot::Sender<Result<(), ElectorError>>>;
 
 /// What ended a session.
@@ -187,6 +190,9 @@ impl Driver {
                 }
             }
         }
+        // Keep a bounded list: a lease not revoked expires on the server anyway.
+        let excess = kept.len().saturating_sub(MAX_STALE_LEASES);
+        kept.drain(..excess);
         self.stale_leases = kept;
     }
 

@@ -158,6 +158,12 @@ impl EtcdElection {
         self
     }
 
+    /// How many requests this connection has sent so far (unary calls, keep-alives, watch
+    /// creations), for metrics and for measuring the load candidates put on the cluster.
+    pub fn requests_sent(&self) -> u64 {
+        self.conn.requests_sent()
+    }
+
     /// The prefix of the candidates' keys, `<election>/`.
     pub fn prefix(&self) -> &str {
         &self.prefix
