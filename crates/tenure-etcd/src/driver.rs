@@ -286,6 +286,14 @@ impl Driver {
     async fn queue_and_lead(&mut self, s: &mut Session, lease_rx: &mut watch::Receiver<LeaseState>) -> SessionEnd {
         let limit = self.call_timeout();
         loop {
+            // The latest keep-alive result, even if its change notice is not handled yet.
+            let lease = *lease_rx.borrow();
+            if lease.valid_until > s.valid_until {
+                s.valid_until = lease.valid_until;
+                if s.leading {
+                    self.publisher.extend_tenure(s.valid_until);
+                }
+            }
             // Fenced: the server may expire the lease any moment now.
             if Instant::now() >= s.valid_until {
                 tracing::warn!(identity = %self.identity, "no successful keep-alive in time: the session is lost (self-fenced)");
@@ -302,7 +310,8 @@ impl Driver {
                 }
             }
             if s.loaded {
-                if !s.keys.contains_key(&s.key) {
+                // Our key, as we created it (not a namesake put by someone else since).
+                if s.keys.get(&s.key).map(|(revision, _)| *revision) != Some(s.my_revision) {
                     tracing::warn!(identity = %self.identity, key = %s.key, "own key deleted: the session is lost");
                     return self.lost(s, Duration::ZERO);
                 }
@@ -315,6 +324,9 @@ impl Driver {
                             tracing::warn!(identity = %self.identity, %error, "checking the own key failed; retrying");
                             s.watch = None;
                             s.resync_at = Instant::now() + self.timing.retry_period / 2;
+                            if let Err(reply) = self.commands.race(sleep_until(s.resync_at)).await {
+                                return self.stop(s, reply).await;
+                            }
                             continue;
                         }
                         Ok(Ok(response)) => {
