@@ -169,7 +169,7 @@ impl Driver {
     }
 
     /// The last word: nobody leads as far as this stopped candidate knows; answer the shutdown.
-    fn finish(&self, reply: Reply, released: bool) {
+    fn finish(&mut self, reply: Reply, released: bool) {
         self.publish(None, Role::Follower);
         if let Some(reply) = reply {
             let _ = reply.send(if released { Ok(()) } else { Err(ElectorError::ReleaseTimedOut) });
@@ -196,7 +196,8 @@ impl Driver {
         self.stale_leases = kept;
     }
 
-    fn publish(&self, leader: Option<(&str, i64)>, role: Role) {
+    fn publish(&mut self, leader: Option<(&str, i64)>, role: Role) {
+        self.publisher.prune_ended();
         self.publisher.publish(Leadership {
             leader: leader.map(|(identity, _)| identity.to_owned()),
             term: leader.map(|(_, revision)| Term(u64::try_from(revision).unwrap_or(0))),
@@ -415,7 +416,7 @@ impl Driver {
     }
 
     /// Publishes who leads according to the local copy, and our role.
-    fn publish_view(&self, s: &Session) {
+    fn publish_view(&mut self, s: &Session) {
         let role = if s.leading { Role::Leader } else { Role::Follower };
         match s.leader() {
             // Our own key first but not (yet) claimed: say nobody rather than ourselves.

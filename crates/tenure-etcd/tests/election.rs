@@ -165,6 +165,8 @@ async fn own_key_deleted_externally_stops_leading_at_once_and_recampaigns() {
         .expect("run etcdctl");
     assert!(status.success());
     timeout(Duration::from_millis(500), tenure.ended()).await.expect("the tenure ends at once");
+    assert!(tenure.check().is_err());
+    drop(tenure);
     let next = agreed_leader(&electors, Duration::from_secs(2)).await;
     assert_ne!(next, leader);
     // The old leader is a candidate again, queued with a new key.
@@ -437,19 +439,20 @@ async fn raft_leader(cluster: &EtcdCluster) -> usize {
     panic!("no raft leader in {statuses:?}");
 }
 
-/// Waits until `elector` leads on a keep-alive that started after `since` (the self-fencing
-/// deadline moved past `since + TTL - margin`), proving that it renews through a live member.
-async fn renewed_after(elector: &Elector, since: Instant, bound: Duration) {
-    let ttl = elector.timing().lease_duration;
-    let wanted = since + ttl - tenure_etcd::self_fencing_margin(ttl);
+/// Waits until the candidates agree on a leader that renewed on a keep-alive started after
+/// `since` (its self-fencing deadline moved past `since + TTL - margin`): proof that the leader
+/// (the same one, or a new one if the session was lost) works through the surviving members.
+async fn renewed_leader_after(electors: &[Elector], since: Instant, bound: Duration) -> usize {
     let deadline = Instant::now() + bound;
-    while elector.valid_until().is_none_or(|until| until <= wanted) {
-        assert!(
-            Instant::now() < deadline,
-            "{} did not renew within {bound:?}: {:?}",
-            elector.identity(),
-            elector.leadership()
-        );
+    loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let leader = agreed_leader(electors, remaining).await;
+        let ttl = electors[leader].timing().lease_duration;
+        let wanted = since + ttl - tenure_etcd::self_fencing_margin(ttl);
+        if electors[leader].valid_until().is_some_and(|until| until > wanted) {
+            return leader;
+        }
+        assert!(Instant::now() < deadline, "no leader renewed within {bound:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -471,29 +474,30 @@ async fn three_member_cluster_member_loss_raft_leader_loss_and_full_restart() {
     const TTL: Duration = Duration::from_secs(4);
     let electors: Vec<Elector> = ["a", "b", "c"].iter().map(|n| election.campaign(*n, TTL).unwrap()).collect();
     let first = agreed_leader(&electors, Duration::from_secs(5)).await;
+    let first_term = electors[first].is_leader();
 
     // The member every candidate talks to (the first endpoint) dies: they fail over.
     let start = Instant::now();
     cluster.kill(0);
-    let leader = agreed_leader(&electors, Duration::from_secs(5)).await;
-    renewed_after(&electors[leader], start, TTL * 2).await;
+    let leader = renewed_leader_after(&electors, start, TTL * 3).await;
     println!(
-        "member 0 killed: leader {} -> {}, renewed through another member after {:?}",
+        "member 0 killed: leader {} -> {}, renewed through another member after {:?}, same tenure: {}",
         electors[first].identity(),
         electors[leader].identity(),
-        start.elapsed()
+        start.elapsed(),
+        electors[leader].is_leader() == first_term
     );
-    let leader = handover_works(&electors, leader).await;
+    handover_works(&electors, leader).await;
     cluster.restart(0);
     assert!(cluster.wait_serving(Duration::from_secs(20)).await, "member 0 rejoins");
 
     // The raft leader dies.
     let raft = raft_leader(&cluster).await;
+    let leader = agreed_leader(&electors, TTL).await;
     let before = electors[leader].is_leader();
     let start = Instant::now();
     cluster.kill(raft);
-    let after = agreed_leader(&electors, Duration::from_secs(8)).await;
-    renewed_after(&electors[after], start, TTL * 3).await;
+    let after = renewed_leader_after(&electors, start, TTL * 3).await;
     println!(
         "raft leader m{raft} killed: leader {} -> {}, renewed after {:?}, same tenure: {}",
         electors[leader].identity(),
@@ -501,11 +505,12 @@ async fn three_member_cluster_member_loss_raft_leader_loss_and_full_restart() {
         start.elapsed(),
         electors[after].is_leader() == before
     );
-    let leader = handover_works(&electors, after).await;
+    handover_works(&electors, after).await;
     cluster.restart(raft);
     assert!(cluster.wait_serving(Duration::from_secs(20)).await, "the old raft leader rejoins");
 
     // The whole cluster goes down for longer than the leader can hold on: it fences itself.
+    let leader = agreed_leader(&electors, TTL * 2).await;
     let tenure = electors[leader].tenure().expect("leads");
     let start = Instant::now();
     for i in 0..3 {

@@ -109,6 +109,8 @@ impl EtcdCluster {
             .args(["--initial-cluster", &initial_cluster, "--initial-cluster-token", &self.token])
             .args(["--initial-cluster-state", if new { "new" } else { "existing" }])
             .args(["--logger", "zap", "--log-level", "warn"])
+            // A restarted member must not depose a healthy raft leader (etcd 3.5's default).
+            .arg("--pre-vote")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone log"))
             .stderr(log)
