@@ -406,6 +406,8 @@ impl Driver {
                         };
                         self.stale_leases.push(s.lease);
                         s.leading = false;
+                        // Released: no longer `Releasing`; the next session reports the new leader.
+                        self.publish(None, Role::Follower);
                         let _ = reply.send(result);
                         return SessionEnd::Again(Duration::ZERO);
                     }
