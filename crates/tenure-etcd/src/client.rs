@@ -306,6 +306,26 @@ impl KeepAliveStream {
     }
 }
 
+impl KeepAliveStream {
+    /// Completes when the idle stream fails or ends (nothing is expected between keep-alives; an
+    /// unexpected answer is ignored).
+    pub(crate) async fn broken(&mut self, conn: &Connection) {
+        loop {
+            match self.responses.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => {
+                    conn.failed(self.index);
+                    return;
+                }
+                Err(status) => {
+                    let _ = conn.status_error(self.index, &status);
+                    return;
+                }
+            }
+        }
+    }
+}
+
 /// A confirmed watch; dropping it closes the stream.
 pub(crate) struct WatchStream {
     index: usize,

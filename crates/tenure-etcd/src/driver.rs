@@ -573,9 +573,51 @@ async fn keep_alive(
                     break;
                 }
             }
-            sleep_until(sent + interval).await;
+            // Between keep-alives the stream is idle: a broken connection (member killed) shows
+            // up here at once rather than at the next keep-alive.
+            let broken = tokio::select! {
+                _ = sleep_until(sent + interval) => false,
+                _ = stream.broken(&conn) => true,
+            };
+            if broken {
+                tracing::debug!(lease = format!("{lease:x}"), "keep-alive stream broke; reopening");
+                break;
+            }
             sent = Instant::now();
         }
         sleep_until(Instant::now() + interval / 4).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(my_revision: i64, keys: &[(&str, i64, &str)]) -> Session {
+        Session {
+            key: "e/mine".into(),
+            lease: 1,
+            my_revision,
+            valid_until: Instant::now(),
+            keys: keys.iter().map(|(k, r, v)| (k.to_string(), (*r, v.to_string()))).collect(),
+            loaded: true,
+            watch: None,
+            resync_at: Instant::now(),
+            leading: false,
+        }
+    }
+
+    #[test]
+    fn the_leader_is_the_oldest_key_and_each_waits_for_the_next_older() {
+        let s = session(30, &[("e/b", 20, "b"), ("e/mine", 30, "me"), ("e/a", 10, "a"), ("e/late", 40, "late")]);
+        assert_eq!(s.leader(), Some(("e/a", 10, "a")));
+        assert_eq!(s.predecessor(), Some("e/b"), "the greatest create revision below ours, not the leader");
+    }
+
+    #[test]
+    fn without_older_keys_there_is_no_predecessor() {
+        let s = session(30, &[("e/mine", 30, "me"), ("e/late", 40, "late")]);
+        assert_eq!(s.predecessor(), None);
+        assert_eq!(s.leader(), Some(("e/mine", 30, "me")));
     }
 }
