@@ -21,6 +21,14 @@ pub enum LockUrl {
     /// `memory:`: a lock inside this process only. Useful to try `elect` or `run` without any
     /// file, and in tests; candidates in other processes never see it.
     Memory,
+    /// `etcd://host:port[,host:port...]/name`: an etcd election (native elector: the protocol of
+    /// etcd's concurrency package, shared with `etcdctl elect name`). `--ttl` is the lease TTL.
+    Etcd {
+        /// The endpoints, `host:port`, tried in turn.
+        endpoints: Vec<String>,
+        /// The election name (etcd key prefix).
+        election: String,
+    },
     /// `zk://host:port[,host:port...]/path`: a ZooKeeper election (native elector: ephemeral
     /// sequential nodes, compatible with Curator's LeaderLatch). `--ttl` is the session timeout.
     Zk {
@@ -35,13 +43,13 @@ pub enum LockUrl {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LockUrlError {
     /// Not a URL at all; most often a bare path.
-    #[error("'{0}' is not a lock URL (expected file:///absolute/path, zk://host:port/path or memory:)")]
+    #[error("'{0}' is not a lock URL (expected file:///absolute/path, etcd://host:port/name, zk://host:port/path or memory:)")]
     NotAUrl(String),
     /// A scheme this project knows but this build cannot open yet.
-    #[error("scheme '{0}' is not supported by this build (supported: file, memory, zk)")]
+    #[error("scheme '{0}' is not supported by this build (supported: file, etcd, zk, memory)")]
     NotSupported(String),
     /// A scheme nobody knows.
-    #[error("unknown lock scheme '{0}' (supported: file, memory, zk)")]
+    #[error("unknown lock scheme '{0}' (supported: file, etcd, zk, memory)")]
     UnknownScheme(String),
     /// A `file:` URL that does not name an absolute local path.
     #[error("'{url}' is not a usable file lock URL: {reason}")]
@@ -51,9 +59,9 @@ pub enum LockUrlError {
         /// What is wrong with it.
         reason: &'static str,
     },
-    /// A `zk:` URL that does not name servers and a path.
-    #[error("'{url}' is not a usable ZooKeeper URL: {reason}")]
-    BadZkUrl {
+    /// An `etcd:` or `zk:` URL that does not name servers and an election.
+    #[error("'{url}' is not a usable lock URL: {reason}")]
+    BadClusterUrl {
         /// The URL as given.
         url: String,
         /// What is wrong with it.
@@ -66,7 +74,7 @@ pub enum LockUrlError {
 
 /// Schemes that later issues implement in other crates; named here so that users get "not
 /// supported by this build" rather than "unknown".
-const PLANNED_SCHEMES: &[&str] = &["kube", "etcd"];
+const PLANNED_SCHEMES: &[&str] = &["kube"];
 
 impl FromStr for LockUrl {
     type Err = LockUrlError;
@@ -83,7 +91,15 @@ impl FromStr for LockUrl {
             "file" => parse_file_url(text),
             "memory" if rest.is_empty() => Ok(LockUrl::Memory),
             "memory" => Err(LockUrlError::BadMemoryUrl(text.to_owned())),
-            "zk" => parse_zk_url(text, rest),
+            "zk" => parse_cluster_url(rest)
+                .map(|(servers, path)| LockUrl::Zk { servers, path: format!("/{path}") })
+                .map_err(|reason| LockUrlError::BadClusterUrl { url: text.to_owned(), reason }),
+            "etcd" => parse_cluster_url(rest)
+                .map(|(servers, election)| LockUrl::Etcd {
+                    endpoints: servers.split(',').map(str::to_owned).collect(),
+                    election,
+                })
+                .map_err(|reason| LockUrlError::BadClusterUrl { url: text.to_owned(), reason }),
             planned if PLANNED_SCHEMES.contains(&planned) => Err(LockUrlError::NotSupported(scheme)),
             _ => Err(LockUrlError::UnknownScheme(scheme)),
         }
@@ -112,29 +128,29 @@ fn parse_file_url(text: &str) -> Result<LockUrl, LockUrlError> {
     Ok(LockUrl::File(path))
 }
 
-fn parse_zk_url(text: &str, rest: &str) -> Result<LockUrl, LockUrlError> {
-    let bad = |reason| LockUrlError::BadZkUrl { url: text.to_owned(), reason };
+/// Splits `//host:port[,host:port...]/a/b` (after the scheme) into the servers and `a/b`.
+fn parse_cluster_url(rest: &str) -> Result<(String, String), &'static str> {
     let Some(rest) = rest.strip_prefix("//") else {
-        return Err(bad("write zk://host:port[,host:port]/path"));
+        return Err("write SCHEME://host:port[,host:port]/name");
     };
     let Some((servers, path)) = rest.split_once('/') else {
-        return Err(bad("it has no election path after the servers"));
+        return Err("it has no election path after the servers");
     };
     if servers.is_empty() {
-        return Err(bad("it names no server"));
+        return Err("it names no server");
     }
     for server in servers.split(',') {
         let Some((host, port)) = server.rsplit_once(':') else {
-            return Err(bad("every server needs a port (host:port)"));
+            return Err("every server needs a port (host:port)");
         };
         if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
-            return Err(bad("every server must be host:port with a port from 1 to 65535"));
+            return Err("every server must be host:port with a port from 1 to 65535");
         }
     }
     if path.is_empty() || path.ends_with('/') || path.contains("//") || path.contains(['?', '#']) {
-        return Err(bad("the election path must be /a/b with no empty part, query or fragment"));
+        return Err("the election path must be /a/b with no empty part, query or fragment");
     }
-    Ok(LockUrl::Zk { servers: servers.to_owned(), path: format!("/{path}") })
+    Ok((servers.to_owned(), path.to_owned()))
 }
 
 impl fmt::Display for LockUrl {
@@ -146,6 +162,7 @@ impl fmt::Display for LockUrl {
             },
             LockUrl::Memory => f.write_str("memory:"),
             LockUrl::Zk { servers, path } => write!(f, "zk://{servers}{path}"),
+            LockUrl::Etcd { endpoints, election } => write!(f, "etcd://{}/{election}", endpoints.join(",")),
         }
     }
 }
@@ -209,7 +226,7 @@ impl LockUrl {
         match self {
             LockUrl::File(path) => Ok(Arc::new(open_file_lock(path)?)),
             LockUrl::Memory => Ok(Arc::new(MemoryStore::new().client(client))),
-            LockUrl::Zk { .. } => Err(OpenLockError::NotARecordLock(self.to_string())),
+            LockUrl::Zk { .. } | LockUrl::Etcd { .. } => Err(OpenLockError::NotARecordLock(self.to_string())),
         }
     }
 }
@@ -218,9 +235,18 @@ impl LockUrl {
     /// Starts campaigning as `identity` on the lock this URL names. One place builds electors, so
     /// that backends with their own electors (etcd, ZooKeeper) are one match arm each.
     pub async fn campaign(&self, identity: &str, timing: Timing) -> Result<Elector, crate::CliError> {
-        if let LockUrl::Zk { servers, path } = self {
-            let election = self.zk_election(servers, path, timing).await?;
-            return election.campaign(identity).map_err(|e| crate::CliError::Usage(e.to_string()));
+        match self {
+            LockUrl::Zk { servers, path } => {
+                let election = self.zk_election(servers, path, timing).await?;
+                return election.campaign(identity).map_err(|e| crate::CliError::Usage(e.to_string()));
+            }
+            LockUrl::Etcd { endpoints, election } => {
+                let election = self.etcd_election(endpoints, election).await?;
+                return election
+                    .campaign(identity, timing.lease_duration)
+                    .map_err(|e| crate::CliError::Usage(e.to_string()));
+            }
+            LockUrl::File(_) | LockUrl::Memory => {}
         }
         let lock = self.open(identity)?;
         Elector::builder(identity, lock).timing(timing).spawn().map_err(|e| crate::CliError::Usage(e.to_string()))
@@ -228,6 +254,17 @@ impl LockUrl {
 }
 
 impl LockUrl {
+    /// Connects to an etcd election.
+    pub async fn etcd_election(
+        &self,
+        endpoints: &[String],
+        election: &str,
+    ) -> Result<tenure_etcd::EtcdElection, crate::CliError> {
+        tenure_etcd::EtcdElection::connect(endpoints, election)
+            .await
+            .map_err(|e| crate::CliError::Failed(format!("cannot reach etcd at {self}: {e}")))
+    }
+
     /// Connects to a ZooKeeper election; the session timeout is the lease of `timing` (`--ttl`).
     pub async fn zk_election(
         &self,
@@ -270,14 +307,13 @@ mod tests {
 
     #[test]
     fn planned_schemes_are_not_supported_yet_and_others_are_unknown() {
-        assert_eq!("etcd://127.0.0.1:2379/x".parse::<LockUrl>(), Err(LockUrlError::NotSupported("etcd".into())));
         assert_eq!(
             "zk://127.0.0.1:2181,[::1]:2182/services/a".parse(),
             Ok(LockUrl::Zk { servers: "127.0.0.1:2181,[::1]:2182".into(), path: "/services/a".into() })
         );
         for bad in ["zk:/x", "zk://127.0.0.1:2181", "zk:///x", "zk://h/x", "zk://h:0/x", "zk://h:1/x/", "zk://h:1/a//b"]
         {
-            assert!(matches!(bad.parse::<LockUrl>(), Err(LockUrlError::BadZkUrl { .. })), "{bad}");
+            assert!(matches!(bad.parse::<LockUrl>(), Err(LockUrlError::BadClusterUrl { .. })), "{bad}");
         }
         assert_eq!("kube://default/leases/x".parse::<LockUrl>(), Err(LockUrlError::NotSupported("kube".into())));
         assert_eq!("consul://x".parse::<LockUrl>(), Err(LockUrlError::UnknownScheme("consul".into())));
@@ -288,6 +324,24 @@ mod tests {
     fn display_round_trips() {
         for text in ["file:///tmp/a%20b", "memory:"] {
             assert_eq!(text.parse::<LockUrl>().unwrap().to_string(), text);
+        }
+    }
+
+    #[test]
+    fn etcd_url_names_endpoints_and_an_election() {
+        assert_eq!(
+            "etcd://127.0.0.1:2379,127.0.0.2:2379/my-app".parse(),
+            Ok(LockUrl::Etcd {
+                endpoints: vec!["127.0.0.1:2379".into(), "127.0.0.2:2379".into()],
+                election: "my-app".into()
+            })
+        );
+        assert_eq!(
+            "etcd://127.0.0.1:2379/my-app".parse::<LockUrl>().unwrap().to_string(),
+            "etcd://127.0.0.1:2379/my-app"
+        );
+        for bad in ["etcd://h:1", "etcd://h/x", "etcd:x", "etcd://:1/x"] {
+            assert!(matches!(bad.parse::<LockUrl>(), Err(LockUrlError::BadClusterUrl { .. })), "{bad}");
         }
     }
 }

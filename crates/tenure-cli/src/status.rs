@@ -84,6 +84,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
     let url = LockUrl::given_or_default(args.election.lock.as_ref(), &election)?;
     let report = match &url {
         LockUrl::Zk { servers, path } => zk_status(election, &url, servers, path).await?,
+        LockUrl::Etcd { endpoints, election: name } => etcd_status(election, &url, endpoints, name).await?,
         _ => record_status(election, &url).await?,
     };
     let text = match args.output {
@@ -99,10 +100,9 @@ pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
 async fn zk_status(election: String, url: &LockUrl, servers: &str, path: &str) -> Result<StatusReport, CliError> {
     let timing = tenure_zk::timing_of(READ_TIMEOUT);
     let zk = url.zk_election(servers, path, timing).await?;
-    let no_answer = || format!("cannot read {url}: no answer within {}", humantime::format_duration(READ_TIMEOUT));
     let leader = tokio::time::timeout(READ_TIMEOUT, zk.leader())
         .await
-        .map_err(|_| CliError::Failed(no_answer()))?
+        .map_err(|_| CliError::Failed(no_answer(url)))?
         .map_err(|e| CliError::Failed(format!("cannot read {url}: {e}")))?;
     let mut report = StatusReport::new(election, url.to_string(), None);
     if let Some(leader) = leader {
@@ -112,6 +112,32 @@ async fn zk_status(election: String, url: &LockUrl, servers: &str, path: &str) -
         report.version = Some(leader.node);
     }
     Ok(report)
+}
+
+/// The status of an etcd election: the oldest candidate key's holder and term.
+async fn etcd_status(
+    election: String,
+    url: &LockUrl,
+    endpoints: &[String],
+    name: &str,
+) -> Result<StatusReport, CliError> {
+    let etcd = url.etcd_election(endpoints, name).await?;
+    let leader = tokio::time::timeout(READ_TIMEOUT, etcd.leader())
+        .await
+        .map_err(|_| CliError::Failed(no_answer(url)))?
+        .map_err(|e| CliError::Failed(format!("cannot read {url}: {e}")))?;
+    let mut report = StatusReport::new(election, url.to_string(), None);
+    if let Some(leader) = leader {
+        report.state = LockState::Held;
+        report.leader = Some(leader.identity);
+        report.term = i64::try_from(leader.term.0).ok();
+        report.version = Some(leader.key);
+    }
+    Ok(report)
+}
+
+fn no_answer(url: &LockUrl) -> String {
+    format!("cannot read {url}: no answer within {}", humantime::format_duration(READ_TIMEOUT))
 }
 
 /// The status of a record lock: the record as stored.
@@ -201,7 +227,11 @@ impl StatusReport {
             }
         }
         if let Some(term) = self.term {
-            let source = if record.is_some() { "leaderTransitions" } else { "creation zxid of the leader's node" };
+            let source = match (record.is_some(), self.lock.starts_with("etcd:")) {
+                (true, _) => "leaderTransitions",
+                (false, true) => "create revision of the leader's key",
+                (false, false) => "creation zxid of the leader's node",
+            };
             lines.push(format!("term:      {term} ({source}; the fencing token)"));
         }
         if let Some(record) = record {

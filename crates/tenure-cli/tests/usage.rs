@@ -26,8 +26,8 @@ fn bad_lock_urls_are_usage_errors() {
     assert_usage_error(&["elect", "--election", "e", "--lock", "/tmp/x"], "not a lock URL");
     assert_usage_error(&["elect", "--election", "e", "--lock", "file:relative"], "three slashes");
     assert_usage_error(
-        &["status", "--election", "e", "--lock", "etcd://127.0.0.1:2379/e"],
-        "scheme 'etcd' is not supported by this build",
+        &["status", "--election", "e", "--lock", "kube://default/leases/e"],
+        "scheme 'kube' is not supported by this build",
     );
     assert_usage_error(
         &["run", "--election", "e", "--lock", "gopher://x", "--", "true"],
