@@ -46,8 +46,8 @@ pub struct ElectArgs {
     #[command(flatten)]
     candidate: CandidateOptions,
 
-    /// Serve the leader's name over HTTP on this address (host:port, or :port for all
-    /// interfaces).
+    /// Serve the HTTP API (the leader's name, /isLeader, /status, probes, /events, /metrics) on
+    /// this address (host:port, or :port for all interfaces).
     #[arg(long, value_name = "ADDR", value_parser = parse_http_address)]
     http: Option<HttpAddress>,
 

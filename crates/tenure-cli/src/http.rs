@@ -181,11 +181,11 @@ struct IsLeader {
 
 /// `GET /isLeader`: 200 `{"isLeader":true}` while this instance leads on its own clock, 200
 /// `{"isLeader":false}` otherwise: "not the leader" is an answer, not an error, for clients that
-/// read the body (what the forks of leader-elector did). `?strict` turns `false` into 503, for
-/// `curl -f` and exec probes that only look at the status.
+/// read the body (what the forks of leader-elector did). `?strict` (any value but `false` or
+/// `0`) turns `false` into 503, for `curl -f` and probes that only look at the status.
 async fn is_leader(State(api): State<Api>, RawQuery(query): RawQuery) -> (StatusCode, Json<IsLeader>) {
     let is_leader = api.read(|view| view.leads_now()).unwrap_or(false);
-    let strict = query_value(query.as_deref(), "strict").is_some();
+    let strict = query_value(query.as_deref(), "strict").is_some_and(|value| value != "false" && value != "0");
     let status = if is_leader || !strict { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(IsLeader { is_leader }))
 }
@@ -316,6 +316,7 @@ pub(crate) mod tests {
         assert_eq!(get(address, "/isLeader").await.0, 200);
         assert_eq!(get(address, "/isLeader").await.2, r#"{"isLeader":false}"#);
         assert_eq!(get(address, "/isLeader?strict").await.0, 503);
+        assert_eq!(get(address, "/isLeader?strict=false").await.0, 200);
         *view.leads.lock().unwrap() = true;
         assert_eq!(get(address, "/isLeader?strict").await.0, 200);
         assert_eq!(get(address, "/isLeader").await.2, r#"{"isLeader":true}"#);
