@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::lock_url::LockUrl;
-use crate::options::{parse_http_address, CandidateOptions, ElectionOptions, HttpAddress};
+use crate::options::{parse_duration, parse_http_address, CandidateOptions, ElectionOptions, HttpAddress};
 use crate::signals::TerminationSignals;
 use crate::{exit, http, logging, CliError};
 
@@ -26,7 +26,14 @@ use crate::{exit, http, logging, CliError};
         Stays a candidate until stopped: leads when it can, follows otherwise, and takes over when \
         the leader's lease runs out or the leader lets go. Every change of leader is logged on \
         standard error. With --http, GET on any path answers {\"name\":\"<leader>\"} (\"\" while \
-        nobody is known to lead), on followers too.\n\n\
+        nobody is known to lead), on followers too, except for these paths:\n  \
+        /isLeader  {\"isLeader\":true|false}, 200 (with ?strict: 503 when false)\n  \
+        /status    leader, isLeader, term, role, timing and counters as JSON; \
+        ?since=<version>&wait=<duration> waits (up to 60s) for a change\n  \
+        /healthz   500 when leading without a renew for lease + --healthz-timeout, else 200\n  \
+        /readyz    200; with --ready-only-when-leader 503 unless leading\n  \
+        /events    Server-Sent Events, one per leadership change, the current state first\n  \
+        /metrics   Prometheus metrics (leader_election_master_status{name} and tenure_*)\n\n\
         Signals: SIGTERM, SIGINT and SIGHUP release the lock (another candidate takes over at \
         once) and exit with status 0, or 1 if the release could not be written in time (the lease \
         then runs out by itself). SIGKILL leaves the lock held until the lease runs out.",
@@ -39,10 +46,20 @@ pub struct ElectArgs {
     #[command(flatten)]
     candidate: CandidateOptions,
 
-    /// Serve the leader's name over HTTP on this address (host:port, or :port for all
-    /// interfaces).
+    /// Serve the HTTP API (the leader's name, /isLeader, /status, probes, /events, /metrics) on
+    /// this address (host:port, or :port for all interfaces).
     #[arg(long, value_name = "ADDR", value_parser = parse_http_address)]
     http: Option<HttpAddress>,
+
+    /// How long past the lease a leader that has not renewed still passes /healthz (client-go's
+    /// healthz adaptor timeout).
+    #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = parse_duration)]
+    healthz_timeout: Duration,
+
+    /// Answer /readyz with 503 unless this instance leads, so that a Service routes only to the
+    /// leader.
+    #[arg(long)]
+    ready_only_when_leader: bool,
 
     /// Accepted for compatibility with leader-elector; only Kubernetes locks will use it, so it
     /// is ignored with a note for now. [default: default]
@@ -77,7 +94,12 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
     let stop_serving = CancellationToken::new();
     let mut server = listener.map(|listener| {
         let view: Weak<Elector> = Arc::downgrade(&elector);
-        let router = http::router(view);
+        let settings = http::ApiSettings {
+            election: election.clone(),
+            healthz_timeout: args.healthz_timeout,
+            ready_only_when_leader: args.ready_only_when_leader,
+        };
+        let router = http::router(view, settings);
         tokio::spawn(http::serve(listener, router, stop_serving.clone().cancelled_owned()))
     });
 
