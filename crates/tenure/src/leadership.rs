@@ -250,7 +250,12 @@ impl Publisher {
     /// Starts a tenure: guards handed out from now on carry `term`.
     pub fn start_tenure(&mut self, term: Term, valid_until: Instant) {
         self.end_tenure();
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).tenures_started += 1;
+        {
+            // The acquisition counts as the tenure's first renew (liveness probes judge from it).
+            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            stats.tenures_started += 1;
+            stats.last_renew_started = Some(Instant::now());
+        }
         let shared = Arc::new(TenureShared {
             term,
             valid_until: Mutex::new(valid_until),
