@@ -98,20 +98,9 @@ pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
 
 /// The status of a ZooKeeper election: the lowest latch node's holder and term.
 async fn zk_status(election: String, url: &LockUrl, servers: &str, path: &str) -> Result<StatusReport, CliError> {
-    let timing = tenure_zk::timing_of(READ_TIMEOUT);
-    let zk = url.zk_election(servers, path, timing).await?;
-    let leader = tokio::time::timeout(READ_TIMEOUT, zk.leader())
-        .await
-        .map_err(|_| CliError::Failed(no_answer(url)))?
-        .map_err(|e| CliError::Failed(format!("cannot read {url}: {e}")))?;
-    let mut report = StatusReport::new(election, url.to_string(), None);
-    if let Some(leader) = leader {
-        report.state = LockState::Held;
-        report.leader = Some(leader.identity);
-        report.term = i64::try_from(leader.term.0).ok();
-        report.version = Some(leader.node);
-    }
-    Ok(report)
+    let zk = url.zk_election(servers, path, tenure_zk::timing_of(READ_TIMEOUT)).await?;
+    let leader = ask_leader(url, zk.leader()).await?.map(|l| (l.identity, l.term, l.node));
+    Ok(StatusReport::native(election, url, leader))
 }
 
 /// The status of an etcd election: the oldest candidate key's holder and term.
@@ -122,18 +111,19 @@ async fn etcd_status(
     name: &str,
 ) -> Result<StatusReport, CliError> {
     let etcd = url.etcd_election(endpoints, name).await?;
-    let leader = tokio::time::timeout(READ_TIMEOUT, etcd.leader())
+    let leader = ask_leader(url, etcd.leader()).await?.map(|l| (l.identity, l.term, l.key));
+    Ok(StatusReport::native(election, url, leader))
+}
+
+/// Asks a native backend who leads, within the read timeout.
+async fn ask_leader<T, E: std::fmt::Display>(
+    url: &LockUrl,
+    query: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, CliError> {
+    tokio::time::timeout(READ_TIMEOUT, query)
         .await
         .map_err(|_| CliError::Failed(no_answer(url)))?
-        .map_err(|e| CliError::Failed(format!("cannot read {url}: {e}")))?;
-    let mut report = StatusReport::new(election, url.to_string(), None);
-    if let Some(leader) = leader {
-        report.state = LockState::Held;
-        report.leader = Some(leader.identity);
-        report.term = i64::try_from(leader.term.0).ok();
-        report.version = Some(leader.key);
-    }
-    Ok(report)
+        .map_err(|e| CliError::Failed(format!("cannot read {url}: {e}")))
 }
 
 fn no_answer(url: &LockUrl) -> String {
@@ -157,6 +147,19 @@ async fn record_status(election: String, url: &LockUrl) -> Result<StatusReport, 
 }
 
 impl StatusReport {
+    /// A report on a backend with its own elector: who leads, with which term, under which
+    /// node or key.
+    fn native(election: String, url: &LockUrl, leader: Option<(String, tenure::Term, String)>) -> Self {
+        let mut report = StatusReport::new(election, url.to_string(), None);
+        if let Some((identity, term, node)) = leader {
+            report.state = LockState::Held;
+            report.leader = Some(identity);
+            report.term = i64::try_from(term.0).ok();
+            report.version = Some(node);
+        }
+        report
+    }
+
     fn new(election: String, lock: String, stored: Option<StoredRecord>) -> Self {
         let mut report = StatusReport {
             election,

@@ -12,12 +12,7 @@ const LEASE: Duration = Duration::from_secs(2);
 const RETRY: Duration = Duration::from_millis(500);
 
 fn start_candidate(id: &str, lock_url: &str) -> (Tenure, String) {
-    let tenure = Tenure::start(
-        id,
-        &["elect", "--election", "test", "--id", id, "--lock", lock_url, "--ttl", "2s", "--http", "127.0.0.1:0"],
-    );
-    let address = tenure.http_address();
-    (tenure, address)
+    common::start_elect(id, "test", lock_url, "2s")
 }
 
 /// Waits until every address answers the same non-empty leader; returns it.

@@ -16,12 +16,7 @@ use common::{http_leader, run_to_end, wait_until, Tenure};
 use etcd_server::EtcdCluster;
 
 fn start_candidate(id: &str, url: &str) -> (Tenure, String) {
-    let tenure = Tenure::start(
-        id,
-        &["elect", "--election", "e", "--id", id, "--lock", url, "--ttl", "3s", "--http", "127.0.0.1:0"],
-    );
-    let address = tenure.http_address();
-    (tenure, address)
+    common::start_elect(id, "e", url, "3s")
 }
 
 fn status_json(url: &str) -> serde_json::Value {

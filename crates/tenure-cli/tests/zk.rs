@@ -12,12 +12,7 @@ use std::time::{Duration, Instant};
 use common::{http_leader, run_to_end, wait_until, Tenure};
 
 fn start_candidate(id: &str, url: &str) -> (Tenure, String) {
-    let tenure = Tenure::start(
-        id,
-        &["elect", "--election", "z", "--id", id, "--lock", url, "--ttl", "3s", "--http", "127.0.0.1:0"],
-    );
-    let address = tenure.http_address();
-    (tenure, address)
+    common::start_elect(id, "z", url, "3s")
 }
 
 #[test]

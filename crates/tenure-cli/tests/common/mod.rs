@@ -196,3 +196,14 @@ pub fn run_to_end(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
 }
+
+/// Starts `tenure elect` as `id` in `election` on `lock_url` with `--ttl`, serving HTTP on a free
+/// loopback port; returns the process and its HTTP address.
+pub fn start_elect(id: &str, election: &str, lock_url: &str, ttl: &str) -> (Tenure, String) {
+    let tenure = Tenure::start(
+        id,
+        &["elect", "--election", election, "--id", id, "--lock", lock_url, "--ttl", ttl, "--http", "127.0.0.1:0"],
+    );
+    let address = tenure.http_address();
+    (tenure, address)
+}
