@@ -79,27 +79,6 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
     Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": entries}))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_served_type_is_discoverable_where_kubectl_looks() {
-        for resource in resources::RESOURCE_TYPES {
-            let list = resource_list(resource.group, resource.version).expect("served group version");
-            let names: Vec<&str> =
-                list["resources"].as_array().unwrap().iter().filter_map(|r| r["name"].as_str()).collect();
-            assert!(names.contains(&resource.plural), "{} missing from {names:?}", resource.plural);
-            if !resource.group.is_empty() {
-                assert!(group(resource.group).is_some());
-                assert!(group_list()["groups"].as_array().unwrap().iter().any(|g| g["name"] == resource.group));
-            }
-        }
-        assert!(resource_list("nope", "v1").is_none());
-        assert!(group("nope").is_none());
-    }
-}
-
 fn group_version_path(group: &str, version: &str) -> String {
     if group.is_empty() {
         format!("api/{version}")
@@ -157,4 +136,25 @@ pub fn openapi_v3_group_version(path: &str) -> Option<Value> {
         "paths": paths,
         "components": {"schemas": {}},
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_served_type_is_discoverable_where_kubectl_looks() {
+        for resource in resources::RESOURCE_TYPES {
+            let list = resource_list(resource.group, resource.version).expect("served group version");
+            let names: Vec<&str> =
+                list["resources"].as_array().unwrap().iter().filter_map(|r| r["name"].as_str()).collect();
+            assert!(names.contains(&resource.plural), "{} missing from {names:?}", resource.plural);
+            if !resource.group.is_empty() {
+                assert!(group(resource.group).is_some());
+                assert!(group_list()["groups"].as_array().unwrap().iter().any(|g| g["name"] == resource.group));
+            }
+        }
+        assert!(resource_list("nope", "v1").is_none());
+        assert!(group("nope").is_none());
+    }
 }

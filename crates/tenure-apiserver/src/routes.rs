@@ -82,7 +82,7 @@ fn resource_route(group: &str, version: &str, rest: &[&str]) -> Route {
             match tail {
                 [] => path(resource, Some(namespace), None, None),
                 [name] => path(resource, Some(namespace), Some(name), None),
-                [name, sub] => path(resource, Some(namespace), Some(name), Some(sub)),
+                [name, sub @ "status"] => path(resource, Some(namespace), Some(name), Some(sub)),
                 _ => Route::Unknown,
             }
         }
@@ -90,7 +90,9 @@ fn resource_route(group: &str, version: &str, rest: &[&str]) -> Route {
         [plural, tail @ ..] => match (found(plural), tail) {
             (Some(resource), []) => path(resource, None, None, None),
             (Some(resource), [name]) if !resource.namespaced => path(resource, None, Some(name), None),
-            (Some(resource), [name, sub]) if !resource.namespaced => path(resource, None, Some(name), Some(sub)),
+            (Some(resource), [name, sub @ ("status" | "finalize")]) if !resource.namespaced => {
+                path(resource, None, Some(name), Some(sub))
+            }
             _ => Route::Unknown,
         },
     }

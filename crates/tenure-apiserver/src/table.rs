@@ -28,8 +28,11 @@ fn age(object: &Value, now: chrono::DateTime<chrono::Utc>) -> String {
     }
 }
 
-/// The columns of one type between Name and Age, and how to fill them.
-fn extra_columns(resource: &ResourceType) -> Vec<(&'static str, fn(&Value) -> Value)> {
+/// A column between Name and Age: its title and how to fill it from an object.
+type Column = (&'static str, fn(&Value) -> Value);
+
+/// The columns of one type between Name and Age.
+fn extra_columns(resource: &ResourceType) -> Vec<Column> {
     match resource.kind {
         "Lease" => vec![("Holder", |o| json!(o["spec"]["holderIdentity"].as_str().unwrap_or("")))],
         "ConfigMap" => vec![("Data", |o| json!(o["data"].as_object().map_or(0, |d| d.len())))],
