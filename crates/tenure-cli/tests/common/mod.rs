@@ -38,7 +38,7 @@ pub struct Tenure {
 impl Tenure {
     /// Starts `tenure ARGS...` with standard output discarded and standard error collected.
     pub fn start(name: &str, args: &[&str]) -> Tenure {
-        Self::start_with(name, Command::new(TENURE).args(args))
+        Self::start_with(name, without_cluster(Command::new(TENURE).args(args)))
     }
 
     /// Starts a prepared command (with its arguments and environment set).
@@ -182,6 +182,12 @@ impl Drop for TempDir {
     }
 }
 
+/// Hides the environment that makes `tenure` choose a Kubernetes lock (a developer's KUBECONFIG,
+/// a CI job running in a pod), so that tests of the default lock test the default lock.
+pub fn without_cluster(command: &mut Command) -> &mut Command {
+    command.env_remove("KUBECONFIG").env_remove("KUBERNETES_SERVICE_HOST").env_remove("KUBERNETES_SERVICE_PORT")
+}
+
 /// `file://` URL of a path.
 pub fn file_url(path: &Path) -> String {
     format!("file://{}", path.display())
@@ -189,7 +195,7 @@ pub fn file_url(path: &Path) -> String {
 
 /// Runs `tenure ARGS...` to completion; returns (exit code, stdout, stderr).
 pub fn run_to_end(args: &[&str]) -> (i32, String, String) {
-    let output = Command::new(TENURE).args(args).stdin(Stdio::null()).output().expect("run tenure");
+    let output = without_cluster(Command::new(TENURE).args(args)).stdin(Stdio::null()).output().expect("run tenure");
     (
         output.status.code().expect("exited normally"),
         String::from_utf8_lossy(&output.stdout).into_owned(),

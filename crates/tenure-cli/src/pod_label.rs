@@ -1,0 +1,162 @@
+//! `--leader-label`: a label on this candidate's own Pod while it leads, so that a Service selector or
+//! `kubectl get pods -l KEY=VALUE` finds the leader.
+//!
+//! Why advisory only: the label is written after leadership is gained and removed after it is lost,
+//! through API calls that can fail or be late, so for a moment two pods (or none) may carry it. It is
+//! for routing and for people; fencing is the term, not the label.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams};
+use kube::Api;
+use serde_json::json;
+use tenure::Leadership;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// How long to wait before retrying a failed label write, doubling up to [`MAX_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_millis(200);
+const MAX_RETRY: Duration = Duration::from_secs(5);
+/// How long the final removal may take at exit.
+const REMOVAL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A parsed `--leader-label KEY[=VALUE]` (the value defaults to `true`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderLabel {
+    /// The label key, with an optional DNS-subdomain prefix (`example.com/leader`).
+    pub key: String,
+    /// The label value.
+    pub value: String,
+}
+
+fn is_label_name(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+}
+
+fn is_dns_subdomain(text: &str) -> bool {
+    text.len() <= 253
+        && text.split('.').all(|part| {
+            !part.is_empty()
+                && part.len() <= 63
+                && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        })
+}
+
+/// Parses `KEY[=VALUE]` with Kubernetes' label syntax, for clap.
+pub fn parse_leader_label(text: &str) -> Result<LeaderLabel, String> {
+    let (key, value) = text.split_once('=').unwrap_or((text, "true"));
+    let name = match key.split_once('/') {
+        Some((prefix, name)) if is_dns_subdomain(prefix) => name,
+        Some(_) => return Err(format!("label key {key:?}: the prefix before '/' must be a DNS subdomain")),
+        None => key,
+    };
+    if !is_label_name(name) {
+        return Err(format!(
+            "label key {key:?}: the name must be 1-63 characters of [A-Za-z0-9-_.], starting and ending alphanumeric"
+        ));
+    }
+    if !value.is_empty() && !is_label_name(value) {
+        return Err(format!(
+            "label value {value:?}: must be empty or 1-63 characters of [A-Za-z0-9-_.], starting and ending alphanumeric"
+        ));
+    }
+    Ok(LeaderLabel { key: key.to_owned(), value: value.to_owned() })
+}
+
+/// The Pod this process runs in: `POD_NAMESPACE`/`POD_NAME` (downward API), else the service
+/// account's namespace file and the identity (which defaults to the host name, i.e. the pod name).
+pub fn own_pod(identity: &str, fallback_namespace: &str) -> (String, String) {
+    let namespace = std::env::var("POD_NAMESPACE")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+                .ok()
+                .map(|n| n.trim().to_owned())
+                .filter(|n| !n.is_empty())
+        })
+        .unwrap_or_else(|| fallback_namespace.to_owned());
+    let name = std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(|| identity.to_owned());
+    (namespace, name)
+}
+
+/// Keeps the label on the Pod exactly while `leadership` says this instance leads, until `stop`;
+/// then removes it if it was set. Failures are logged and retried with back-off; they never touch
+/// the election.
+pub async fn maintain(
+    pods: Api<Pod>,
+    pod: String,
+    label: LeaderLabel,
+    mut leadership: watch::Receiver<Leadership>,
+    stop: CancellationToken,
+) {
+    let mut labelled = false;
+    let mut retry = FIRST_RETRY;
+    loop {
+        let wanted = leadership.borrow_and_update().is_leader();
+        if wanted != labelled {
+            match write(&pods, &pod, &label, wanted).await {
+                Ok(()) => {
+                    labelled = wanted;
+                    retry = FIRST_RETRY;
+                    tracing::info!(pod, label = %label.key, set = wanted, "leader label updated");
+                }
+                Err(error) => {
+                    tracing::warn!(pod, label = %label.key, %error, retry_in = ?retry, "cannot update the leader label");
+                    tokio::select! {
+                        _ = tokio::time::sleep(retry) => {}
+                        _ = stop.cancelled() => break,
+                    }
+                    retry = (retry * 2).min(MAX_RETRY);
+                    continue;
+                }
+            }
+        }
+        tokio::select! {
+            changed = leadership.changed() => if changed.is_err() { break },
+            _ = stop.cancelled() => break,
+        }
+    }
+    if labelled {
+        match tokio::time::timeout(REMOVAL_TIMEOUT, write(&pods, &pod, &label, false)).await {
+            Ok(Ok(())) => tracing::info!(pod, label = %label.key, "leader label removed"),
+            Ok(Err(error)) => tracing::warn!(pod, %error, "cannot remove the leader label"),
+            Err(_) => tracing::warn!(pod, "timed out removing the leader label"),
+        }
+    }
+}
+
+async fn write(pods: &Api<Pod>, pod: &str, label: &LeaderLabel, set: bool) -> Result<(), kube::Error> {
+    let value = if set { json!(label.value) } else { json!(null) };
+    let patch = json!({"metadata": {"labels": {label.key.clone(): value}}});
+    pods.patch(pod, &PatchParams::default(), &Patch::Merge(patch)).await.map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_syntax_is_kubernetes_syntax() {
+        assert_eq!(
+            parse_leader_label("leader"),
+            Ok(LeaderLabel { key: "leader".into(), value: "true".into() })
+        );
+        assert_eq!(
+            parse_leader_label("example.com/role=leader"),
+            Ok(LeaderLabel { key: "example.com/role".into(), value: "leader".into() })
+        );
+        assert!(parse_leader_label("leader=").is_ok());
+        for bad in ["", "-x", "x-", "Bad_Prefix/x", "a/b/c", "x=has space", "x=-v"] {
+            assert!(parse_leader_label(bad).is_err(), "{bad}");
+        }
+    }
+}

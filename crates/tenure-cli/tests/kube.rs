@@ -1,0 +1,208 @@
+//! `tenure elect` as the leader-elector:0.5 sidecar on Kubernetes, end to end: a `tenure apiserver`
+//! process, three `tenure elect` processes started with the seed's container args, and checks made
+//! only through their HTTP APIs and kubectl, as an application and an operator would.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{http_get, http_leader, run_to_end, wait_until, TempDir, Tenure, TENURE};
+
+/// The seed's args (`--election=kuryr-controller --http=0.0.0.0:16401 --election-namespace=kube-system
+/// --ttl=5s`), with a loopback port of the test's choosing (three replicas share one host here).
+const SEED_ARGS: [&str; 4] =
+    ["elect", "--election=kuryr-controller", "--election-namespace=kube-system", "--ttl=5s"];
+
+/// A `tenure apiserver` process and the kubeconfig it wrote.
+struct Cluster {
+    _server: Tenure,
+    dir: TempDir,
+}
+
+impl Cluster {
+    fn start(label: &str) -> Cluster {
+        let dir = TempDir::new(label);
+        let kubeconfig = dir.join("kubeconfig");
+        let server = Tenure::start(
+            "apiserver",
+            &["apiserver", "--listen", "127.0.0.1:0", "--kubeconfig", kubeconfig.to_str().unwrap()],
+        );
+        wait_until(Duration::from_secs(10), || server.output().lines().next().map(str::to_owned))
+            .unwrap_or_else(|| panic!("the API server printed no URL; log:\n{}", server.log()));
+        Cluster { _server: server, dir }
+    }
+
+    fn kubeconfig(&self) -> String {
+        self.dir.join("kubeconfig").display().to_string()
+    }
+
+    /// Starts `tenure elect` with the seed's args plus `extra`, as pod `id`, on a free loopback port.
+    fn elect(&self, id: &str, extra: &[&str]) -> (Tenure, String) {
+        let mut command = Command::new(TENURE);
+        command.args(SEED_ARGS).args(["--http=127.0.0.1:0", &format!("--id={id}")]).args(extra);
+        command.env("KUBECONFIG", self.kubeconfig()).env_remove("KUBERNETES_SERVICE_HOST");
+        let tenure = Tenure::start_with(id, &mut command);
+        let address = tenure.http_address();
+        (tenure, address)
+    }
+
+    fn kubectl(&self, args: &[&str]) -> (bool, String) {
+        let output = Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", self.kubeconfig())
+            .stdin(Stdio::null())
+            .output()
+            .expect("kubectl is installed (scripts/test makes sure)");
+        let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+        (output.status.success(), text)
+    }
+}
+
+/// Waits until every address answers `leader`; returns how long it took.
+fn all_report(addresses: &[&str], leader: &str, limit: Duration) -> Duration {
+    let started = Instant::now();
+    wait_until(limit, || addresses.iter().all(|a| http_leader(a).as_deref() == Some(leader)).then_some(()))
+        .unwrap_or_else(|| {
+            let answers: Vec<_> = addresses.iter().map(|a| http_leader(a)).collect();
+            panic!("not all report {leader:?} within {limit:?}: {answers:?}")
+        });
+    started.elapsed()
+}
+
+fn is_leader(address: &str) -> bool {
+    http_get(address, "/isLeader").is_some_and(|body| body.contains("true"))
+}
+
+fn the_leader(addresses: &[&str]) -> String {
+    wait_until(Duration::from_secs(15), || {
+        let first = http_leader(addresses[0]).filter(|l| !l.is_empty())?;
+        addresses.iter().all(|a| http_leader(a).as_deref() == Some(first.as_str())).then_some(first)
+    })
+    .expect("all candidates agree on one leader")
+}
+
+#[test]
+fn the_seed_sidecar_args_elect_one_leader_fail_over_and_hand_over() {
+    let cluster = Cluster::start("kube-seed");
+    let mut replicas: Vec<(Tenure, String)> = ["pod-a", "pod-b", "pod-c"].iter().map(|id| cluster.elect(id, &[])).collect();
+    let addresses: Vec<String> = replicas.iter().map(|(_, a)| a.clone()).collect();
+    let all: Vec<&str> = addresses.iter().map(String::as_str).collect();
+    let leader = the_leader(&all);
+    assert_eq!(all.iter().filter(|a| is_leader(a)).count(), 1, "exactly one says it leads");
+
+    // The lock is the one leader-elector:0.5 used (Endpoints annotation) and a Lease beside it.
+    let (ok, described) = cluster.kubectl(&["describe", "ep", "kuryr-controller", "-n", "kube-system"]);
+    assert!(ok && described.contains("control-plane.alpha.kubernetes.io/leader"), "{described}");
+    assert!(described.contains(&format!("\"holderIdentity\":\"{leader}\"")), "{described}");
+    let (ok, leases) = cluster.kubectl(&["get", "lease", "kuryr-controller", "-n", "kube-system"]);
+    assert!(ok && leases.contains(&leader), "{leases}");
+    let (ok, events) = cluster.kubectl(&["get", "events", "-n", "kube-system"]);
+    assert!(ok && events.contains(&format!("{leader} became leader")), "{events}");
+
+    // kill -9 of the leader: the others report the new one within lease + 1 s.
+    let index = replicas.iter().position(|(t, _)| t.name == leader).unwrap();
+    let (mut killed, _) = replicas.remove(index);
+    killed.signal(libc::SIGKILL);
+    killed.wait_exit(Duration::from_secs(5)).expect("killed");
+    let rest: Vec<&str> = replicas.iter().map(|(_, a)| a.as_str()).collect();
+    let started = Instant::now();
+    let second = wait_until(Duration::from_secs(6), || {
+        let leader = http_leader(rest[0]).filter(|l| !l.is_empty() && *l != killed.name)?;
+        rest.iter().all(|a| http_leader(a).as_deref() == Some(leader.as_str())).then_some(leader)
+    })
+    .unwrap_or_else(|| panic!("no new leader reported by all within lease + 1 s ({:?})", started.elapsed()));
+
+    // SIGTERM of the new leader: it releases, the last one reports itself within 1 s.
+    let index = replicas.iter().position(|(t, _)| t.name == second).unwrap();
+    let (mut stopped, _) = replicas.remove(index);
+    stopped.signal(libc::SIGTERM);
+    let last = replicas[0].1.clone();
+    let took = all_report(&[&last], &replicas[0].0.name, Duration::from_secs(5));
+    assert!(took < Duration::from_secs(1), "handover after SIGTERM took {took:?}");
+    assert_eq!(stopped.exit_code(Duration::from_secs(5)), 0, "{}", stopped.log());
+    let (ok, events) = cluster.kubectl(&["get", "events", "-n", "kube-system"]);
+    assert!(ok && events.contains(&format!("{second} stopped leading")), "{events}");
+}
+
+#[test]
+fn a_leader_label_follows_the_leader_and_kubectl_finds_it() {
+    let cluster = Cluster::start("kube-label");
+    for pod in ["pod-a", "pod-b"] {
+        let manifest = format!(
+            "{{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{{\"name\":\"{pod}\",\"namespace\":\"kube-system\"}},\"spec\":{{\"containers\":[{{\"name\":\"c\",\"image\":\"x\"}}]}}}}"
+        );
+        let path = cluster.dir.join(&format!("{pod}.json"));
+        std::fs::write(&path, manifest).unwrap();
+        let (ok, out) = cluster.kubectl(&["create", "-f", path.to_str().unwrap()]);
+        assert!(ok, "{out}");
+    }
+    let extra = ["--lock-type=leases", "--leader-label=example.com/leader=yes"];
+    let pods = |selector: &str| cluster.kubectl(&["get", "pods", "-n", "kube-system", "-l", selector, "-o", "name"]).1;
+    let (mut a, a_http) = cluster.elect("pod-a", &extra);
+    all_report(&[&a_http], "pod-a", Duration::from_secs(10));
+    let (_b, b_http) = cluster.elect("pod-b", &extra);
+    all_report(&[&b_http], "pod-a", Duration::from_secs(10));
+    wait_until(Duration::from_secs(10), || (pods("example.com/leader=yes").trim() == "pod/pod-a").then_some(()))
+        .unwrap_or_else(|| panic!("pod-a is not labelled: {}", pods("example.com/leader")));
+
+    a.signal(libc::SIGTERM);
+    assert_eq!(a.exit_code(Duration::from_secs(5)), 0, "{}", a.log());
+    all_report(&[&b_http], "pod-b", Duration::from_secs(5));
+    wait_until(Duration::from_secs(10), || (pods("example.com/leader=yes").trim() == "pod/pod-b").then_some(()))
+        .unwrap_or_else(|| panic!("the label did not move to pod-b: {}", pods("example.com/leader")));
+}
+
+#[test]
+fn a_rolling_migration_from_endpoints_to_leases_never_has_two_leaders() {
+    let cluster = Cluster::start("kube-migrate");
+    // Phase by phase, one replica at a time is replaced, as a Deployment's rolling update does:
+    // endpoints (leader-elector:0.5's lock) -> endpointsleases -> leases.
+    let mut replicas: Vec<(Tenure, String)> = ["a0", "b0", "c0"]
+        .iter()
+        .map(|id| cluster.elect(id, &["--lock-type=endpoints", "--ttl=2s"]))
+        .collect();
+    the_leader(&replicas.iter().map(|(_, a)| a.as_str()).collect::<Vec<_>>());
+    let mut samples = 0u64;
+    let mut check = |replicas: &[(Tenure, String)]| {
+        let leading: Vec<&str> =
+            replicas.iter().filter(|(_, a)| is_leader(a)).map(|(t, _)| t.name.as_str()).collect();
+        samples += 1;
+        assert!(leading.len() <= 1, "two leaders at once: {leading:?}");
+    };
+    for (phase, kind) in [(1, "endpointsleases"), (2, "leases")] {
+        for slot in 0..3 {
+            let id = format!("{}{phase}", ["a", "b", "c"][slot]);
+            let (new, address) = cluster.elect(&id, &[&format!("--lock-type={kind}"), "--ttl=2s"]);
+            let (mut old, _) = std::mem::replace(&mut replicas[slot], (new, address));
+            // The old replica leaves as Kubernetes stops it: SIGTERM (it releases if it leads).
+            old.signal(libc::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(1);
+            while Instant::now() < deadline {
+                check(&replicas);
+            }
+            assert_eq!(old.exit_code(Duration::from_secs(5)), 0, "{}", old.log());
+            let addresses: Vec<&str> = replicas.iter().map(|(_, a)| a.as_str()).collect();
+            let leader = the_leader(&addresses);
+            check(&replicas);
+            assert!(replicas.iter().any(|(t, _)| t.name == leader), "the leader {leader} is a running replica");
+        }
+    }
+    assert!(samples > 30, "the invariant was sampled {samples} times");
+}
+
+#[test]
+fn bad_kubernetes_flags_are_one_line_usage_errors() {
+    for (args, needle) in [
+        (vec!["elect", "--election=x", "--lock-type=pods"], "lock type"),
+        (vec!["elect", "--election=x", "--lock-type=leases", "--lock=memory:"], "--lock-type"),
+        (vec!["elect", "--election=x", "--leader-label=-bad"], "label"),
+        (vec!["elect", "--election=x", "--lock=kube://Bad/leases/x"], "namespace"),
+        (vec!["elect", "--election-namespace=kube-system"], "--election"),
+    ] {
+        let (code, _, stderr) = run_to_end(&args);
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
