@@ -3,11 +3,13 @@
 //! - `tenure elect`: a drop-in for the retired leader-elector:0.5 sidecar.
 //! - `tenure run -- CMD`: run a command on one host at a time (like `consul lock`).
 //! - `tenure status`: who holds a lock, read once.
+//! - `tenure apiserver`: an in-memory Kubernetes API server to develop and test against.
 //! - `tenure demo`: three candidates, a crash and a handover, measured, with no setup.
 //!
 //! This file parses the command line and turns every outcome into an exit status; each
 //! subcommand lives in its own module.
 
+mod apiserver;
 mod child;
 mod demo;
 mod elect;
@@ -79,6 +81,7 @@ enum Command {
     Run(run::RunArgs),
     Status(status::StatusArgs),
     Demo(demo::DemoArgs),
+    Apiserver(apiserver::ApiServerArgs),
 }
 
 fn main() -> ExitCode {
@@ -99,6 +102,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(args).await,
             Command::Status(args) => status::status(args).await,
             Command::Demo(args) => demo::demo(args).await,
+            Command::Apiserver(args) => apiserver::apiserver(args).await,
         }
     });
     match outcome {

@@ -1,0 +1,392 @@
+//! The HTTP side: binding, routing every request through accounting and fault injection to the
+//! store, and shutting down.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::discovery;
+use crate::errors::ApiError;
+use crate::faults::{Faults, InjectedFault, Verb};
+use crate::patch::{self, PatchFormat};
+use crate::routes::{self, ResourcePath, Route};
+use crate::selectors::{FieldSelector, LabelSelector, Selectors};
+use crate::store::{DeletePreconditions, Store};
+use crate::table;
+use crate::watch::{self, WatchRequest};
+
+/// How to run a server.
+#[derive(Debug, Clone)]
+pub struct ApiServerConfig {
+    /// Where to listen; port 0 picks a free one. Loopback by default: the server has no authentication.
+    pub listen: SocketAddr,
+    /// How many changes the event log keeps for watches to resume from; older starts get `410 Expired`.
+    pub event_log_capacity: usize,
+    /// How often watches that asked for bookmarks get one.
+    pub bookmark_interval: Duration,
+    /// How long a watch without `timeoutSeconds` stays open (the real server picks 30 to 60 minutes).
+    pub default_watch_timeout: Duration,
+}
+
+impl Default for ApiServerConfig {
+    fn default() -> Self {
+        ApiServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            event_log_capacity: 10_000,
+            bookmark_interval: Duration::from_secs(60),
+            default_watch_timeout: Duration::from_secs(1800),
+        }
+    }
+}
+
+struct Shared {
+    store: Arc<Store>,
+    faults: Faults,
+    shutdown: CancellationToken,
+    address: SocketAddr,
+    default_watch_timeout: Duration,
+}
+
+/// A running in-memory Kubernetes API server. Dropping it without [`ApiServer::shutdown`] stops it too.
+pub struct ApiServer {
+    shared: Arc<Shared>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl ApiServer {
+    /// Binds and starts serving in the background (on the current Tokio runtime).
+    pub async fn start(config: ApiServerConfig) -> std::io::Result<ApiServer> {
+        let listener = tokio::net::TcpListener::bind(config.listen).await?;
+        let address = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            store: Arc::new(Store::new(config.event_log_capacity)),
+            faults: Faults::default(),
+            shutdown: CancellationToken::new(),
+            address,
+            default_watch_timeout: config.default_watch_timeout,
+        });
+        let router = axum::Router::new().fallback(handle).with_state(shared.clone());
+        let stop = shared.shutdown.clone();
+        let bookmarks = shared.clone();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(listener, router).with_graceful_shutdown(stop.clone().cancelled_owned());
+            let mut ticks = tokio::time::interval(config.bookmark_interval);
+            ticks.tick().await;
+            let bookmarking = async {
+                loop {
+                    ticks.tick().await;
+                    bookmarks.store.send_bookmarks();
+                }
+            };
+            tokio::select! {
+                result = serve => {
+                    if let Err(error) = result {
+                        tracing::error!(%error, "the API server stopped serving");
+                    }
+                }
+                _ = bookmarking => {}
+            }
+        });
+        tracing::info!(url = %format!("http://{address}"), "Kubernetes API server listening");
+        Ok(ApiServer { shared, task: Some(task) })
+    }
+
+    /// The address served.
+    pub fn address(&self) -> SocketAddr {
+        self.shared.address
+    }
+
+    /// The base URL clients use (`http://127.0.0.1:PORT`).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.shared.address)
+    }
+
+    /// Request counts and fault switches.
+    pub fn faults(&self) -> &Faults {
+        &self.shared.faults
+    }
+
+    /// The objects, for tests that act as another writer (hijacks, deletions) or inspect state.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.shared.store
+    }
+
+    /// A kubeconfig that points kubectl and kube-rs at this server, in `namespace` by default.
+    pub fn kubeconfig(&self, namespace: &str) -> String {
+        crate::kubeconfig::render(&self.url(), namespace)
+    }
+
+    /// Writes [`ApiServer::kubeconfig`] for the `default` namespace to `path`.
+    pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
+        std::fs::write(path, self.kubeconfig("default"))
+    }
+
+    /// Ends every watch and hanging request, stops accepting connections, and waits (briefly) for the
+    /// open ones to finish.
+    pub async fn shutdown(mut self) {
+        self.stop();
+        if let Some(task) = self.task.take() {
+            let abort = task.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), task).await.is_err() {
+                abort.abort();
+            }
+        }
+    }
+
+    /// Resolves once the server has stopped (after [`ApiServer::stop_handle`] was cancelled, or an error).
+    pub async fn stopped(&mut self) {
+        if let Some(task) = self.task.as_mut() {
+            let _ = task.await;
+            self.task = None;
+        }
+    }
+
+    /// A token that stops the server when cancelled (for signal handling).
+    pub fn stop_handle(&self) -> CancellationToken {
+        self.shared.shutdown.clone()
+    }
+
+    fn stop(&self) {
+        self.shared.store.close();
+        self.shared.shutdown.cancel();
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    let mut response = (status, serde_json::to_vec(body).unwrap_or_default()).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn error_response(error: &ApiError) -> Response {
+    let mut response = json_response(error.http_status(), &error.to_status());
+    if let Some(seconds) = error.details.as_ref().and_then(|d| d["retryAfterSeconds"].as_u64()) {
+        if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+    }
+    response
+}
+
+fn verb_of(method: &Method, route: &Route, query: &HashMap<String, String>) -> Verb {
+    let Route::Resource(path) = route else { return Verb::Other };
+    let named = path.name.is_some();
+    match *method {
+        Method::GET if named => Verb::Get,
+        Method::GET if is_true(query.get("watch")) => Verb::Watch,
+        Method::GET => Verb::List,
+        Method::POST => Verb::Create,
+        Method::PUT => Verb::Update,
+        Method::PATCH => Verb::Patch,
+        Method::DELETE => Verb::Delete,
+        _ => Verb::Other,
+    }
+}
+
+fn is_true(value: Option<&String>) -> bool {
+    matches!(value.map(String::as_str), Some("true" | "1"))
+}
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let query: HashMap<String, String> =
+        url::form_urlencoded::parse(uri.query().unwrap_or("").as_bytes()).into_owned().collect();
+    let route = routes::parse(uri.path());
+    let client = Faults::client_of(&headers);
+    let verb = verb_of(&method, &route, &query);
+    let decision = shared.faults.admit(&client, verb);
+    if !decision.delay.is_zero() {
+        tokio::select! {
+            _ = tokio::time::sleep(decision.delay) => {}
+            _ = shared.shutdown.cancelled() => return error_response(&ApiError::internal("the server is shutting down")),
+        }
+    }
+    match decision.fault {
+        None => {}
+        Some(InjectedFault::InternalError) => return error_response(&ApiError::internal("injected internal error")),
+        Some(InjectedFault::TooManyRequests { retry_after_seconds }) => {
+            return error_response(&ApiError::too_many_requests(retry_after_seconds))
+        }
+        Some(InjectedFault::Hang) => {
+            shared.shutdown.cancelled().await;
+            return error_response(&ApiError::internal("the server is shutting down"));
+        }
+    }
+    let result = match route {
+        Route::Version => Ok(json_response(StatusCode::OK, &discovery::version())),
+        Route::Health => Ok((StatusCode::OK, "ok").into_response()),
+        Route::CoreVersions => {
+            Ok(json_response(StatusCode::OK, &discovery::core_versions(&shared.address.to_string())))
+        }
+        Route::OpenApiIndex => Ok(json_response(StatusCode::OK, &discovery::openapi_v3_index())),
+        Route::OpenApiGroupVersion(path) => discovery::openapi_v3_group_version(&path)
+            .map(|doc| json_response(StatusCode::OK, &doc))
+            .ok_or_else(ApiError::no_such_path),
+        Route::GroupList => Ok(json_response(StatusCode::OK, &discovery::group_list())),
+        Route::Group(group) => {
+            discovery::group(&group).map(|g| json_response(StatusCode::OK, &g)).ok_or_else(ApiError::no_such_path)
+        }
+        Route::ResourceList { group, version } => discovery::resource_list(&group, &version)
+            .map(|list| json_response(StatusCode::OK, &list))
+            .ok_or_else(ApiError::no_such_path),
+        Route::Resource(path) => serve_resource(&shared, &method, path, &query, &headers, &body, client),
+        Route::Unknown => Err(ApiError::no_such_path()),
+    };
+    result.unwrap_or_else(|error| error_response(&error))
+}
+
+fn wants_table(headers: &HeaderMap) -> bool {
+    headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(table::wants_table)
+}
+
+fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
+    serde_json::from_slice(body).map_err(|error| {
+        ApiError::bad_request(format!("the body of the request could not be decoded as JSON: {error}"))
+    })
+}
+
+fn selectors(query: &HashMap<String, String>) -> Result<Selectors, ApiError> {
+    Ok(Selectors {
+        labels: LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or(""))?,
+        fields: FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or(""))?,
+    })
+}
+
+fn serve_resource(
+    shared: &Arc<Shared>,
+    method: &Method,
+    path: ResourcePath,
+    query: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: &Bytes,
+    client: String,
+) -> Result<Response, ApiError> {
+    if query.get("dryRun").is_some_and(|v| !v.is_empty()) {
+        return Err(ApiError::bad_request("dryRun is not supported by this server"));
+    }
+    let store = &shared.store;
+    let resource = path.resource;
+    let namespace = path.namespace.clone().unwrap_or_default();
+    match (method.clone(), path.name.as_deref()) {
+        (Method::GET, Some(name)) => {
+            let object = store.get(resource, &namespace, name)?;
+            if wants_table(headers) {
+                let version = object["metadata"]["resourceVersion"].as_str().unwrap_or("").to_string();
+                return Ok(json_response(StatusCode::OK, &table::render(resource, &[object], &version)));
+            }
+            Ok(json_response(StatusCode::OK, &object))
+        }
+        (Method::GET, None) if is_true(query.get("watch")) => {
+            let timeout =
+                match query.get("timeoutSeconds") {
+                    Some(seconds) => Duration::from_secs(seconds.parse().map_err(|_| {
+                        ApiError::bad_request(format!("invalid timeoutSeconds {seconds:?}: not a number"))
+                    })?),
+                    None => shared.default_watch_timeout,
+                };
+            let request = WatchRequest {
+                resource,
+                namespace: path.namespace,
+                selectors: selectors(query)?,
+                start: watch::start_from(query.get("resourceVersion").map(String::as_str))?,
+                bookmarks: is_true(query.get("allowWatchBookmarks")),
+                timeout,
+                client,
+            };
+            let body: Body = watch::serve(store, &shared.faults, &shared.shutdown, request);
+            let mut response = (StatusCode::OK, body).into_response();
+            response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            Ok(response)
+        }
+        (Method::GET, None) => {
+            let (items, version) = store.list(resource, path.namespace.as_deref(), &selectors(query)?);
+            if wants_table(headers) {
+                return Ok(json_response(StatusCode::OK, &table::render(resource, &items, &version.to_string())));
+            }
+            let list = json!({
+                "kind": format!("{}List", resource.kind),
+                "apiVersion": resource.api_version(),
+                "metadata": {"resourceVersion": version.to_string()},
+                "items": items.iter().map(|item| (**item).clone()).collect::<Vec<_>>(),
+            });
+            Ok(json_response(StatusCode::OK, &list))
+        }
+        (Method::POST, None) => {
+            let created = store.create(resource, &namespace, parse_body(body)?)?;
+            Ok(json_response(StatusCode::CREATED, &created))
+        }
+        (Method::PUT, Some(name)) => {
+            let (stored, created) = store.update(resource, &namespace, name, parse_body(body)?)?;
+            let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+            Ok(json_response(status, &stored))
+        }
+        (Method::PATCH, Some(name)) => {
+            let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+            let format = PatchFormat::from_content_type(content_type)
+                .ok_or_else(|| ApiError::unsupported_media_type(content_type))?;
+            let document = parse_body(body)?;
+            let patched = store.patch(resource, &namespace, name, |current| {
+                let mut object = current.clone();
+                match format {
+                    PatchFormat::Json => patch::json_patch(&mut object, &document)?,
+                    PatchFormat::Merge | PatchFormat::Apply => patch::merge_patch(&mut object, &document, false),
+                    PatchFormat::StrategicMerge => patch::merge_patch(&mut object, &document, true),
+                }
+                Ok(object)
+            })?;
+            Ok(json_response(StatusCode::OK, &patched))
+        }
+        (Method::DELETE, Some(name)) => {
+            let options = if body.is_empty() { json!({}) } else { parse_body(body)? };
+            let preconditions = DeletePreconditions {
+                resource_version: options["preconditions"]["resourceVersion"].as_str().map(str::to_string),
+                uid: options["preconditions"]["uid"].as_str().map(str::to_string),
+            };
+            Ok(json_response(StatusCode::OK, &*store.delete(resource, &namespace, name, &preconditions)?))
+        }
+        (Method::DELETE, None) => {
+            let (items, version) = store.list(resource, path.namespace.as_deref(), &selectors(query)?);
+            let mut deleted = Vec::new();
+            for item in items {
+                let namespace = item["metadata"]["namespace"].as_str().unwrap_or("");
+                let name = item["metadata"]["name"].as_str().unwrap_or("");
+                // An object deleted concurrently is simply not in the answer.
+                if let Ok(object) = store.delete(resource, namespace, name, &DeletePreconditions::default()) {
+                    deleted.push((*object).clone());
+                }
+            }
+            let list = json!({
+                "kind": format!("{}List", resource.kind),
+                "apiVersion": resource.api_version(),
+                "metadata": {"resourceVersion": version.to_string()},
+                "items": deleted,
+            });
+            Ok(json_response(StatusCode::OK, &list))
+        }
+        (method, _) => Err(ApiError::method_not_allowed(method.as_str())),
+    }
+}

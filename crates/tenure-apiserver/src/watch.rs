@@ -1,0 +1,187 @@
+//! Serving a watch: the stream of `{"type": ..., "object": ...}` lines a watch request answers with,
+//! filtered by the request's selectors, with bookmarks if asked, ended by its timeout, by server
+//! shutdown, or by a partition of its client.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::errors::ApiError;
+use crate::faults::Faults;
+use crate::resources::ResourceType;
+use crate::selectors::Selectors;
+use crate::store::{ChangeType, Store, WatchMessage, WatchStart};
+
+/// Everything one watch request asked for.
+pub struct WatchRequest {
+    /// The type watched.
+    pub resource: &'static ResourceType,
+    /// One namespace, or all.
+    pub namespace: Option<String>,
+    /// Only objects passing these.
+    pub selectors: Selectors,
+    /// Where to start.
+    pub start: WatchStart,
+    /// Whether the client asked for bookmarks (`allowWatchBookmarks=true`).
+    pub bookmarks: bool,
+    /// When to end the stream (`timeoutSeconds`, or the server's default).
+    pub timeout: Duration,
+    /// The client, so that a partition can cut it off.
+    pub client: String,
+}
+
+/// One watch event line.
+fn event_line(event_type: &str, object: &Value) -> Bytes {
+    let mut line = serde_json::to_vec(&json!({"type": event_type, "object": object})).unwrap_or_default();
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+/// The event a change is to a watch with `selectors`, if any: an object that starts passing the
+/// selectors is `ADDED` to it, one that stops passing them is `DELETED` from it.
+fn event_for(message: &WatchMessage, resource: &ResourceType, selectors: &Selectors) -> Option<Bytes> {
+    let change = match message {
+        WatchMessage::Bookmark(version) => {
+            let object = json!({
+                "kind": resource.kind,
+                "apiVersion": resource.api_version(),
+                "metadata": {"resourceVersion": version.to_string()},
+            });
+            return Some(event_line("BOOKMARK", &object));
+        }
+        WatchMessage::Change(change) => change,
+    };
+    let now = selectors.matches(&change.object);
+    let before = change.previous.as_deref().is_some_and(|p| selectors.matches(p));
+    let event_type = match change.change_type {
+        ChangeType::Deleted if before => "DELETED",
+        ChangeType::Deleted => return None,
+        ChangeType::Added if now => "ADDED",
+        ChangeType::Modified if now && before => "MODIFIED",
+        ChangeType::Modified if now => "ADDED",
+        ChangeType::Modified if before => "DELETED",
+        _ => return None,
+    };
+    Some(event_line(event_type, &change.object))
+}
+
+/// Opens the watch and returns the response body streaming it. A start older than the event log
+/// keeps is answered in-stream with an `ERROR` event carrying `410 Expired`, as the real server does.
+pub fn serve(store: &Arc<Store>, faults: &Faults, shutdown: &CancellationToken, request: WatchRequest) -> Body {
+    let (sender, receiver) = mpsc::channel::<Result<Bytes, Infallible>>(64);
+    let opened = store.watch(request.resource, request.namespace.clone(), request.start, request.bookmarks);
+    let mut partitions = faults.partition_changes();
+    let faults = faults.clone();
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        let (first, mut changes) = match opened {
+            Ok(opened) => opened,
+            Err(error) => {
+                let _ = sender.send(Ok(event_line("ERROR", &error.to_status()))).await;
+                return;
+            }
+        };
+        for message in &first {
+            if let Some(line) = event_for(message, request.resource, &request.selectors) {
+                if sender.send(Ok(line)).await.is_err() {
+                    return;
+                }
+            }
+        }
+        let deadline = tokio::time::sleep(request.timeout);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                message = changes.recv() => {
+                    let Some(message) = message else { return };
+                    if let Some(line) = event_for(&message, request.resource, &request.selectors) {
+                        if sender.send(Ok(line)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                changed = partitions.changed() => {
+                    if changed.is_err() || faults.is_partitioned(&request.client) {
+                        return;
+                    }
+                }
+                _ = &mut deadline => return,
+                _ = shutdown.cancelled() => return,
+                _ = sender.closed() => return,
+            }
+        }
+    });
+    Body::from_stream(futures::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|item| (item, receiver))
+    }))
+}
+
+/// Parses a watch's `resourceVersion` parameter: absent or `0` starts from the current state.
+pub fn start_from(resource_version: Option<&str>) -> Result<WatchStart, ApiError> {
+    match resource_version.unwrap_or("") {
+        "" | "0" => Ok(WatchStart::CurrentState),
+        text => text
+            .parse()
+            .map(WatchStart::After)
+            .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {text:?}: not a number"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::selectors::FieldSelector;
+    use crate::store::Change;
+
+    fn change(change_type: ChangeType, object: Value, previous: Option<Value>) -> WatchMessage {
+        WatchMessage::Change(Arc::new(Change {
+            resource_version: 7,
+            resource: crate::resources::namespaces(),
+            namespace: String::new(),
+            change_type,
+            object: Arc::new(object),
+            previous: previous.map(Arc::new),
+        }))
+    }
+
+    fn event_type(message: &WatchMessage, selectors: &Selectors) -> Option<String> {
+        let line = event_for(message, crate::resources::namespaces(), selectors)?;
+        let value: Value = serde_json::from_slice(&line).ok()?;
+        value["type"].as_str().map(str::to_string)
+    }
+
+    #[test]
+    fn objects_entering_and_leaving_a_selector_are_added_and_deleted() {
+        let selectors = Selectors { fields: FieldSelector::parse("metadata.name=a").unwrap(), ..Selectors::default() };
+        let a = json!({"metadata": {"name": "a"}});
+        let b = json!({"metadata": {"name": "b"}});
+        assert_eq!(event_type(&change(ChangeType::Added, a.clone(), None), &selectors).as_deref(), Some("ADDED"));
+        assert_eq!(event_type(&change(ChangeType::Added, b.clone(), None), &selectors), None);
+        assert_eq!(
+            event_type(&change(ChangeType::Modified, a.clone(), Some(a.clone())), &selectors).as_deref(),
+            Some("MODIFIED")
+        );
+        assert_eq!(
+            event_type(&change(ChangeType::Modified, a.clone(), Some(b.clone())), &selectors).as_deref(),
+            Some("ADDED")
+        );
+        assert_eq!(
+            event_type(&change(ChangeType::Modified, b.clone(), Some(a.clone())), &selectors).as_deref(),
+            Some("DELETED")
+        );
+        assert_eq!(
+            event_type(&change(ChangeType::Deleted, a.clone(), Some(a.clone())), &selectors).as_deref(),
+            Some("DELETED")
+        );
+        assert_eq!(event_type(&change(ChangeType::Deleted, b.clone(), Some(b)), &selectors), None);
+        assert_eq!(event_type(&WatchMessage::Bookmark(9), &selectors).as_deref(), Some("BOOKMARK"));
+        assert_eq!(start_from(Some("0")).ok(), Some(WatchStart::CurrentState));
+        assert_eq!(start_from(Some("12")).ok(), Some(WatchStart::After(12)));
+        assert!(start_from(Some("x")).is_err());
+    }
+}

@@ -1,0 +1,69 @@
+//! `tenure apiserver`: the in-memory Kubernetes API server, for local development and for trying
+//! `tenure elect` with the Kubernetes locks and kubectl without a cluster.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+use tenure_apiserver::{ApiServer, ApiServerConfig};
+
+use crate::logging;
+use crate::options::LogFormat;
+use crate::signals::TerminationSignals;
+use crate::{exit, CliError};
+
+/// Serve an in-memory Kubernetes API server (no cluster needed) and write a kubeconfig for it.
+#[derive(Debug, Args)]
+#[command(long_about = "Serve an in-memory Kubernetes API server and write a kubeconfig for it.\n\n\
+        It speaks the real REST protocol for Leases, Endpoints, ConfigMaps, Pods, Services, Events and \
+        Namespaces (plus ServiceAccounts, Deployments and RBAC roles, stored but not enforced), so \
+        kubectl and `tenure elect` work against it unchanged:\n\n  \
+        tenure apiserver --kubeconfig /tmp/tenure.kubeconfig &\n  \
+        KUBECONFIG=/tmp/tenure.kubeconfig kubectl get leases -A\n\n\
+        Objects live in memory and are gone when it stops. There is no authentication: it listens \
+        on loopback unless told otherwise.")]
+pub struct ApiServerArgs {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6443")]
+    listen: SocketAddr,
+
+    /// Write a kubeconfig pointing at this server to this file.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+
+    /// The default namespace of the written kubeconfig's context.
+    #[arg(long, value_name = "NAMESPACE", default_value = "default")]
+    namespace: String,
+
+    /// Log format.
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// Runs `tenure apiserver` until SIGTERM or SIGINT; returns the exit status.
+pub async fn apiserver(args: ApiServerArgs) -> Result<u8, CliError> {
+    logging::init(args.log_format);
+    let mut signals =
+        TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
+    let config = ApiServerConfig { listen: args.listen, ..ApiServerConfig::default() };
+    let mut server = ApiServer::start(config)
+        .await
+        .map_err(|e| CliError::Failed(format!("cannot listen on {}: {e}", args.listen)))?;
+    if let Some(path) = &args.kubeconfig {
+        std::fs::write(path, server.kubeconfig(&args.namespace))
+            .map_err(|e| CliError::Failed(format!("cannot write the kubeconfig {}: {e}", path.display())))?;
+    }
+    // The first line of standard output is the URL, for scripts that start the server on port 0.
+    println!("{}", server.url());
+    let stop = server.stop_handle();
+    tokio::select! {
+        termination = signals.recv() => {
+            tracing::info!(signal = termination.name, "stopping");
+            server.shutdown().await;
+            Ok(exit::SUCCESS)
+        }
+        _ = server.stopped() => {
+            if stop.is_cancelled() { Ok(exit::SUCCESS) } else { Err(CliError::Failed("the API server stopped".into())) }
+        }
+    }
+}
