@@ -37,6 +37,15 @@ fn extra_columns(resource: &ResourceType) -> Vec<Column> {
         "Lease" => vec![("Holder", |o| json!(o["spec"]["holderIdentity"].as_str().unwrap_or("")))],
         "ConfigMap" => vec![("Data", |o| json!(o["data"].as_object().map_or(0, |d| d.len())))],
         "Pod" => vec![("Status", |o| json!(o["status"]["phase"].as_str().unwrap_or("Unknown")))],
+        "Event" => vec![
+            ("Type", |o| o["type"].clone()),
+            ("Reason", |o| o["reason"].clone()),
+            ("Object", |o| {
+                let kind = o["involvedObject"]["kind"].as_str().unwrap_or("").to_ascii_lowercase();
+                json!(format!("{kind}/{}", o["involvedObject"]["name"].as_str().unwrap_or("")))
+            }),
+            ("Message", |o| o["message"].clone()),
+        ],
         _ => Vec::new(),
     }
 }

@@ -13,10 +13,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::lock_url::LockUrl;
 use crate::options::{parse_duration, parse_http_address, CandidateOptions, ElectionOptions, HttpAddress};
 use crate::signals::TerminationSignals;
-use crate::{exit, http, logging, CliError};
+use crate::{exit, http, logging, pod_label, CliError};
 
 /// Arguments of `tenure elect`.
 #[derive(Debug, Args)]
@@ -61,10 +60,12 @@ pub struct ElectArgs {
     #[arg(long)]
     ready_only_when_leader: bool,
 
-    /// Accepted for compatibility with leader-elector; only Kubernetes locks will use it, so it
-    /// is ignored with a note for now. [default: default]
-    #[arg(long, value_name = "NAMESPACE")]
-    election_namespace: Option<String>,
+    /// On Kubernetes, label this candidate's Pod with KEY=VALUE (VALUE defaults to true) while it
+    /// leads, so that `kubectl get pods -l KEY=VALUE` or a Service selector finds the leader. The
+    /// Pod is POD_NAMESPACE/POD_NAME (downward API), else the service account's namespace and the
+    /// --id. Advisory: for a moment after a change two pods, or none, may carry it.
+    #[arg(long, value_name = "KEY[=VALUE]", value_parser = pod_label::parse_leader_label)]
+    leader_label: Option<pod_label::LeaderLabel>,
 }
 
 /// Runs `tenure elect` until a termination signal; returns the exit status.
@@ -74,15 +75,21 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
         TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
     let identity = args.candidate.identity().map_err(CliError::Usage)?;
     let election = &args.election.election;
-    let url = LockUrl::given_or_default(args.election.lock.as_ref(), election)?;
-    if let Some(namespace) = &args.election_namespace {
-        tracing::info!(namespace, "--election-namespace only applies to Kubernetes locks; ignored");
+    let url = args.election.lock_url()?;
+    let cluster = args.election.cluster.options().map_err(CliError::Usage)?;
+    if args.leader_label.is_some() && !matches!(url, crate::lock_url::LockUrl::Kube(_)) {
+        return Err(CliError::Usage(format!("--leader-label needs a Kubernetes lock, and the lock is {url}")));
     }
     let listener = match &args.http {
         Some(address) => Some(bind(address).await?),
         None => None,
     };
-    let elector = Arc::new(url.campaign(&identity, args.candidate.ttl.timing).await?);
+    let campaign = url.campaign(&identity, args.candidate.ttl.timing, &cluster).await?;
+    let kube_extras = campaign
+        .kube
+        .as_ref()
+        .map(|lock| KubeExtras::start(lock, &campaign.elector, args.leader_label.clone(), &identity, &args.election));
+    let elector = Arc::new(campaign.elector);
     tracing::info!(
         identity,
         election,
@@ -119,6 +126,9 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
 
     // The HTTP server keeps answering while the lock is released.
     let released = shutdown(elector).await;
+    if let Some(extras) = kube_extras {
+        extras.finish().await;
+    }
     stop_serving.cancel();
     if let Some(server) = server {
         if tokio::time::timeout(SERVER_STOP_TIMEOUT, server).await.is_err() {
@@ -135,6 +145,43 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
             tracing::warn!(%error, "exiting without a confirmed release");
             Ok(exit::FAILURE)
         }
+    }
+}
+
+/// What the sidecar does on Kubernetes besides campaigning: Events on the lock object and,
+/// if asked, the leader label on its own Pod.
+struct KubeExtras {
+    events: tenure_kube::LeadershipEvents,
+    label: Option<(JoinHandle<()>, CancellationToken)>,
+}
+
+impl KubeExtras {
+    fn start(
+        lock: &tenure_kube::KubeLock,
+        elector: &Elector,
+        label: Option<pod_label::LeaderLabel>,
+        identity: &str,
+        election: &ElectionOptions,
+    ) -> KubeExtras {
+        let events = lock.record_events(elector);
+        let label = label.map(|label| {
+            let fallback_namespace = election.election_namespace.as_deref().unwrap_or("default");
+            let (namespace, pod) = pod_label::own_pod(identity, fallback_namespace);
+            let pods = kube::Api::namespaced(lock.client().clone(), &namespace);
+            let stop = CancellationToken::new();
+            let task = tokio::spawn(pod_label::maintain(pods, pod, label, elector.subscribe(), stop.clone()));
+            (task, stop)
+        });
+        KubeExtras { events, label }
+    }
+
+    /// After the release: removes the label (bounded) and lets the last Event go out.
+    async fn finish(self) {
+        if let Some((task, stop)) = self.label {
+            stop.cancel();
+            let _ = task.await;
+        }
+        self.events.finish().await;
     }
 }
 

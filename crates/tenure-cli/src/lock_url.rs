@@ -29,6 +29,9 @@ pub enum LockUrl {
         /// The election name (etcd key prefix).
         election: String,
     },
+    /// `kube://NAMESPACE/KIND/NAME`: a Kubernetes lock object (Lease, Endpoints or ConfigMap
+    /// annotation, or a migration pair), with client-go's record and algorithm.
+    Kube(tenure_kube::KubeLockRef),
     /// `zk://host:port[,host:port...]/path`: a ZooKeeper election (native elector: ephemeral
     /// sequential nodes, compatible with Curator's LeaderLatch). `--ttl` is the session timeout.
     Zk {
@@ -43,13 +46,10 @@ pub enum LockUrl {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LockUrlError {
     /// Not a URL at all; most often a bare path.
-    #[error("'{0}' is not a lock URL (expected file:///absolute/path, etcd://host:port/name, zk://host:port/path or memory:)")]
+    #[error("'{0}' is not a lock URL (expected file:///absolute/path, kube://namespace/kind/name, etcd://host:port/name, zk://host:port/path or memory:)")]
     NotAUrl(String),
-    /// A scheme this project knows but this build cannot open yet.
-    #[error("scheme '{0}' is not supported by this build (supported: file, etcd, zk, memory)")]
-    NotSupported(String),
     /// A scheme nobody knows.
-    #[error("unknown lock scheme '{0}' (supported: file, etcd, zk, memory)")]
+    #[error("unknown lock scheme '{0}' (supported: file, kube, etcd, zk, memory)")]
     UnknownScheme(String),
     /// A `file:` URL that does not name an absolute local path.
     #[error("'{url}' is not a usable file lock URL: {reason}")]
@@ -67,14 +67,13 @@ pub enum LockUrlError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A `kube:` URL that does not name a namespace, a lock kind and a name.
+    #[error("{0}")]
+    BadKubeUrl(String),
     /// A `memory:` URL with something after the colon.
     #[error("'{0}' is not a memory lock URL: write just 'memory:'")]
     BadMemoryUrl(String),
 }
-
-/// Schemes that later issues implement in other crates; named here so that users get "not
-/// supported by this build" rather than "unknown".
-const PLANNED_SCHEMES: &[&str] = &["kube"];
 
 impl FromStr for LockUrl {
     type Err = LockUrlError;
@@ -100,7 +99,9 @@ impl FromStr for LockUrl {
                     election,
                 })
                 .map_err(|reason| LockUrlError::BadClusterUrl { url: text.to_owned(), reason }),
-            planned if PLANNED_SCHEMES.contains(&planned) => Err(LockUrlError::NotSupported(scheme)),
+            "kube" => tenure_kube::KubeLockRef::from_url(&format!("kube:{rest}"))
+                .map(LockUrl::Kube)
+                .map_err(|e| LockUrlError::BadKubeUrl(e.to_string())),
             _ => Err(LockUrlError::UnknownScheme(scheme)),
         }
     }
@@ -162,6 +163,7 @@ impl fmt::Display for LockUrl {
             },
             LockUrl::Memory => f.write_str("memory:"),
             LockUrl::Zk { servers, path } => write!(f, "zk://{servers}{path}"),
+            LockUrl::Kube(reference) => write!(f, "{reference}"),
             LockUrl::Etcd { endpoints, election } => write!(f, "etcd://{}/{election}", endpoints.join(",")),
         }
     }
@@ -213,28 +215,64 @@ impl LockUrl {
             .map_err(|source| OpenLockError::DefaultPath { election: election.to_owned(), source })
     }
 
-    /// `--lock` if given, the default lock of the election otherwise.
-    pub fn given_or_default(given: Option<&LockUrl>, election: &str) -> Result<LockUrl, OpenLockError> {
-        match given {
-            Some(url) => Ok(url.clone()),
-            None => LockUrl::default_for(election),
-        }
-    }
-
     /// Opens the lock for a candidate (or a reader) called `client`.
     pub fn open(&self, client: &str) -> Result<Arc<dyn RecordLock>, OpenLockError> {
         match self {
             LockUrl::File(path) => Ok(Arc::new(open_file_lock(path)?)),
             LockUrl::Memory => Ok(Arc::new(MemoryStore::new().client(client))),
-            LockUrl::Zk { .. } | LockUrl::Etcd { .. } => Err(OpenLockError::NotARecordLock(self.to_string())),
+            LockUrl::Zk { .. } | LockUrl::Etcd { .. } | LockUrl::Kube(_) => {
+                Err(OpenLockError::NotARecordLock(self.to_string()))
+            }
         }
     }
 }
 
+/// A campaign under way: the elector, and for a Kubernetes lock the lock itself, whose client the
+/// sidecar's Kubernetes extras (Events, the leader label) use.
+pub struct Campaign {
+    /// The elector campaigning.
+    pub elector: Elector,
+    /// The Kubernetes lock, when the lock is one.
+    pub kube: Option<tenure_kube::KubeLock>,
+}
+
 impl LockUrl {
-    /// Starts campaigning as `identity` on the lock this URL names. One place builds electors, so
-    /// that backends with their own electors (etcd, ZooKeeper) are one match arm each.
-    pub async fn campaign(&self, identity: &str, timing: Timing) -> Result<Elector, crate::CliError> {
+    /// Starts campaigning as `identity` on the lock this URL names (reaching a Kubernetes cluster
+    /// with `cluster`). One place builds electors, so that backends with their own electors (etcd,
+    /// ZooKeeper) are one match arm each.
+    pub async fn campaign(
+        &self,
+        identity: &str,
+        timing: Timing,
+        cluster: &tenure_kube::ClusterOptions,
+    ) -> Result<Campaign, crate::CliError> {
+        let usage = |e: tenure::ElectorError| crate::CliError::Usage(e.to_string());
+        if let LockUrl::Kube(reference) = self {
+            let lock = self.kube_lock(reference, cluster, identity).await?;
+            let elector = Elector::builder(identity, lock.record_lock()).timing(timing).spawn().map_err(usage)?;
+            return Ok(Campaign { elector, kube: Some(lock) });
+        }
+        let elector = self.campaign_elsewhere(identity, timing).await?;
+        Ok(Campaign { elector, kube: None })
+    }
+
+    /// Connects to a Kubernetes lock as `identity`.
+    pub async fn kube_lock(
+        &self,
+        reference: &tenure_kube::KubeLockRef,
+        cluster: &tenure_kube::ClusterOptions,
+        identity: &str,
+    ) -> Result<tenure_kube::KubeLock, crate::CliError> {
+        let config = tenure_kube::KubeLockConfig {
+            lock: reference.clone(),
+            cluster: cluster.clone(),
+            ..tenure_kube::KubeLockConfig::from_url(&reference.to_string())
+                .map_err(|e| crate::CliError::Usage(e.to_string()))?
+        };
+        config.connect(identity).await.map_err(|e| crate::CliError::Failed(format!("{self}: {e}")))
+    }
+
+    async fn campaign_elsewhere(&self, identity: &str, timing: Timing) -> Result<Elector, crate::CliError> {
         match self {
             LockUrl::Zk { servers, path } => {
                 let election = self.zk_election(servers, path, timing).await?;
@@ -246,7 +284,7 @@ impl LockUrl {
                     .campaign(identity, timing.lease_duration)
                     .map_err(|e| crate::CliError::Usage(e.to_string()));
             }
-            LockUrl::File(_) | LockUrl::Memory => {}
+            LockUrl::File(_) | LockUrl::Memory | LockUrl::Kube(_) => {}
         }
         let lock = self.open(identity)?;
         Elector::builder(identity, lock).timing(timing).spawn().map_err(|e| crate::CliError::Usage(e.to_string()))
@@ -315,7 +353,11 @@ mod tests {
         {
             assert!(matches!(bad.parse::<LockUrl>(), Err(LockUrlError::BadClusterUrl { .. })), "{bad}");
         }
-        assert_eq!("kube://default/leases/x".parse::<LockUrl>(), Err(LockUrlError::NotSupported("kube".into())));
+        assert_eq!(
+            "kube://kube-system/endpointsleases/x".parse::<LockUrl>().unwrap().to_string(),
+            "kube://kube-system/endpointsleases/x"
+        );
+        assert!(matches!("kube://ns/pods/x".parse::<LockUrl>(), Err(LockUrlError::BadKubeUrl(_))));
         assert_eq!("consul://x".parse::<LockUrl>(), Err(LockUrlError::UnknownScheme("consul".into())));
         assert!(matches!("/tmp/x".parse::<LockUrl>(), Err(LockUrlError::NotAUrl(_))));
     }

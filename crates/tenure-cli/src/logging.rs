@@ -11,7 +11,9 @@ use tracing_subscriber::EnvFilter;
 use crate::options::LogFormat;
 
 /// The filter used when `RUST_LOG` is unset or unusable: leadership changes, warnings, errors.
-const DEFAULT_FILTER: &str = "info";
+/// kube-rs logs every failed request at ERROR from its client builder; the lock already reports
+/// each failure once, with context, so those lines are left out unless `RUST_LOG` asks for them.
+const DEFAULT_FILTER: &str = "info,kube_client::client::builder=off";
 
 /// Installs the global subscriber. Call once, before anything logs.
 pub fn init(format: LogFormat) {

@@ -17,6 +17,7 @@ mod http;
 mod lock_url;
 mod logging;
 mod options;
+mod pod_label;
 mod run;
 mod signals;
 mod status;

@@ -7,6 +7,8 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use tenure::Timing;
 
+use tenure_kube::{ClusterOptions, LockKind};
+
 use crate::lock_url::LockUrl;
 
 /// The options that name an election and its lock.
@@ -16,10 +18,119 @@ pub struct ElectionOptions {
     #[arg(long, value_name = "NAME", value_parser = parse_election_name)]
     pub election: String,
 
-    /// Where the lock lives: file:///absolute/path, or memory: (this process only).
-    /// [default: a file named after the election in the per-user runtime directory]
+    /// Where the lock lives: file:///absolute/path, kube://NAMESPACE/KIND/NAME,
+    /// etcd://host:port/name, zk://host:port/path, or memory: (this process only).
+    /// [default: on Kubernetes (in a pod, or given a kubeconfig) the --lock-type object named
+    /// --election in --election-namespace; elsewhere a file named after the election in the
+    /// per-user runtime directory]
     #[arg(long, value_name = "URL")]
     pub lock: Option<LockUrl>,
+
+    /// The Kubernetes lock object's kind, with client-go's names: leases, endpoints, configmaps,
+    /// endpointsleases, configmapsleases. The default, endpointsleases, is safe beside
+    /// leader-elector:0.5 replicas (which use endpoints) during a rolling upgrade; move to leases
+    /// as deploy/README.md describes. Implies a Kubernetes lock. [default: endpointsleases]
+    #[arg(long, value_name = "KIND", value_parser = parse_lock_type)]
+    pub lock_type: Option<LockKind>,
+
+    /// The namespace of the Kubernetes lock object. [default: default]
+    #[arg(long, value_name = "NAMESPACE")]
+    pub election_namespace: Option<String>,
+
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// How to reach a Kubernetes API server, with the flags kubectl and leader-elector:0.5 took.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ClusterArgs {
+    /// Path to a kubeconfig file. [default: KUBECONFIG, then ~/.kube/config, then the in-cluster
+    /// service account]
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+
+    /// The kubeconfig context to use.
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+
+    /// The API server's URL, overriding the kubeconfig's.
+    #[arg(long, visible_alias = "master", value_name = "URL")]
+    pub server: Option<String>,
+
+    /// Use the pod's service account (in-cluster configuration) rather than a kubeconfig, as
+    /// leader-elector:0.5's flag of the same name did.
+    #[arg(long)]
+    pub use_cluster_credentials: bool,
+}
+
+impl ClusterArgs {
+    /// Whether these flags or the environment point at a Kubernetes cluster: a flag given,
+    /// `KUBECONFIG` set, or running in a pod (`KUBERNETES_SERVICE_HOST`).
+    pub fn cluster_wanted(&self) -> bool {
+        let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+        self.kubeconfig.is_some()
+            || self.context.is_some()
+            || self.server.is_some()
+            || self.use_cluster_credentials
+            || set("KUBECONFIG")
+            || set("KUBERNETES_SERVICE_HOST")
+    }
+
+    /// The options of the Kubernetes client.
+    pub fn options(&self) -> Result<ClusterOptions, String> {
+        if self.use_cluster_credentials && (self.kubeconfig.is_some() || self.context.is_some()) {
+            return Err("--use-cluster-credentials cannot be combined with --kubeconfig or --context".to_owned());
+        }
+        Ok(ClusterOptions {
+            kubeconfig: self.kubeconfig.clone(),
+            context: self.context.clone(),
+            server: self.server.clone(),
+            in_cluster: self.use_cluster_credentials,
+        })
+    }
+}
+
+impl ElectionOptions {
+    /// The lock to campaign on: `--lock`; else a Kubernetes lock when a cluster is at hand or a
+    /// Kubernetes flag asks for one; else the default lock file.
+    pub fn lock_url(&self) -> Result<LockUrl, crate::CliError> {
+        let usage = crate::CliError::Usage;
+        if let Some(url) = &self.lock {
+            if self.lock_type.is_some() {
+                return Err(usage("give either --lock or --lock-type, not both".to_owned()));
+            }
+            if let (LockUrl::Kube(reference), Some(namespace)) = (url, &self.election_namespace) {
+                if *namespace != reference.namespace {
+                    return Err(usage(format!(
+                        "--election-namespace {namespace} differs from the namespace of --lock {url}"
+                    )));
+                }
+            }
+            return Ok(url.clone());
+        }
+        if self.lock_type.is_some() || self.cluster.cluster_wanted() {
+            let namespace = self.election_namespace.as_deref().unwrap_or("default");
+            let kind = self.lock_type.unwrap_or(LockKind::EndpointsLeases);
+            let url = format!("kube://{namespace}/{kind}/{}", self.election);
+            return url.parse().map_err(|e: crate::lock_url::LockUrlError| usage(e.to_string()));
+        }
+        if let Some(namespace) = &self.election_namespace {
+            tracing::info!(
+                namespace,
+                "no Kubernetes cluster configured: --election-namespace is ignored, the lock is a local file"
+            );
+        }
+        Ok(LockUrl::default_for(&self.election)?)
+    }
+}
+
+/// Parses `--lock-type`.
+pub fn parse_lock_type(text: &str) -> Result<LockKind, String> {
+    text.parse().map_err(|_| {
+        format!(
+            "unknown lock type '{text}' (expected leases, endpoints, configmaps, endpointsleases or configmapsleases)"
+        )
+    })
 }
 
 /// The options of a candidate: who it is and how fast the election moves.

@@ -146,10 +146,7 @@ mod tests {
 
     #[test]
     fn label_syntax_is_kubernetes_syntax() {
-        assert_eq!(
-            parse_leader_label("leader"),
-            Ok(LeaderLabel { key: "leader".into(), value: "true".into() })
-        );
+        assert_eq!(parse_leader_label("leader"), Ok(LeaderLabel { key: "leader".into(), value: "true".into() }));
         assert_eq!(
             parse_leader_label("example.com/role=leader"),
             Ok(LeaderLabel { key: "example.com/role".into(), value: "leader".into() })

@@ -9,7 +9,6 @@ use tenure::{Elector, Timing};
 use tokio::process::Command;
 
 use crate::child::{describe_status, exit_code_of, SupervisedChild};
-use crate::lock_url::LockUrl;
 use crate::options::{parse_duration, CandidateOptions, ElectionOptions};
 use crate::signals::{Termination, TerminationSignals};
 use crate::{exit, logging, CliError};
@@ -75,8 +74,11 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         args.command.split_first().ok_or_else(|| CliError::Usage("no command given after --".to_owned()))?;
     let identity = args.candidate.identity().map_err(CliError::Usage)?;
     let election = args.election.election.as_str();
-    let url = LockUrl::given_or_default(args.election.lock.as_ref(), election)?;
-    let elector = url.campaign(&identity, timing).await?;
+    let url = args.election.lock_url()?;
+    let cluster = args.election.cluster.options().map_err(CliError::Usage)?;
+    let campaign = url.campaign(&identity, timing, &cluster).await?;
+    let events = campaign.kube.as_ref().map(|lock| lock.record_events(&campaign.elector));
+    let elector = campaign.elector;
     tracing::info!(identity, election, lock = %url, "waiting for leadership before starting the command");
 
     let tenure = loop {
@@ -84,7 +86,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
             tenure = elector.acquired() => tenure.map_err(|e| CliError::Failed(e.to_string()))?,
             termination = signals.recv() => {
                 tracing::info!(signal = termination.name, "stopped before leading; the command never ran");
-                release(elector).await;
+                release(elector, events).await;
                 return Ok(termination.exit_status());
             }
         };
@@ -104,7 +106,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
                 if error.kind() == std::io::ErrorKind::NotFound { exit::NOT_FOUND } else { exit::CANNOT_EXECUTE };
             tracing::error!(command = %program.to_string_lossy(), %error, "cannot start the command");
             drop(tenure);
-            release(elector).await;
+            release(elector, events).await;
             return Ok(status);
         }
     };
@@ -117,7 +119,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
                 tracing::error!(%error, "cannot wait for the command; killing it");
                 let _ = child.kill().await;
                 drop(tenure);
-                release(elector).await;
+                release(elector, events).await;
                 return Err(CliError::Failed(format!("lost track of the command: {error}")));
             }
         },
@@ -141,7 +143,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         }
     };
     drop(tenure);
-    release(elector).await;
+    release(elector, events).await;
     let status = status.map_err(|e| CliError::Failed(format!("lost track of the command: {e}")))?;
     match ending {
         Ending::LostLeadership => {
@@ -189,10 +191,14 @@ async fn hurry(signals: &mut TerminationSignals) {
     signals.recv().await;
 }
 
-/// Releases the lock (if held) and stops the elector, logging a failed release.
-async fn release(elector: Elector) {
+/// Releases the lock (if held) and stops the elector, logging a failed release; then lets the
+/// last Kubernetes Event ("stopped leading") go out.
+async fn release(elector: Elector, events: Option<tenure_kube::LeadershipEvents>) {
     if let Err(error) = elector.shutdown().await {
         tracing::warn!(%error, "could not release the lock");
+    }
+    if let Some(events) = events {
+        events.finish().await;
     }
 }
 

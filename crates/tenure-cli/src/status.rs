@@ -80,12 +80,13 @@ struct StatusReport {
 
 /// Runs `tenure status`; returns the exit status.
 pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
-    let election = args.election.election;
-    let url = LockUrl::given_or_default(args.election.lock.as_ref(), &election)?;
+    let election = args.election.election.clone();
+    let url = args.election.lock_url()?;
+    let cluster = args.election.cluster.options().map_err(CliError::Usage)?;
     let report = match &url {
         LockUrl::Zk { servers, path } => zk_status(election, &url, servers, path).await?,
         LockUrl::Etcd { endpoints, election: name } => etcd_status(election, &url, endpoints, name).await?,
-        _ => record_status(election, &url).await?,
+        _ => record_status(election, &url, &cluster).await?,
     };
     let text = match args.output {
         OutputFormat::Text => report.to_text(Utc::now()),
@@ -131,8 +132,15 @@ fn no_answer(url: &LockUrl) -> String {
 }
 
 /// The status of a record lock: the record as stored.
-async fn record_status(election: String, url: &LockUrl) -> Result<StatusReport, CliError> {
-    let lock = url.open("tenure-status")?;
+async fn record_status(
+    election: String,
+    url: &LockUrl,
+    cluster: &tenure_kube::ClusterOptions,
+) -> Result<StatusReport, CliError> {
+    let lock = match url {
+        LockUrl::Kube(reference) => url.kube_lock(reference, cluster, "tenure-status").await?.record_lock(),
+        _ => url.open("tenure-status")?,
+    };
     let stored = match tokio::time::timeout(READ_TIMEOUT, lock.get()).await {
         Ok(Ok(stored)) => stored,
         Ok(Err(error)) => return Err(CliError::Failed(format!("cannot read the lock {url}: {error}"))),

@@ -11,8 +11,7 @@ use common::{http_get, http_leader, run_to_end, wait_until, TempDir, Tenure, TEN
 
 /// The seed's args (`--election=kuryr-controller --http=0.0.0.0:16401 --election-namespace=kube-system
 /// --ttl=5s`), with a loopback port of the test's choosing (three replicas share one host here).
-const SEED_ARGS: [&str; 4] =
-    ["elect", "--election=kuryr-controller", "--election-namespace=kube-system", "--ttl=5s"];
+const SEED_ARGS: [&str; 4] = ["elect", "--election=kuryr-controller", "--election-namespace=kube-system", "--ttl=5s"];
 
 /// A `tenure apiserver` process and the kubeconfig it wrote.
 struct Cluster {
@@ -39,8 +38,15 @@ impl Cluster {
 
     /// Starts `tenure elect` with the seed's args plus `extra`, as pod `id`, on a free loopback port.
     fn elect(&self, id: &str, extra: &[&str]) -> (Tenure, String) {
+        self.elect_with_ttl(id, "5s", extra)
+    }
+
+    /// As [`Cluster::elect`], with another `--ttl` than the seed's.
+    fn elect_with_ttl(&self, id: &str, ttl: &str, extra: &[&str]) -> (Tenure, String) {
         let mut command = Command::new(TENURE);
-        command.args(SEED_ARGS).args(["--http=127.0.0.1:0", &format!("--id={id}")]).args(extra);
+        let args =
+            SEED_ARGS.iter().map(|a| if a.starts_with("--ttl=") { format!("--ttl={ttl}") } else { a.to_string() });
+        command.args(args).args(["--http=127.0.0.1:0", &format!("--id={id}")]).args(extra);
         command.env("KUBECONFIG", self.kubeconfig()).env_remove("KUBERNETES_SERVICE_HOST");
         let tenure = Tenure::start_with(id, &mut command);
         let address = tenure.http_address();
@@ -79,13 +85,17 @@ fn the_leader(addresses: &[&str]) -> String {
         let first = http_leader(addresses[0]).filter(|l| !l.is_empty())?;
         addresses.iter().all(|a| http_leader(a).as_deref() == Some(first.as_str())).then_some(first)
     })
-    .expect("all candidates agree on one leader")
+    .unwrap_or_else(|| {
+        let answers: Vec<_> = addresses.iter().map(|a| http_get(a, "/status")).collect();
+        panic!("the candidates do not agree on one leader: {answers:#?}")
+    })
 }
 
 #[test]
 fn the_seed_sidecar_args_elect_one_leader_fail_over_and_hand_over() {
     let cluster = Cluster::start("kube-seed");
-    let mut replicas: Vec<(Tenure, String)> = ["pod-a", "pod-b", "pod-c"].iter().map(|id| cluster.elect(id, &[])).collect();
+    let mut replicas: Vec<(Tenure, String)> =
+        ["pod-a", "pod-b", "pod-c"].iter().map(|id| cluster.elect(id, &[])).collect();
     let addresses: Vec<String> = replicas.iter().map(|(_, a)| a.clone()).collect();
     let all: Vec<&str> = addresses.iter().map(String::as_str).collect();
     let leader = the_leader(&all);
@@ -158,22 +168,19 @@ fn a_rolling_migration_from_endpoints_to_leases_never_has_two_leaders() {
     let cluster = Cluster::start("kube-migrate");
     // Phase by phase, one replica at a time is replaced, as a Deployment's rolling update does:
     // endpoints (leader-elector:0.5's lock) -> endpointsleases -> leases.
-    let mut replicas: Vec<(Tenure, String)> = ["a0", "b0", "c0"]
-        .iter()
-        .map(|id| cluster.elect(id, &["--lock-type=endpoints", "--ttl=2s"]))
-        .collect();
+    let mut replicas: Vec<(Tenure, String)> =
+        ["a0", "b0", "c0"].iter().map(|id| cluster.elect_with_ttl(id, "2s", &["--lock-type=endpoints"])).collect();
     the_leader(&replicas.iter().map(|(_, a)| a.as_str()).collect::<Vec<_>>());
     let mut samples = 0u64;
     let mut check = |replicas: &[(Tenure, String)]| {
-        let leading: Vec<&str> =
-            replicas.iter().filter(|(_, a)| is_leader(a)).map(|(t, _)| t.name.as_str()).collect();
+        let leading: Vec<&str> = replicas.iter().filter(|(_, a)| is_leader(a)).map(|(t, _)| t.name.as_str()).collect();
         samples += 1;
         assert!(leading.len() <= 1, "two leaders at once: {leading:?}");
     };
     for (phase, kind) in [(1, "endpointsleases"), (2, "leases")] {
         for slot in 0..3 {
             let id = format!("{}{phase}", ["a", "b", "c"][slot]);
-            let (new, address) = cluster.elect(&id, &[&format!("--lock-type={kind}"), "--ttl=2s"]);
+            let (new, address) = cluster.elect_with_ttl(&id, "2s", &[&format!("--lock-type={kind}")]);
             let (mut old, _) = std::mem::replace(&mut replicas[slot], (new, address));
             // The old replica leaves as Kubernetes stops it: SIGTERM (it releases if it leads).
             old.signal(libc::SIGTERM);
@@ -182,8 +189,22 @@ fn a_rolling_migration_from_endpoints_to_leases_never_has_two_leaders() {
                 check(&replicas);
             }
             assert_eq!(old.exit_code(Duration::from_secs(5)), 0, "{}", old.log());
-            let addresses: Vec<&str> = replicas.iter().map(|(_, a)| a.as_str()).collect();
-            let leader = the_leader(&addresses);
+            // One replica leads; the others name it, except that an endpointsleases replica cannot
+            // name a leases replica's leadership (it sees an Endpoints record the leases replicas
+            // no longer write) and answers client-go's unknown leader, as client-go does.
+            let leader = wait_until(Duration::from_secs(15), || {
+                let leading: Vec<&(Tenure, String)> = replicas.iter().filter(|(_, a)| is_leader(a)).collect();
+                let [(leader, _)] = leading.as_slice() else { return None };
+                let named = replicas.iter().all(|(_, a)| {
+                    let answer = http_leader(a).unwrap_or_default();
+                    answer == leader.name || answer == "leaderelection.k8s.io/unknown"
+                });
+                named.then(|| leader.name.clone())
+            })
+            .unwrap_or_else(|| {
+                let answers: Vec<_> = replicas.iter().map(|(_, a)| http_get(a, "/status")).collect();
+                panic!("no single leader named by all: {answers:#?}")
+            });
             check(&replicas);
             assert!(replicas.iter().any(|(t, _)| t.name == leader), "the leader {leader} is a running replica");
         }
@@ -205,4 +226,100 @@ fn bad_kubernetes_flags_are_one_line_usage_errors() {
         assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
+}
+
+#[test]
+fn run_and_status_use_the_same_kubernetes_lock() {
+    let cluster = Cluster::start("kube-run");
+    let tenure = |args: &[&str]| {
+        let output = Command::new(TENURE)
+            .args(args)
+            .env("KUBECONFIG", cluster.kubeconfig())
+            .stdin(Stdio::null())
+            .output()
+            .expect("run tenure");
+        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        (output.status.code().unwrap_or(-1), text(&output.stdout), text(&output.stderr))
+    };
+    let (code, stdout, stderr) = tenure(&[
+        "run",
+        "--election=job",
+        "--lock-type=leases",
+        "--id=runner",
+        "--ttl=2s",
+        "--",
+        "sh",
+        "-c",
+        "echo term=$TENURE_TERM; exit 3",
+    ]);
+    assert_eq!(code, 3, "{stderr}");
+    assert_eq!(stdout.trim(), "term=1");
+
+    let (code, stdout, stderr) =
+        tenure(&["status", "--election=job", "--lock=kube://default/leases/job", "--output=json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let status: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(status["state"], "free", "run released the lock when its command ended: {status}");
+    assert_eq!(status["term"], 1, "{status}");
+    let (ok, lease) = cluster.kubectl(&["get", "lease", "job", "-o", "jsonpath={.spec.leaseTransitions}"]);
+    assert!(ok && lease == "1", "the term is the Lease's leaseTransitions: {lease}");
+    let (code, _, stderr) = tenure(&["status", "--election=job", "--lock=kube://default/leases/none"]);
+    assert_eq!(code, 0, "a lock never written is a free lock: {stderr}");
+}
+
+/// The repository's `deploy/` directory.
+fn deploy_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+#[test]
+fn the_deploy_manifests_apply_and_the_example_sidecar_args_elect() {
+    let cluster = Cluster::start("kube-deploy");
+    let rbac = deploy_dir().join("rbac");
+    let mut files: Vec<_> = std::fs::read_dir(&rbac).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    assert!(files.len() >= 6, "one RBAC file per lock kind and the pod label: {files:?}");
+    for file in &files {
+        let (ok, out) = cluster.kubectl(&["apply", "-f", file.to_str().unwrap()]);
+        assert!(ok, "{}: {out}", file.display());
+    }
+    let (ok, roles) = cluster.kubectl(&["get", "roles", "-o", "name"]);
+    for kind in ["leases", "endpoints", "configmaps", "endpointsleases", "configmapsleases"] {
+        assert!(ok && roles.contains(&format!("role.rbac.authorization.k8s.io/tenure-elector-{kind}")), "{roles}");
+    }
+    let example = deploy_dir().join("example-deployment.yaml");
+    let (ok, out) = cluster.kubectl(&["apply", "-f", example.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let (ok, args) = cluster.kubectl(&[
+        "get",
+        "deployment",
+        "kuryr-controller",
+        "-n",
+        "kube-system",
+        "-o",
+        "jsonpath={.spec.template.spec.initContainers[?(@.name==\"leader-elector\")].args}",
+    ]);
+    assert!(ok, "{args}");
+    let args: Vec<String> = serde_json::from_str(&args).unwrap_or_else(|e| panic!("{e}: {args}"));
+    assert!(args.iter().any(|a| a == "--election=kuryr-controller"), "{args:?}");
+
+    // The example's args as the container runtime would pass them ($(POD_NAME) expanded), with
+    // the port moved to a free loopback one.
+    let args: Vec<String> =
+        args.iter()
+            .map(|a| {
+                if a.starts_with("--http=") {
+                    "--http=127.0.0.1:0".to_owned()
+                } else {
+                    a.replace("$(POD_NAME)", "pod-x")
+                }
+            })
+            .collect();
+    let mut command = Command::new(TENURE);
+    command.arg("elect").args(&args).env("KUBECONFIG", cluster.kubeconfig());
+    let sidecar = Tenure::start_with("pod-x", &mut command);
+    let address = sidecar.http_address();
+    all_report(&[&address], "pod-x", Duration::from_secs(10));
+    let (ok, lease) = cluster.kubectl(&["get", "lease", "kuryr-controller", "-n", "kube-system"]);
+    assert!(ok && lease.contains("pod-x"), "{lease}");
 }

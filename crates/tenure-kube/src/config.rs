@@ -26,6 +26,9 @@ pub enum KubeError {
     /// The kubeconfig file could not be read or used.
     #[error("cannot use the kubeconfig: {0}")]
     Kubeconfig(#[from] kube::config::KubeconfigError),
+    /// `--use-cluster-credentials` outside a pod (no service account token or API server address).
+    #[error("cannot use the in-cluster service account: {0}")]
+    InCluster(kube::config::InClusterError),
     /// Neither the in-cluster service account nor a kubeconfig gave a configuration.
     #[error("cannot find a Kubernetes configuration (in-cluster or KUBECONFIG): {0}")]
     Infer(#[from] kube::config::InferConfigError),
@@ -180,6 +183,9 @@ pub struct ClusterOptions {
     /// The API server's URL, replacing the kubeconfig's. With no configuration found at all, a
     /// plain client for this URL (no credentials), as for a local test server.
     pub server: Option<String>,
+    /// Use only the in-cluster service account (leader-elector's `--use-cluster-credentials`),
+    /// ignoring `KUBECONFIG` and `~/.kube/config`.
+    pub in_cluster: bool,
 }
 
 impl ClusterOptions {
@@ -196,6 +202,7 @@ impl ClusterOptions {
             })
             .transpose()?;
         let mut config = match (&self.kubeconfig, &self.context, &server) {
+            _ if self.in_cluster => kube::Config::incluster().map_err(KubeError::InCluster)?,
             (Some(path), _, _) => {
                 let kubeconfig = Kubeconfig::read_from(path)?;
                 kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?
