@@ -99,11 +99,15 @@ impl ElectionOptions {
             if self.lock_type.is_some() {
                 return Err(usage("give either --lock or --lock-type, not both".to_owned()));
             }
-            if let (LockUrl::Kube(reference), Some(namespace)) = (url, &self.election_namespace) {
-                if *namespace != reference.namespace {
+            match (url, &self.election_namespace) {
+                (LockUrl::Kube(reference), Some(namespace)) if *namespace != reference.namespace => {
                     return Err(usage(format!(
                         "--election-namespace {namespace} differs from the namespace of --lock {url}"
                     )));
+                }
+                (LockUrl::Kube(_), _) | (_, None) => {}
+                (_, Some(namespace)) => {
+                    tracing::info!(namespace, lock = %url, "--election-namespace only applies to Kubernetes locks; ignored");
                 }
             }
             return Ok(url.clone());

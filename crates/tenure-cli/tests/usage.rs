@@ -26,8 +26,8 @@ fn bad_lock_urls_are_usage_errors() {
     assert_usage_error(&["elect", "--election", "e", "--lock", "/tmp/x"], "not a lock URL");
     assert_usage_error(&["elect", "--election", "e", "--lock", "file:relative"], "three slashes");
     assert_usage_error(
-        &["status", "--election", "e", "--lock", "kube://default/leases/e"],
-        "scheme 'kube' is not supported by this build",
+        &["status", "--election", "e", "--lock", "kube://default/pods/e"],
+        "unknown Kubernetes lock kind",
     );
     assert_usage_error(
         &["run", "--election", "e", "--lock", "gopher://x", "--", "true"],
@@ -53,11 +53,29 @@ fn grace_not_below_the_renew_deadline_is_refused() {
 
 #[test]
 fn unknown_flags_and_subcommands_are_usage_errors() {
-    assert_usage_error(&["elect", "--election", "e", "--use-cluster-credentials"], "--use-cluster-credentials");
+    assert_usage_error(&["elect", "--election", "e", "--no-such-flag"], "--no-such-flag");
+    assert_usage_error(
+        &["elect", "--election", "e", "--use-cluster-credentials", "--kubeconfig", "/k"],
+        "cannot be combined",
+    );
     assert_usage_error(&["elect", "--election", "e", "--http", "4040"], "--http");
     assert_usage_error(&["run", "--election", "e", "true"], "'true'");
     assert_usage_error(&["frobnicate"], "frobnicate");
     assert_usage_error(&["status", "--election", "e", "--output", "yaml"], "yaml");
+}
+
+#[test]
+fn a_kubernetes_lock_without_a_cluster_is_a_one_line_failure() {
+    for args in [
+        &["status", "--election", "e", "--lock", "kube://default/leases/e"][..],
+        &["elect", "--election", "e", "--use-cluster-credentials"],
+        &["run", "--election", "e", "--lock-type", "leases", "--", "true"],
+    ] {
+        let (code, _, stderr) = run_to_end(args);
+        assert_eq!(code, 1, "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: not one line: {stderr}");
+        assert!(stderr.contains("kube://default/"), "{args:?}: names the lock: {stderr}");
+    }
 }
 
 #[test]
