@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use chrono::{DateTime, Utc};
+
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -46,7 +48,21 @@ pub trait RecordObject:
 
     /// An object with this metadata and nothing else.
     fn empty(metadata: ObjectMeta) -> Self;
+
+    /// Marks the object as written at `now`, so that every write changes it. Nothing to do where
+    /// the record itself always changes (a Lease's `renewTime` has microseconds).
+    fn stamp_write(&mut self, _now: DateTime<Utc>) {}
 }
+
+/// The annotation Tenure sets beside the record on every write of an Endpoints object or a
+/// ConfigMap: the time of the write, with microseconds.
+///
+/// Why: the record's times have whole seconds (client-go's format), so two renews within one
+/// second write identical objects, which the API server applies as a no-op: same
+/// `resourceVersion`, no watch event. Followers would not see such a renew, yet the leader would
+/// count it, and followers' lease countdowns and the leader's self-fencing deadline would no
+/// longer line up. client-go readers ignore other annotations.
+pub const WRITE_TIME_ANNOTATION: &str = "tenure/written-at";
 
 /// The checks [`LeaderElectionRecord::from_json`] makes, for records that do not come from JSON
 /// (the Lease's fields): values no honest candidate writes are reported, not trusted.
@@ -151,6 +167,13 @@ macro_rules! record_in_annotation {
             fn empty(metadata: ObjectMeta) -> Self {
                 Self { metadata, ..Self::default() }
             }
+
+            fn stamp_write(&mut self, now: DateTime<Utc>) {
+                self.metadata
+                    .annotations
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(WRITE_TIME_ANNOTATION.to_owned(), now.to_rfc3339_opts(chrono::SecondsFormat::Micros, true));
+            }
         }
     };
 }
@@ -161,7 +184,6 @@ record_in_annotation!(ConfigMap, "configmaps");
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::{DateTime, Utc};
     use k8s_openapi::api::core::v1::{EndpointAddress, EndpointSubset};
 
     fn time(text: &str) -> DateTime<Utc> {
@@ -286,5 +308,24 @@ mod tests {
             ..ConfigMap::default()
         };
         assert!(matches!(cm.record(), Err(RecordError::Malformed(_))));
+    }
+
+    #[test]
+    fn every_annotation_write_changes_the_object_even_within_one_second() {
+        let mut ep = Endpoints::with_record("ns", "x", &record("a", 1)).unwrap();
+        ep.stamp_write(time("2024-05-01T10:00:00.100000Z"));
+        let first = ep.clone();
+        ep.set_record(&record("a", 1)).unwrap();
+        ep.stamp_write(time("2024-05-01T10:00:00.300000Z"));
+        assert_ne!(ep, first, "a renew within the same second is still a change");
+        assert_eq!(ep.metadata.annotations.as_ref().unwrap()[WRITE_TIME_ANNOTATION], "2024-05-01T10:00:00.300000Z");
+        assert_eq!(
+            ep.metadata.annotations.unwrap()[LEADER_ANNOTATION],
+            first.metadata.annotations.unwrap()[LEADER_ANNOTATION]
+        );
+        let mut lease = Lease::with_record("ns", "x", &record("a", 1)).unwrap();
+        let before = lease.clone();
+        lease.stamp_write(time("2024-05-01T10:00:00.300000Z"));
+        assert_eq!(lease, before, "a Lease's renewTime already changes");
     }
 }

@@ -142,7 +142,8 @@ impl<K: RecordObject> ObjectLock<K> {
 
     /// Creates the object holding `record`.
     pub(crate) async fn create_object(&self, record: &LeaderElectionRecord) -> Result<K, LockError> {
-        let object = K::with_record(&self.namespace, &self.name, record)?;
+        let mut object = K::with_record(&self.namespace, &self.name, record)?;
+        object.stamp_write(chrono::Utc::now());
         let created = versioned(
             self.api.create(&PostParams::default(), &object).await.map_err(|e| lock_error(Call::Create, e))?,
         )?;
@@ -171,6 +172,7 @@ impl<K: RecordObject> ObjectLock<K> {
             }
         };
         object.set_record(record)?;
+        object.stamp_write(chrono::Utc::now());
         object.meta_mut().resource_version = Some(expected.0.clone());
         let updated = versioned(
             self.api
@@ -179,6 +181,13 @@ impl<K: RecordObject> ObjectLock<K> {
                 .map_err(|e| lock_error(Call::Update, e))?,
         )?;
         self.remember(Some(&updated));
+        if updated.resource_version().as_deref() == Some(expected.0.as_str()) {
+            // Applied as a no-op: nobody watching saw a change, so it must not count as one.
+            return Err(LockError::Unavailable(format!(
+                "the update of {} left the object unchanged (same resourceVersion)",
+                self.describe()
+            )));
+        }
         Ok(updated)
     }
 
