@@ -22,6 +22,10 @@
 //!   like any other holder's, because the two cannot be told apart.
 //! - **Corrupt records** are held by an unknown holder for one full lease from when they were
 //!   first seen, then taken over.
+//! - **Deleted records**: a lock object deleted while another holder's lease was running is
+//!   still held until that lease would have run out. The holder may not know of the deletion
+//!   until its next renew fails, and self-fences only at its renew deadline; creating the object
+//!   at once would give two leaders (client-go has this gap).
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -181,6 +185,9 @@ pub struct Candidate {
     notified_while_pending: Option<Option<Version>>,
     /// A resync was asked for while a request was in flight: read again after its reply.
     resync_after_pending: bool,
+    /// The record was deleted while another holder's lease ran: until this instant the absent
+    /// record counts as still held (see the module documentation).
+    deleted_lease_until: Option<MonotonicTime>,
 }
 
 impl Candidate {
@@ -205,6 +212,7 @@ impl Candidate {
             events: VecDeque::new(),
             notified_while_pending: None,
             resync_after_pending: false,
+            deleted_lease_until: None,
         }
     }
 
@@ -561,6 +569,12 @@ impl Candidate {
         if let Some(Ok(record)) = stored.as_ref().map(|s| &s.record) {
             self.note_term(Term(u64::try_from(record.leader_transitions).unwrap_or(0)));
         }
+        // A deletion does not end another holder's lease (see the module documentation); the
+        // holder itself, having seen it, knows its tenure is over.
+        self.deleted_lease_until = match (&stored, self.classify()) {
+            (None, Holder::Other { expires_at }) if expires_at > now => Some(expires_at),
+            _ => None,
+        };
         self.observed = Some(Observed { stored, seen_at: now });
         if !authoritative && self.pending.is_none() {
             // Fresh news needs no read. Someone else's change may call for a decision now; our own
@@ -599,7 +613,12 @@ impl Candidate {
 
     fn classify(&self) -> Holder {
         let Some(observed) = &self.observed else { return Holder::Absent };
-        let Some(stored) = &observed.stored else { return Holder::Absent };
+        let Some(stored) = &observed.stored else {
+            return match self.deleted_lease_until {
+                Some(expires_at) => Holder::Other { expires_at },
+                None => Holder::Absent,
+            };
+        };
         if self.is_own_tenure(Some(stored)) {
             return Holder::Ours;
         }
@@ -740,6 +759,29 @@ mod tests {
         let renew_at = T0 + timing.retry_period;
         let Some(Action::Update { expected, record }) = c.poll_action(renew_at, wall()) else { panic!("no renew") };
         assert_eq!((expected, record.leader_transitions), (Version("1".into()), 1));
+    }
+
+    #[test]
+    fn a_lock_deleted_under_a_running_lease_is_created_only_when_that_lease_would_have_ended() {
+        let mut c = Candidate::new("b", Timing::default(), true, 1);
+        c.poll_action(T0, wall());
+        c.on_read(T0, Ok(held_by("a", "7", 3)));
+        let deleted = T0 + Duration::from_secs(4);
+        c.on_change(deleted, None);
+        assert_eq!(c.poll_action(deleted, wall()), None, "the holder may not know yet: no create");
+        assert_eq!(c.next_wakeup(), Some(T0 + Duration::from_secs(15)));
+        let Some(Action::Create(record)) = c.poll_action(T0 + Duration::from_secs(15), wall()) else {
+            panic!("the lease has run out: create")
+        };
+        assert_eq!(record.leader_transitions, 4, "the term still grows past the deleted record's");
+
+        // A lock deleted after its lease ran out, or that was free, is created at once.
+        let mut c = Candidate::new("b", Timing::default(), true, 1);
+        c.poll_action(T0, wall());
+        c.on_read(T0, Ok(held_by("a", "7", 3)));
+        let late = T0 + Duration::from_secs(20);
+        c.on_change(late, None);
+        assert!(matches!(c.poll_action(late, wall()), Some(Action::Create(_))));
     }
 
     #[test]
