@@ -14,6 +14,10 @@
 //! every millisecond to connect and send `GET /`, and stops at the first HTTP status line
 //! received. The median of the 10 starts is the number.
 //!
+//! Method, on Kubernetes: the same leader and follower with `--lock-type leases` against a
+//! `tenure apiserver` process (in-memory API server on loopback), found through KUBECONFIG: the
+//! sidecar as it runs in a pod, with the Kubernetes client, TLS stack and watch loaded.
+//!
 //! Settings: TENURE_BENCH_STARTS (default 10), TENURE_BENCH_IDLE_SECS (default 5), TENURE_BIN.
 
 use std::io::{Read, Write};
@@ -83,6 +87,8 @@ fn main() {
         follower.log_tail(20)
     );
     drop((leader, follower, watcher));
+
+    kube_idle(&binary, scratch.path(), idle, &mut report);
 
     // Start to first HTTP answer.
     let lock = scratch.path().join("start.json");
@@ -172,4 +178,68 @@ fn try_get(address: SocketAddr) -> Option<(Instant, String)> {
 
 fn megabytes(kib: u64) -> f64 {
     kib as f64 * 1024.0 / 1e6
+}
+
+/// The leader and follower of a Kubernetes election (Lease lock) against a `tenure apiserver`.
+fn kube_idle(binary: &Path, scratch: &Path, idle: Duration, report: &mut Report) {
+    let kubeconfig = scratch.join("kubeconfig");
+    let log = scratch.join("apiserver.log");
+    let mut command = std::process::Command::new(binary);
+    command.args(["apiserver", "--listen", "127.0.0.1:0", "--kubeconfig"]).arg(&kubeconfig);
+    logged(&mut command, &log);
+    let server = ChildGuard::spawn("apiserver", &mut command, Some(&log)).expect("start tenure apiserver");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(&kubeconfig).map_or(true, |m| m.len() == 0) {
+        assert!(Instant::now() < deadline, "the API server wrote no kubeconfig; log:\n{}", server.log_tail(20));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let elect = |id: &str| {
+        let address = free_loopback_address().expect("a free loopback port");
+        let mut command = std::process::Command::new(binary);
+        command
+            .args(["elect", "--election", "idle", "--id", id, "--lock-type", "leases", "--http"])
+            .arg(address.to_string())
+            .env("KUBECONFIG", &kubeconfig);
+        let log = scratch.join(format!("kube-{id}.log"));
+        logged(&mut command, &log);
+        let child = ChildGuard::spawn(id, &mut command, Some(&log)).expect("start tenure elect");
+        (child, address)
+    };
+    let (leader, leader_http) = elect("leader");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !http_body(leader_http, "/isLeader").is_some_and(|b| b.contains("true")) {
+        assert!(Instant::now() < deadline, "the Kubernetes leader did not lead; log:\n{}", leader.log_tail(20));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (follower, follower_http) = elect("follower");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !http_body(follower_http, "/").is_some_and(|b| b.contains("leader")) {
+        assert!(Instant::now() < deadline, "the Kubernetes follower saw no leader; log:\n{}", follower.log_tail(20));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(idle);
+    for (role, child) in [("leader", &leader), ("follower", &follower)] {
+        let memory = procfs::memory(Target::Pid(child.pid()))
+            .unwrap_or_else(|e| panic!("cannot read the memory of the {role}: {e}; log:\n{}", child.log_tail(20)));
+        let label = format!("Kubernetes {role} VmRSS (Lease, with --http)");
+        report.goal(&format!("kube_{role}_rss_mb"), &label, megabytes(memory.rss_kib), "MB", GOAL_RSS_MB);
+        let label = format!("Kubernetes {role} RssAnon");
+        report.info(&format!("kube_{role}_anon_mb"), &label, megabytes(memory.anon_kib), "MB");
+    }
+}
+
+/// Sends the command's standard error to `log` (read back by `ChildGuard::log_tail`).
+fn logged(command: &mut std::process::Command, log: &Path) {
+    let file = std::fs::File::create(log).expect("a log file");
+    command.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(file);
+}
+
+/// The body of a 200 answer to `GET path`.
+fn http_body(address: SocketAddr, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(200)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    response.starts_with("HTTP/1.1 200").then(|| response.split("\r\n\r\n").nth(1).unwrap_or("").to_owned())
 }
