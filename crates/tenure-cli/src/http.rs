@@ -166,10 +166,18 @@ async fn leader_name(State(api): State<Api>) -> Json<LeaderName> {
 /// still name it until the elector has looked at the lock again, and an application asking its
 /// sidecar "who leads?" must not act on that. It answers `None` (unknown) until the elector knows.
 fn current_leader(view: &dyn LeadershipView) -> Option<String> {
-    match view.leadership().leader {
+    match known_leader(view.leadership().leader) {
         Some(name) if name == view.identity() && !view.leads_now() => None,
         other => other,
     }
+}
+
+/// The leader as answered over HTTP: a Kubernetes multi-lock whose two objects name different
+/// holders (for a moment while a new leader writes both, or while `leases` candidates lead)
+/// holds client-go's placeholder holder, which names nobody: it is answered as unknown (`""`),
+/// which is what leader-elector:0.5's API says when it does not know.
+pub(crate) fn known_leader(leader: Option<String>) -> Option<String> {
+    leader.filter(|name| name != tenure_kube::UNKNOWN_LEADER)
 }
 
 /// The answer of `/isLeader`.

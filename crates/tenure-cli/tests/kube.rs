@@ -7,7 +7,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{http_get, http_leader, run_to_end, wait_until, TempDir, Tenure, TENURE};
+use common::{get, http_get, http_leader, metric, run_to_end, wait_until, EventStream, TempDir, Tenure, TENURE};
 
 /// The seed's args (`--election=kuryr-controller --http=0.0.0.0:16401 --election-namespace=kube-system
 /// --ttl=5s`), with a loopback port of the test's choosing (three replicas share one host here).
@@ -101,6 +101,20 @@ fn the_seed_sidecar_args_elect_one_leader_fail_over_and_hand_over() {
     let leader = the_leader(&all);
     assert_eq!(all.iter().filter(|a| is_leader(a)).count(), 1, "exactly one says it leads");
 
+    // Probes and metrics match the state, on every replica.
+    for (tenure, address) in &replicas {
+        let leads = tenure.name == leader;
+        assert_eq!(get(address, "/healthz").map(|(code, _)| code), Some(200));
+        assert_eq!(get(address, "/readyz").map(|(code, _)| code), Some(200));
+        let series = "leader_election_master_status{name=\"kuryr-controller\"}";
+        assert_eq!(metric(address, series), Some(if leads { 1.0 } else { 0.0 }), "{}", tenure.name);
+    }
+    // Every replica's SSE stream, from now on; checked at the end on the one that survives.
+    let mut streams: Vec<(String, EventStream)> =
+        replicas.iter().map(|(t, a)| (t.name.clone(), EventStream::open(a))).collect();
+    let firsts: Vec<serde_json::Value> = streams.iter_mut().map(|(_, s)| s.next().1).collect();
+    assert!(firsts.iter().all(|e| e["leader"] == leader.as_str()), "{firsts:?}");
+
     // The lock is the one leader-elector:0.5 used (Endpoints annotation) and a Lease beside it.
     let (ok, described) = cluster.kubectl(&["describe", "ep", "kuryr-controller", "-n", "kube-system"]);
     assert!(ok && described.contains("control-plane.alpha.kubernetes.io/leader"), "{described}");
@@ -133,6 +147,25 @@ fn the_seed_sidecar_args_elect_one_leader_fail_over_and_hand_over() {
     assert_eq!(stopped.exit_code(Duration::from_secs(5)), 0, "{}", stopped.log());
     let (ok, events) = cluster.kubectl(&["get", "events", "-n", "kube-system"]);
     assert!(ok && events.contains(&format!("{second} stopped leading")), "{events}");
+
+    // The survivor pushed each change once and in order: the first leader, the second, itself.
+    let survivor = replicas[0].0.name.clone();
+    let (_, mut stream) = streams.into_iter().find(|(name, _)| *name == survivor).unwrap();
+    let mut leaders = vec![leader.clone()];
+    let mut last_term = 0;
+    while leaders.last() != Some(&survivor) {
+        let (_, event) = stream.next();
+        let term = event["term"].as_u64().unwrap_or(last_term);
+        assert!(term >= last_term, "terms never go back: {event}");
+        last_term = term;
+        let named = event["leader"].as_str().unwrap_or("").to_owned();
+        if !named.is_empty() && leaders.last() != Some(&named) {
+            assert!(!leaders.contains(&named), "{named} pushed twice: {leaders:?}");
+            leaders.push(named);
+        }
+    }
+    assert_eq!(leaders, [leader, second, survivor.clone()]);
+    assert_eq!(metric(&last, "leader_election_master_status{name=\"kuryr-controller\"}"), Some(1.0));
 }
 
 #[test]
@@ -191,13 +224,13 @@ fn a_rolling_migration_from_endpoints_to_leases_never_has_two_leaders() {
             assert_eq!(old.exit_code(Duration::from_secs(5)), 0, "{}", old.log());
             // One replica leads; the others name it, except that an endpointsleases replica cannot
             // name a leases replica's leadership (it sees an Endpoints record the leases replicas
-            // no longer write) and answers client-go's unknown leader, as client-go does.
+            // no longer write): client-go's placeholder holder, which the sidecar answers as unknown.
             let leader = wait_until(Duration::from_secs(15), || {
                 let leading: Vec<&(Tenure, String)> = replicas.iter().filter(|(_, a)| is_leader(a)).collect();
                 let [(leader, _)] = leading.as_slice() else { return None };
                 let named = replicas.iter().all(|(_, a)| {
                     let answer = http_leader(a).unwrap_or_default();
-                    answer == leader.name || answer == "leaderelection.k8s.io/unknown"
+                    answer == leader.name || answer.is_empty()
                 });
                 named.then(|| leader.name.clone())
             })

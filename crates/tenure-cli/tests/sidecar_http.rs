@@ -3,11 +3,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{file_url, wait_until, TempDir, Tenure};
+use common::{file_url, get, metric, wait_until, EventStream, TempDir, Tenure};
 use serde_json::Value;
 
 /// A candidate in election "test" on `lock_url`, with `extra` flags; returns it and its address.
@@ -18,18 +16,6 @@ fn start_candidate(id: &str, lock_url: &str, extra: &[&str]) -> (Tenure, String)
     let tenure = Tenure::start(id, &args);
     let address = tenure.http_address();
     (tenure, address)
-}
-
-/// `GET path`: the status code and the body, whatever the status.
-fn get(address: &str, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(address).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let code = response.get(9..12)?.parse().ok()?;
-    let (_, body) = response.split_once("\r\n\r\n")?;
-    Some((code, body.to_owned()))
 }
 
 fn status_code(address: &str, path: &str) -> u16 {
@@ -45,12 +31,6 @@ fn status(address: &str) -> Value {
 fn is_leader(address: &str) -> bool {
     let (_, body) = get(address, "/isLeader").expect("an answer from /isLeader");
     serde_json::from_str::<Value>(&body).unwrap()["isLeader"].as_bool().unwrap()
-}
-
-/// The value of the sample `series` (name and labels) in the answer of `/metrics`.
-fn metric(address: &str, series: &str) -> Option<f64> {
-    let (_, body) = get(address, "/metrics")?;
-    body.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 /// Waits until exactly one of `addresses` says it leads and all name it in `/status`; returns
@@ -112,39 +92,6 @@ fn is_leader_status_probes_and_metrics_match_the_election_and_follow_a_handover(
         assert_eq!(master_status, Some(if leads { 1.0 } else { 0.0 }));
     }
     assert_eq!(old_leader.exit_code(Duration::from_secs(5)), 0, "{}", old_leader.log());
-}
-
-/// Reads Server-Sent Events from a connection, one `data:` payload at a time.
-struct EventStream {
-    lines: std::io::Lines<BufReader<TcpStream>>,
-}
-
-impl EventStream {
-    fn open(address: &str) -> EventStream {
-        let mut stream = TcpStream::connect(address).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        write!(stream, "GET /events HTTP/1.1\r\nHost: test\r\n\r\n").unwrap();
-        let mut lines = BufReader::new(stream).lines();
-        let status = lines.next().unwrap().unwrap();
-        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
-        EventStream { lines }
-    }
-
-    /// The next event: its id and its JSON data. Fails after 5 s without one.
-    fn next(&mut self) -> (u64, Value) {
-        let (mut id, mut name) = (None, None);
-        loop {
-            let line = self.lines.next().expect("the stream is open").expect("an event within 5 s");
-            if let Some(value) = line.strip_prefix("id: ") {
-                id = value.parse().ok();
-            } else if let Some(value) = line.strip_prefix("event: ") {
-                name = Some(value.to_owned());
-            } else if let Some(data) = line.strip_prefix("data: ") {
-                assert_eq!(name.as_deref(), Some("leadership"));
-                return (id.expect("an id before the data"), serde_json::from_str(data).unwrap());
-            }
-        }
-    }
 }
 
 #[test]

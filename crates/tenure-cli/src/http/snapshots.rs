@@ -21,7 +21,11 @@ pub struct NumberedLeadership {
 /// Numbers the snapshots of `leadership` from now on. The returned channel closes when the
 /// elector stops (so streams built on it end) and the task ends when every receiver is gone.
 pub fn number(mut leadership: watch::Receiver<Leadership>) -> watch::Receiver<NumberedLeadership> {
-    let first = NumberedLeadership { version: 1, leadership: leadership.borrow_and_update().clone() };
+    let presented = |mut snapshot: Leadership| {
+        snapshot.leader = super::known_leader(snapshot.leader);
+        snapshot
+    };
+    let first = NumberedLeadership { version: 1, leadership: presented(leadership.borrow_and_update().clone()) };
     let (numbered, receiver) = watch::channel(first);
     tokio::spawn(async move {
         loop {
@@ -30,7 +34,10 @@ pub fn number(mut leadership: watch::Receiver<Leadership>) -> watch::Receiver<Nu
                     if changed.is_err() {
                         break;
                     }
-                    let snapshot = leadership.borrow_and_update().clone();
+                    let snapshot = presented(leadership.borrow_and_update().clone());
+                    if snapshot == current_of(&numbered) {
+                        continue;
+                    }
                     numbered.send_modify(|current| {
                         current.version += 1;
                         current.leadership = snapshot;
@@ -41,6 +48,10 @@ pub fn number(mut leadership: watch::Receiver<Leadership>) -> watch::Receiver<Nu
         }
     });
     receiver
+}
+
+fn current_of(numbered: &watch::Sender<NumberedLeadership>) -> Leadership {
+    numbered.borrow().leadership.clone()
 }
 
 #[cfg(test)]

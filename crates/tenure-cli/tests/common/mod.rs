@@ -213,3 +213,54 @@ pub fn start_elect(id: &str, election: &str, lock_url: &str, ttl: &str) -> (Tenu
     let address = tenure.http_address();
     (tenure, address)
 }
+
+/// `GET path`: the status code and the body, whatever the status.
+pub fn get(address: &str, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(address).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let code = response.get(9..12)?.parse().ok()?;
+    let (_, body) = response.split_once("\r\n\r\n")?;
+    Some((code, body.to_owned()))
+}
+
+/// The value of the sample `series` (name and labels) in the answer of `/metrics`.
+pub fn metric(address: &str, series: &str) -> Option<f64> {
+    let (_, body) = get(address, "/metrics")?;
+    body.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Reads Server-Sent Events from a connection, one `data:` payload at a time.
+pub struct EventStream {
+    lines: std::io::Lines<BufReader<TcpStream>>,
+}
+
+impl EventStream {
+    pub fn open(address: &str) -> EventStream {
+        let mut stream = TcpStream::connect(address).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(stream, "GET /events HTTP/1.1\r\nHost: test\r\n\r\n").unwrap();
+        let mut lines = BufReader::new(stream).lines();
+        let status = lines.next().unwrap().unwrap();
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        EventStream { lines }
+    }
+
+    /// The next event: its id and its JSON data. Fails after 5 s without one.
+    pub fn next(&mut self) -> (u64, serde_json::Value) {
+        let (mut id, mut name) = (None, None);
+        loop {
+            let line = self.lines.next().expect("the stream is open").expect("an event within 5 s");
+            if let Some(value) = line.strip_prefix("id: ") {
+                id = value.parse().ok();
+            } else if let Some(value) = line.strip_prefix("event: ") {
+                name = Some(value.to_owned());
+            } else if let Some(data) = line.strip_prefix("data: ") {
+                assert_eq!(name.as_deref(), Some("leadership"));
+                return (id.expect("an id before the data"), serde_json::from_str(data).unwrap());
+            }
+        }
+    }
+}
