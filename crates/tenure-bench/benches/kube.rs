@@ -313,11 +313,13 @@ async fn crowd(report: &mut Report) {
     let mut leader_id = leader_id;
     let mut handovers = Vec::new();
     let mut all_know = Vec::new();
+    let mut requests_per_handover = Vec::new();
     for round in 1..=env_usize("TENURE_BENCH_CROWD_ROUNDS", 5) {
         let leader = leader_of(&candidates, Duration::from_secs(30)).await;
         assert_eq!(candidates[leader].elector.identity(), leader_id, "round {round}: the leader everyone named");
         let mark = observed.len();
         let leaving = candidates.remove(leader);
+        server.faults().reset_counts();
         let handover_started = Instant::now();
         let shutdown = tokio::spawn(leaving.elector.shutdown());
         let (_, new_at, new_holder) = observed
@@ -332,10 +334,21 @@ async fn crowd(report: &mut Report) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         all_know.push(ms(handover_started.elapsed()));
+        let counts = server.faults().request_counts();
+        requests_per_handover
+            .push(counts.iter().filter(|((a, _), _)| a != "bench-observer").map(|(_, n)| *n as f64).sum());
         leader_id = new_holder;
     }
     let label = format!("{size} candidates: graceful handover");
     report.distribution("crowd_handover_ms", &label, &Summary::of(&handovers).expect("handovers"), "ms", None);
+    let label = format!("{size} candidates: requests per handover (release, acquisition attempts, reads)");
+    report.distribution(
+        "crowd_requests_per_handover",
+        &label,
+        &Summary::of(&requests_per_handover).expect("handovers"),
+        "",
+        None,
+    );
     let label = format!("{size} candidates: shutdown -> all name the new leader");
     report.distribution("crowd_all_know_ms", &label, &Summary::of(&all_know).expect("handovers"), "ms", None);
     for candidate in candidates.drain(..) {
