@@ -14,6 +14,8 @@
 //! apply field management, pagination (`limit` is ignored) or garbage collection. It listens on
 //! loopback by default.
 
+#![warn(missing_docs)]
+
 pub mod discovery;
 pub mod errors;
 pub mod faults;
