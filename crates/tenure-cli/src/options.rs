@@ -20,9 +20,9 @@ pub struct ElectionOptions {
 
     /// Where the lock lives: file:///absolute/path, kube://NAMESPACE/KIND/NAME,
     /// etcd://host:port/name, zk://host:port/path, or memory: (this process only).
-    /// [default: on Kubernetes (in a pod, or given a kubeconfig) the --lock-type object named
-    /// --election in --election-namespace; elsewhere a file named after the election in the
-    /// per-user runtime directory]
+    /// [default: in a pod, with KUBECONFIG set, or given a Kubernetes flag below, the --lock-type
+    /// object named --election in --election-namespace; elsewhere a file named after the election
+    /// in the per-user runtime directory (an existing ~/.kube/config alone does not switch)]
     #[arg(long, value_name = "URL")]
     pub lock: Option<LockUrl>,
 
