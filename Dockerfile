@@ -28,8 +28,8 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --target x86_64-unknown-linux-musl --bin tenure -p tenure-cli \
- && install -D -m 0755 target/x86_64-unknown-linux-musl/release/tenure /out/tenure \
+    cargo build --profile sidecar --locked --target x86_64-unknown-linux-musl --bin tenure -p tenure-cli \
+ && install -D -m 0755 target/x86_64-unknown-linux-musl/sidecar/tenure /out/tenure \
  && mkdir -m 1777 /out/tmp
 
 FROM scratch

@@ -24,8 +24,8 @@ say() { printf 'check-image-build: %s\n' "$*"; }
 
 if rustup target list --installed 2>/dev/null | grep -qx "$TARGET"; then
   say "building as the Dockerfile does (target $TARGET)"
-  cargo build --release --locked --target "$TARGET" --bin tenure -p tenure-cli
-  binary="target/$TARGET/release/tenure"
+  cargo build --profile sidecar --locked --target "$TARGET" --bin tenure -p tenure-cli
+  binary="target/$TARGET/sidecar/tenure"
   # Static means: no program interpreter and no shared libraries needed.
   if readelf -l "$binary" | grep -q 'INTERP' || readelf -d "$binary" | grep -q 'NEEDED'; then
     say "FAILED: $binary is dynamically linked; it would not start in a FROM scratch image" >&2
@@ -41,8 +41,8 @@ else
   fi
   say "SKIPPED the musl build: the $TARGET target is not installed" \
     "(rustup target add $TARGET; apt-get install musl-tools). Checking a host build instead."
-  cargo build --release --locked --bin tenure -p tenure-cli
-  binary="target/release/tenure"
+  cargo build --profile sidecar --locked --bin tenure -p tenure-cli
+  binary="target/sidecar/tenure"
   built="host (musl skipped)"
 fi
 
