@@ -139,6 +139,16 @@ impl ApiError {
         }
     }
 
+    /// `504 Timeout`, for a request held by a partition that has healed since.
+    pub fn timeout() -> Self {
+        ApiError {
+            code: 504,
+            reason: "Timeout",
+            message: "the request was cut off by a partition and not served".to_string(),
+            details: Some(json!({})),
+        }
+    }
+
     /// `500 InternalError`, used by fault injection.
     pub fn internal(message: impl Into<String>) -> Self {
         ApiError {

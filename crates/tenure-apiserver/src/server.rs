@@ -32,7 +32,7 @@ pub struct ApiServerConfig {
     pub listen: SocketAddr,
     /// How many changes the event log keeps for watches to resume from; older starts get `410 Expired`.
     pub event_log_capacity: usize,
-    /// How often watches that asked for bookmarks get one.
+    /// How often watches that asked for bookmarks get one; zero for never.
     pub bookmark_interval: Duration,
     /// How long a watch without `timeoutSeconds` stays open (the real server picks 30 to 60 minutes).
     pub default_watch_timeout: Duration,
@@ -80,9 +80,13 @@ impl ApiServer {
         let bookmarks = shared.clone();
         let task = tokio::spawn(async move {
             let serve = axum::serve(listener, router).with_graceful_shutdown(stop.clone().cancelled_owned());
-            let mut ticks = tokio::time::interval(config.bookmark_interval);
-            ticks.tick().await;
+            // A zero interval means no bookmarks (and must not reach `interval`, which refuses it).
             let bookmarking = async {
+                if config.bookmark_interval.is_zero() {
+                    return std::future::pending().await;
+                }
+                let mut ticks = tokio::time::interval(config.bookmark_interval);
+                ticks.tick().await;
                 loop {
                     ticks.tick().await;
                     bookmarks.store.send_bookmarks();
@@ -232,8 +236,24 @@ async fn handle(
             return error_response(&ApiError::too_many_requests(retry_after_seconds))
         }
         Some(InjectedFault::Hang) => {
-            shared.shutdown.cancelled().await;
-            return error_response(&ApiError::internal("the server is shutting down"));
+            // Held until the server stops or, for a partitioned client, until the partition heals;
+            // then answered with a timeout (the request never reached the store).
+            let mut partitions = shared.faults.partition_changes();
+            let partitioned = shared.faults.is_partitioned(&client);
+            let healed = async {
+                while partitioned && partitions.changed().await.is_ok() {
+                    if !shared.faults.is_partitioned(&client) {
+                        return;
+                    }
+                }
+                std::future::pending::<()>().await
+            };
+            tokio::select! {
+                () = healed => return error_response(&ApiError::timeout()),
+                _ = shared.shutdown.cancelled() => {
+                    return error_response(&ApiError::internal("the server is shutting down"))
+                }
+            }
         }
     }
     let result = match route {

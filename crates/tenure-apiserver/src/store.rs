@@ -142,6 +142,9 @@ fn ensure_object(object: &mut Value) -> Result<(), ApiError> {
     if !metadata.is_object() {
         return Err(ApiError::bad_request("metadata must be an object"));
     }
+    if metadata.get("resourceVersion").is_some_and(|v| !v.is_string() && !v.is_null()) {
+        return Err(ApiError::bad_request("metadata.resourceVersion must be a string"));
+    }
     Ok(())
 }
 
@@ -299,12 +302,21 @@ impl Store {
         validate(resource, name, &object)?;
         let mut state = self.lock();
         let Some(existing) = state.objects.get(&key(resource, namespace, name)).cloned() else {
-            let wants_version = !metadata_str(&object, "resourceVersion").is_empty();
-            if resource.create_on_update && !wants_version {
-                let created = Self::create_locked(&mut state, resource, namespace, name, object)?;
-                return Ok((created, true));
+            if !resource.create_on_update {
+                return Err(ApiError::not_found(resource, name));
             }
-            return Err(ApiError::not_found(resource, name));
+            // As the real registry does: a PUT to an absent object of such a type creates it, its
+            // resourceVersion notwithstanding, unless it names the uid of an object now gone.
+            let uid = metadata_str(&object, "uid");
+            if !uid.is_empty() {
+                let why = format!("Precondition failed: UID in precondition: {uid}, UID in object meta: ");
+                return Err(ApiError::conflict_because(resource, name, &why));
+            }
+            if let Some(metadata) = object["metadata"].as_object_mut() {
+                metadata.remove("resourceVersion");
+            }
+            let created = Self::create_locked(&mut state, resource, namespace, name, object)?;
+            return Ok((created, true));
         };
         let replaced = Self::replace_locked(&mut state, resource, namespace, name, &existing, object)?;
         Ok((replaced, false))

@@ -86,34 +86,42 @@ pub fn serve(store: &Arc<Store>, faults: &Faults, shutdown: &CancellationToken, 
                 return;
             }
         };
-        for message in &first {
-            if let Some(line) = event_for(message, request.resource, &request.selectors) {
-                if sender.send(Ok(line)).await.is_err() {
-                    return;
-                }
-            }
-        }
         let deadline = tokio::time::sleep(request.timeout);
         tokio::pin!(deadline);
-        loop {
-            tokio::select! {
-                message = changes.recv() => {
-                    let Some(message) = message else { return };
-                    if let Some(line) = event_for(&message, request.resource, &request.selectors) {
-                        if sender.send(Ok(line)).await.is_err() {
+        // Ends the watch when it times out, the server stops or its client is cut off, also while
+        // a client that stopped reading keeps a send waiting.
+        let ended = async {
+            loop {
+                tokio::select! {
+                    changed = partitions.changed() => {
+                        if changed.is_err() || faults.is_partitioned(&request.client) {
                             return;
                         }
                     }
+                    _ = &mut deadline => return,
+                    _ = shutdown.cancelled() => return,
                 }
-                changed = partitions.changed() => {
-                    if changed.is_err() || faults.is_partitioned(&request.client) {
+            }
+        };
+        let stream = async {
+            for message in &first {
+                if let Some(line) = event_for(message, request.resource, &request.selectors) {
+                    if sender.send(Ok(line)).await.is_err() {
                         return;
                     }
                 }
-                _ = &mut deadline => return,
-                _ = shutdown.cancelled() => return,
-                _ = sender.closed() => return,
             }
+            while let Some(message) = changes.recv().await {
+                if let Some(line) = event_for(&message, request.resource, &request.selectors) {
+                    if sender.send(Ok(line)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            () = ended => {}
+            () = stream => {}
         }
     });
     Body::from_stream(futures::stream::unfold(receiver, |mut receiver| async move {

@@ -27,6 +27,21 @@ fn client(server: &ApiServer, name: &str) -> Client {
     Client::try_from(config).expect("a client")
 }
 
+/// One HTTP/1.1 request on its own connection: the status code and the body.
+async fn raw(server: &ApiServer, method: &str, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(server.address()).await.unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let code = response[9..12].parse().unwrap();
+    (code, response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+}
+
 fn lease(name: &str, holder: &str, duration: i32) -> Lease {
     Lease {
         metadata: kube::api::ObjectMeta { name: Some(name.into()), ..Default::default() },
@@ -85,6 +100,22 @@ async fn writes_are_compare_and_swap_on_one_resource_version_sequence() {
         .unwrap();
     let third_version: u64 = map.metadata.resource_version.unwrap().parse().unwrap();
     assert_eq!(third_version, second_version + 1);
+
+    // A PUT to a Lease that is gone: with the old uid a conflict, without one a create (as the
+    // real registry does for types that allow create-on-update).
+    leases.delete("lock", &DeleteParams::default()).await.unwrap();
+    let gone = api_error(leases.replace("lock", &PostParams::default(), &replaced).await.unwrap_err());
+    assert_eq!((gone.code, gone.reason.as_str()), (409, "Conflict"));
+    let mut fresh = replaced.clone();
+    fresh.metadata.uid = None;
+    let recreated = leases.replace("lock", &PostParams::default(), &fresh).await.unwrap();
+    assert_ne!(recreated.metadata.uid, replaced.metadata.uid);
+
+    // A resourceVersion that is not a string is refused, not read as "none".
+    let body = r#"{"metadata":{"name":"lock","resourceVersion":1},"spec":{"holderIdentity":"x"}}"#;
+    let (code, answer) =
+        raw(&server, "PUT", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/lock", body).await;
+    assert_eq!(code, 400, "{answer}");
 
     let missing = api_error(leases.get("nope").await.unwrap_err());
     assert_eq!((missing.code, missing.reason.as_str()), (404, "NotFound"));
@@ -148,6 +179,10 @@ async fn patches_deletes_and_selectors_behave_as_kubernetes_does() {
 
 #[tokio::test]
 async fn watches_filter_resume_bookmark_and_expire() {
+    // A zero bookmark interval means no bookmarks, not a server that stops.
+    let quiet = server(ApiServerConfig { bookmark_interval: Duration::ZERO, ..ApiServerConfig::default() }).await;
+    let (code, _) = raw(&quiet, "GET", "/version", "").await;
+    assert_eq!(code, 200);
     let server = server(ApiServerConfig {
         event_log_capacity: 4,
         bookmark_interval: Duration::from_millis(50),

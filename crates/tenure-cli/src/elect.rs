@@ -62,8 +62,8 @@ pub struct ElectArgs {
 
     /// On Kubernetes, label this candidate's Pod with KEY=VALUE (VALUE defaults to true) while it
     /// leads, so that `kubectl get pods -l KEY=VALUE` or a Service selector finds the leader. The
-    /// Pod is POD_NAMESPACE/POD_NAME (downward API), else the service account's namespace and the
-    /// --id. Advisory: for a moment after a change two pods, or none, may carry it.
+    /// Pod is POD_NAMESPACE/POD_NAME (downward API), else the service account's namespace (or the
+    /// lock's) and the --id. Advisory: for a moment after a change two pods, or none, may carry it.
     #[arg(long, value_name = "KEY[=VALUE]", value_parser = pod_label::parse_leader_label)]
     leader_label: Option<pod_label::LeaderLabel>,
 }
@@ -85,10 +85,12 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
         None => None,
     };
     let campaign = url.campaign(&identity, args.candidate.ttl.timing, &cluster).await?;
-    let kube_extras = campaign
-        .kube
-        .as_ref()
-        .map(|lock| KubeExtras::start(lock, &campaign.elector, args.leader_label.clone(), &identity, &args.election));
+    let kube_extras = match (&url, &campaign.kube) {
+        (crate::lock_url::LockUrl::Kube(reference), Some(lock)) => {
+            Some(KubeExtras::start(lock, &campaign.elector, args.leader_label.clone(), &identity, &reference.namespace))
+        }
+        _ => None,
+    };
     let elector = Arc::new(campaign.elector);
     tracing::info!(
         identity,
@@ -161,12 +163,11 @@ impl KubeExtras {
         elector: &Elector,
         label: Option<pod_label::LeaderLabel>,
         identity: &str,
-        election: &ElectionOptions,
+        lock_namespace: &str,
     ) -> KubeExtras {
         let events = lock.record_events(elector);
         let label = label.map(|label| {
-            let fallback_namespace = election.election_namespace.as_deref().unwrap_or("default");
-            let (namespace, pod) = pod_label::own_pod(identity, fallback_namespace);
+            let (namespace, pod) = pod_label::own_pod(identity, lock_namespace);
             let pods = kube::Api::namespaced(lock.client().clone(), &namespace);
             let stop = CancellationToken::new();
             let task = tokio::spawn(pod_label::maintain(pods, pod, label, elector.subscribe(), stop.clone()));
@@ -177,9 +178,12 @@ impl KubeExtras {
 
     /// After the release: removes the label (bounded) and lets the last Event go out.
     async fn finish(self) {
-        if let Some((task, stop)) = self.label {
+        if let Some((mut task, stop)) = self.label {
             stop.cancel();
-            let _ = task.await;
+            if tokio::time::timeout(pod_label::STOP_TIMEOUT, &mut task).await.is_err() {
+                tracing::warn!("the leader label task did not stop in time");
+                task.abort();
+            }
         }
         self.events.finish().await;
     }

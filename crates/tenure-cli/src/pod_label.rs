@@ -72,7 +72,8 @@ pub fn parse_leader_label(text: &str) -> Result<LeaderLabel, String> {
 }
 
 /// The Pod this process runs in: `POD_NAMESPACE`/`POD_NAME` (downward API), else the service
-/// account's namespace file and the identity (which defaults to the host name, i.e. the pod name).
+/// account's namespace file (else `fallback_namespace`, the lock's) and the identity (which
+/// defaults to the host name, i.e. the pod name).
 pub fn own_pod(identity: &str, fallback_namespace: &str) -> (String, String) {
     let namespace = std::env::var("POD_NAMESPACE")
         .ok()
@@ -89,8 +90,8 @@ pub fn own_pod(identity: &str, fallback_namespace: &str) -> (String, String) {
 }
 
 /// Keeps the label on the Pod exactly while `leadership` says this instance leads, until `stop`;
-/// then removes it if it was set. Failures are logged and retried with back-off; they never touch
-/// the election.
+/// then removes it if it may have been set. Failures are logged and retried with back-off; they
+/// never touch the election, and a write that hangs never delays `stop`.
 pub async fn maintain(
     pods: Api<Pod>,
     pod: String,
@@ -98,14 +99,23 @@ pub async fn maintain(
     mut leadership: watch::Receiver<Leadership>,
     stop: CancellationToken,
 ) {
+    // Whether the label may be on the Pod: set before a write that adds it is sent (its reply may
+    // be lost while the write took effect), cleared only by a confirmed removal.
+    let mut maybe_labelled = false;
     let mut labelled = false;
     let mut retry = FIRST_RETRY;
     loop {
         let wanted = leadership.borrow_and_update().is_leader();
-        if wanted != labelled {
-            match write(&pods, &pod, &label, wanted).await {
+        if wanted != labelled || (!wanted && maybe_labelled) {
+            maybe_labelled |= wanted;
+            let written = tokio::select! {
+                written = write(&pods, &pod, &label, wanted) => written,
+                _ = stop.cancelled() => break,
+            };
+            match written {
                 Ok(()) => {
                     labelled = wanted;
+                    maybe_labelled = wanted;
                     retry = FIRST_RETRY;
                     tracing::info!(pod, label = %label.key, set = wanted, "leader label updated");
                 }
@@ -125,7 +135,7 @@ pub async fn maintain(
             _ = stop.cancelled() => break,
         }
     }
-    if labelled {
+    if maybe_labelled {
         match tokio::time::timeout(REMOVAL_TIMEOUT, write(&pods, &pod, &label, false)).await {
             Ok(Ok(())) => tracing::info!(pod, label = %label.key, "leader label removed"),
             Ok(Err(error)) => tracing::warn!(pod, %error, "cannot remove the leader label"),
@@ -133,6 +143,9 @@ pub async fn maintain(
         }
     }
 }
+
+/// The longest [`maintain`] takes to finish once stopped: the final removal and a margin.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(3);
 
 async fn write(pods: &Api<Pod>, pod: &str, label: &LeaderLabel, set: bool) -> Result<(), kube::Error> {
     let value = if set { json!(label.value) } else { json!(null) };
@@ -143,6 +156,62 @@ async fn write(pods: &Api<Pod>, pod: &str, label: &LeaderLabel, set: bool) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tenure::{Role, Term};
+    use tenure_apiserver::{ApiServer, ApiServerConfig, FaultScope, InjectedFault, Verb};
+
+    fn leading(role: Role) -> Leadership {
+        Leadership { leader: Some("p".into()), term: Some(Term(1)), role }
+    }
+
+    async fn cluster() -> (ApiServer, Api<Pod>) {
+        let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+        let mut config = kube::Config::new(server.url().parse().unwrap());
+        config.headers.push((http::header::USER_AGENT, "label-test".parse().unwrap()));
+        let pods: Api<Pod> = Api::namespaced(kube::Client::try_from(config).unwrap(), "default");
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}});
+        pods.create(&Default::default(), &serde_json::from_value(pod).unwrap()).await.unwrap();
+        (server, pods)
+    }
+
+    async fn labels(pods: &Api<Pod>) -> Option<String> {
+        pods.get("p").await.unwrap().metadata.labels.and_then(|l| l.get("leader").cloned())
+    }
+
+    #[tokio::test]
+    async fn the_label_follows_leadership_and_is_removed_at_stop() {
+        let (_server, pods) = cluster().await;
+        let (leadership, receiver) = watch::channel(leading(Role::Follower));
+        let stop = CancellationToken::new();
+        let label = parse_leader_label("leader").unwrap();
+        let task = tokio::spawn(maintain(pods.clone(), "p".into(), label, receiver, stop.clone()));
+        leadership.send_replace(leading(Role::Leader));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while labels(&pods).await.as_deref() != Some("true") {
+            assert!(tokio::time::Instant::now() < deadline, "the label was not set");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.cancel();
+        task.await.unwrap();
+        assert_eq!(labels(&pods).await, None, "removed at stop");
+    }
+
+    #[tokio::test]
+    async fn a_hanging_label_write_never_delays_the_stop() {
+        let (server, pods) = cluster().await;
+        server.faults().inject(
+            FaultScope { client: Some("label-test".into()), verbs: vec![Verb::Patch], times: None },
+            InjectedFault::Hang,
+        );
+        let (_leadership, receiver) = watch::channel(leading(Role::Leader));
+        let stop = CancellationToken::new();
+        let task =
+            tokio::spawn(maintain(pods, "p".into(), parse_leader_label("leader").unwrap(), receiver, stop.clone()));
+        while server.faults().request_count("label-test", Verb::Patch) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop.cancel();
+        tokio::time::timeout(STOP_TIMEOUT, task).await.expect("stopped within the bound").unwrap();
+    }
 
     #[test]
     fn label_syntax_is_kubernetes_syntax() {

@@ -252,7 +252,7 @@ async fn deleting_the_lock_object_ends_the_tenure_and_leadership_recovers(kind: 
     for plural in objects_of(kind) {
         assert!(cluster.object(plural, "deleted").is_some(), "{plural} recreated");
     }
-    // Followers that saw the deletion wait out the deleted record's lease before recreating the
+    // Followers that saw the deletion wait one lease of the deleted record before recreating the
     // lock (client-go recreates it at once, while the old leader may still believe it leads).
     let tenures = monitor.tenures();
     assert!(tenures.windows(2).all(|w| w[0].1 < w[1].1), "terms increase: {tenures:?}");

@@ -22,10 +22,12 @@
 //!   like any other holder's, because the two cannot be told apart.
 //! - **Corrupt records** are held by an unknown holder for one full lease from when they were
 //!   first seen, then taken over.
-//! - **Deleted records**: a lock object deleted while another holder's lease was running is
-//!   still held until that lease would have run out. The holder may not know of the deletion
-//!   until its next renew fails, and self-fences only at its renew deadline; creating the object
-//!   at once would give two leaders (client-go has this gap).
+//! - **Deleted records**: a lock object deleted while another holder held it is still held for one
+//!   of that record's leases from when the deletion is seen. The holder may not know of the
+//!   deletion until its next renew fails, and self-fences only at its renew deadline; creating the
+//!   object at once would give two leaders (client-go has this gap). The wait counts from the
+//!   deletion, not from the record as last seen, because that view may be stale (missed renews):
+//!   a create has no version to compare, so nothing else would catch it.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -185,8 +187,8 @@ pub struct Candidate {
     notified_while_pending: Option<Option<Version>>,
     /// A resync was asked for while a request was in flight: read again after its reply.
     resync_after_pending: bool,
-    /// The record was deleted while another holder's lease ran: until this instant the absent
-    /// record counts as still held (see the module documentation).
+    /// The record was deleted while another holder held it: until this instant the absent record
+    /// counts as still held (see the module documentation).
     deleted_lease_until: Option<MonotonicTime>,
 }
 
@@ -571,8 +573,8 @@ impl Candidate {
         }
         // A deletion does not end another holder's lease (see the module documentation); the
         // holder itself, having seen it, knows its tenure is over.
-        self.deleted_lease_until = match (&stored, self.classify()) {
-            (None, Holder::Other { expires_at }) if expires_at > now => Some(expires_at),
+        self.deleted_lease_until = match (&stored, self.classify(), self.observed_lease()) {
+            (None, Holder::Other { .. }, Some(lease)) => Some(now + lease),
             _ => None,
         };
         self.observed = Some(Observed { stored, seen_at: now });
@@ -622,14 +624,26 @@ impl Candidate {
         if self.is_own_tenure(Some(stored)) {
             return Holder::Ours;
         }
-        let lease = match &stored.record {
-            Ok(r) if r.holder_identity.is_empty() => return Holder::Free,
+        match &stored.record {
+            Ok(r) if r.holder_identity.is_empty() => Holder::Free,
+            _ => Holder::Other { expires_at: observed.seen_at + self.lease_of(stored) },
+        }
+    }
+
+    /// The lease of the record last observed, if there is one.
+    fn observed_lease(&self) -> Option<Duration> {
+        let stored = self.observed.as_ref()?.stored.as_ref()?;
+        Some(self.lease_of(stored))
+    }
+
+    /// How long a record's holder may lead after it was seen.
+    fn lease_of(&self, stored: &StoredRecord) -> Duration {
+        match &stored.record {
             // A lease longer than any valid configuration is not honoured beyond that maximum.
             Ok(r) => Duration::from_secs(u64::try_from(r.lease_duration_seconds).unwrap_or(0)).min(MAX_LEASE),
             // Unknown holder: respect one full lease of our own configuration.
             Err(_) => self.timing.lease_duration,
-        };
-        Holder::Other { expires_at: observed.seen_at + lease }
+        }
     }
 
     fn write(&mut self, now: MonotonicTime, kind: WriteKind, record: LeaderElectionRecord) -> Option<Action> {
@@ -762,24 +776,34 @@ mod tests {
     }
 
     #[test]
-    fn a_lock_deleted_under_a_running_lease_is_created_only_when_that_lease_would_have_ended() {
+    fn a_lock_deleted_while_held_is_created_only_one_lease_after_the_deletion_was_seen() {
         let mut c = Candidate::new("b", Timing::default(), true, 1);
         c.poll_action(T0, wall());
         c.on_read(T0, Ok(held_by("a", "7", 3)));
         let deleted = T0 + Duration::from_secs(4);
         c.on_change(deleted, None);
         assert_eq!(c.poll_action(deleted, wall()), None, "the holder may not know yet: no create");
-        assert_eq!(c.next_wakeup(), Some(T0 + Duration::from_secs(15)));
-        let Some(Action::Create(record)) = c.poll_action(T0 + Duration::from_secs(15), wall()) else {
-            panic!("the lease has run out: create")
+        assert_eq!(c.next_wakeup(), Some(deleted + Duration::from_secs(15)));
+        assert_eq!(c.poll_action(T0 + Duration::from_secs(15), wall()), None, "the record's own lease is not enough");
+        let Some(Action::Create(record)) = c.poll_action(deleted + Duration::from_secs(15), wall()) else {
+            panic!("a lease after the deletion: create")
         };
         assert_eq!(record.leader_transitions, 4, "the term still grows past the deleted record's");
 
-        // A lock deleted after its lease ran out, or that was free, is created at once.
+        // The view may be stale (renews missed while reads failed): the wait counts from the
+        // deletion, so a record that looks expired is still waited out once.
         let mut c = Candidate::new("b", Timing::default(), true, 1);
         c.poll_action(T0, wall());
         c.on_read(T0, Ok(held_by("a", "7", 3)));
-        let late = T0 + Duration::from_secs(20);
+        let late = T0 + Duration::from_secs(16);
+        c.on_change(late, None);
+        assert_eq!(c.poll_action(late, wall()), None);
+        assert_eq!(c.next_wakeup(), Some(late + Duration::from_secs(15)));
+
+        // A lock that was free when deleted is created at once.
+        let mut c = Candidate::new("b", Timing::default(), true, 1);
+        c.poll_action(T0, wall());
+        c.on_read(T0, Ok(held_by("", "7", 3)));
         c.on_change(late, None);
         assert!(matches!(c.poll_action(late, wall()), Some(Action::Create(_))));
     }
