@@ -19,6 +19,7 @@ use crate::discovery;
 use crate::errors::ApiError;
 use crate::faults::{Faults, InjectedFault, Verb};
 use crate::patch::{self, PatchFormat};
+use crate::resources::ResourceType;
 use crate::routes::{self, ResourcePath, Route};
 use crate::selectors::{FieldSelector, LabelSelector, Selectors};
 use crate::store::{DeletePreconditions, Store};
@@ -279,6 +280,16 @@ async fn handle(
     result.unwrap_or_else(|error| error_response(&error))
 }
 
+/// A `<Kind>List` of `items` at `version`.
+fn list_body<'a>(resource: &ResourceType, version: u64, items: impl Iterator<Item = &'a Value>) -> Value {
+    json!({
+        "kind": format!("{}List", resource.kind),
+        "apiVersion": resource.api_version(),
+        "metadata": {"resourceVersion": version.to_string()},
+        "items": items.cloned().collect::<Vec<_>>(),
+    })
+}
+
 fn wants_table(headers: &HeaderMap) -> bool {
     headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(table::wants_table)
 }
@@ -347,13 +358,7 @@ fn serve_resource(
             if wants_table(headers) {
                 return Ok(json_response(StatusCode::OK, &table::render(resource, &items, &version.to_string())));
             }
-            let list = json!({
-                "kind": format!("{}List", resource.kind),
-                "apiVersion": resource.api_version(),
-                "metadata": {"resourceVersion": version.to_string()},
-                "items": items.iter().map(|item| (**item).clone()).collect::<Vec<_>>(),
-            });
-            Ok(json_response(StatusCode::OK, &list))
+            Ok(json_response(StatusCode::OK, &list_body(resource, version, items.iter().map(|item| &**item))))
         }
         (Method::POST, None) => {
             let created = store.create(resource, &namespace, parse_body(body)?)?;
@@ -396,16 +401,10 @@ fn serve_resource(
                 let name = item["metadata"]["name"].as_str().unwrap_or("");
                 // An object deleted concurrently is simply not in the answer.
                 if let Ok(object) = store.delete(resource, namespace, name, &DeletePreconditions::default()) {
-                    deleted.push((*object).clone());
+                    deleted.push(object);
                 }
             }
-            let list = json!({
-                "kind": format!("{}List", resource.kind),
-                "apiVersion": resource.api_version(),
-                "metadata": {"resourceVersion": version.to_string()},
-                "items": deleted,
-            });
-            Ok(json_response(StatusCode::OK, &list))
+            Ok(json_response(StatusCode::OK, &list_body(resource, version, deleted.iter().map(|item| &**item))))
         }
         (method, _) => Err(ApiError::method_not_allowed(method.as_str())),
     }

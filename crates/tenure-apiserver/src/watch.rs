@@ -37,8 +37,17 @@ pub struct WatchRequest {
 
 /// One watch event line.
 fn event_line(event_type: &str, object: &Value) -> Bytes {
-    let mut line = serde_json::to_vec(&json!({"type": event_type, "object": object})).unwrap_or_default();
-    line.push(b'\n');
+    event_line_of(event_type, &serde_json::to_vec(object).unwrap_or_default())
+}
+
+/// One watch event line around an object already encoded as JSON.
+fn event_line_of(event_type: &str, object_json: &[u8]) -> Bytes {
+    let mut line = Vec::with_capacity(object_json.len() + 32);
+    line.extend_from_slice(br#"{"type":""#);
+    line.extend_from_slice(event_type.as_bytes());
+    line.extend_from_slice(br#"","object":"#);
+    line.extend_from_slice(object_json);
+    line.extend_from_slice(b"}\n");
     Bytes::from(line)
 }
 
@@ -67,7 +76,7 @@ fn event_for(message: &WatchMessage, resource: &ResourceType, selectors: &Select
         ChangeType::Modified if before => "DELETED",
         _ => return None,
     };
-    Some(event_line(event_type, &change.object))
+    Some(event_line_of(event_type, change.object_json()))
 }
 
 /// Opens the watch and returns the response body streaming it. A start older than the event log
@@ -154,6 +163,7 @@ mod tests {
             change_type,
             object: Arc::new(object),
             previous: previous.map(Arc::new),
+            encoded: Default::default(),
         }))
     }
 
