@@ -139,8 +139,8 @@ fn cpu(child: &ChildGuard) -> Duration {
 fn first_answer(address: SocketAddr, child: &mut ChildGuard) -> (Instant, String) {
     let deadline = Instant::now() + ANSWER_LIMIT;
     loop {
-        if let Some(answer) = try_get(address) {
-            return answer;
+        if let Some((answered_at, _, body)) = try_get(address, "/") {
+            return (answered_at, body);
         }
         if let Some(status) = child.try_status().expect("the status of tenure elect") {
             panic!("tenure elect exited ({status}) before answering; its log ends with:\n{}", child.log_tail(20));
@@ -150,11 +150,12 @@ fn first_answer(address: SocketAddr, child: &mut ChildGuard) -> (Instant, String
     }
 }
 
-/// One `GET /`; `None` if the connection is refused or the answer is not HTTP.
-fn try_get(address: SocketAddr) -> Option<(Instant, String)> {
+/// One `GET path`: when its first byte arrived, the status code and the body; `None` if the
+/// connection is refused or the answer is not HTTP.
+fn try_get(address: SocketAddr, path: &str) -> Option<(Instant, u16, String)> {
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(100)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    stream.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
     let mut response = Vec::new();
     let mut buffer = [0u8; 1024];
     let mut answered_at = None;
@@ -172,8 +173,9 @@ fn try_get(address: SocketAddr) -> Option<(Instant, String)> {
     if !text.starts_with("HTTP/1.") {
         return None;
     }
+    let code = text.get(9..12)?.parse().ok()?;
     let body = text.split_once("\r\n\r\n").map_or(String::new(), |(_, body)| body.to_owned());
-    Some((answered_at?, body))
+    Some((answered_at?, code, body))
 }
 
 fn megabytes(kib: u64) -> f64 {
@@ -236,10 +238,5 @@ fn logged(command: &mut std::process::Command, log: &Path) {
 
 /// The body of a 200 answer to `GET path`.
 fn http_body(address: SocketAddr, path: &str) -> Option<String> {
-    let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(200)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    response.starts_with("HTTP/1.1 200").then(|| response.split("\r\n\r\n").nth(1).unwrap_or("").to_owned())
+    try_get(address, path).filter(|(_, code, _)| *code == 200).map(|(_, _, body)| body)
 }

@@ -138,6 +138,15 @@ async fn leader_of(candidates: &[Candidate], limit: Duration) -> usize {
     }
 }
 
+/// Waits (at most 60 s, checking every 5 ms) until every candidate names `leader`.
+async fn all_name(candidates: &[Candidate], leader: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !candidates.iter().all(|c| c.elector.leadership().leader.as_deref() == Some(leader)) {
+        assert!(Instant::now() < deadline, "not every candidate named {leader} within 60 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 async fn steady_state(report: &mut Report) {
     let server = ApiServer::start(ApiServerConfig::default()).await.expect("a server");
     let window = env_seconds("TENURE_BENCH_WINDOW_SECS", Duration::from_secs(30));
@@ -289,11 +298,7 @@ async fn crowd(report: &mut Report) {
     let elected = started.elapsed();
     // Every follower has read the lock and opened its watch once it reports the leader.
     let leader_id = candidates[leader].elector.identity().to_owned();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !candidates.iter().all(|c| c.elector.leadership().leader.as_deref() == Some(leader_id.as_str())) {
-        assert!(Instant::now() < deadline, "not every candidate learnt the leader within 60 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    all_name(&candidates, &leader_id).await;
     let settled = started.elapsed();
     tokio::time::sleep(Duration::from_secs(3)).await;
     server.faults().reset_counts();
@@ -328,11 +333,7 @@ async fn crowd(report: &mut Report) {
             .expect("a new leader in the crowd");
         handovers.push(ms(new_at - handover_started));
         let _ = shutdown.await;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !candidates.iter().all(|c| c.elector.leadership().leader.as_deref() == Some(new_holder.as_str())) {
-            assert!(Instant::now() < deadline, "not every candidate learnt the new leader within 60 s");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        all_name(&candidates, &new_holder).await;
         all_know.push(ms(handover_started.elapsed()));
         let counts = server.faults().request_counts();
         requests_per_handover

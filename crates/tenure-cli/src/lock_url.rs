@@ -263,12 +263,7 @@ impl LockUrl {
         cluster: &tenure_kube::ClusterOptions,
         identity: &str,
     ) -> Result<tenure_kube::KubeLock, crate::CliError> {
-        let config = tenure_kube::KubeLockConfig {
-            lock: reference.clone(),
-            cluster: cluster.clone(),
-            ..tenure_kube::KubeLockConfig::from_url(&reference.to_string())
-                .map_err(|e| crate::CliError::Usage(e.to_string()))?
-        };
+        let config = tenure_kube::KubeLockConfig::new(reference.clone(), cluster.clone());
         config.connect(identity).await.map_err(|e| crate::CliError::Failed(format!("{self}: {e}")))
     }
 

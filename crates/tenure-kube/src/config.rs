@@ -261,11 +261,12 @@ impl KubeLockConfig {
     /// A configuration for the lock at `kube://NAMESPACE/KIND/NAME`, reaching the cluster as
     /// kubectl does.
     pub fn from_url(url: &str) -> Result<Self, KubeError> {
-        Ok(KubeLockConfig {
-            lock: url.parse()?,
-            cluster: ClusterOptions::default(),
-            watch_open_timeout: Duration::from_secs(5),
-        })
+        Ok(KubeLockConfig::new(url.parse()?, ClusterOptions::default()))
+    }
+
+    /// A configuration for the lock `lock`, reaching the cluster as `cluster` says.
+    pub fn new(lock: KubeLockRef, cluster: ClusterOptions) -> Self {
+        KubeLockConfig { lock, cluster, watch_open_timeout: Duration::from_secs(5) }
     }
 
     /// Uses this kubeconfig file (`--kubeconfig`).

@@ -35,12 +35,13 @@ pub fn number(mut leadership: watch::Receiver<Leadership>) -> watch::Receiver<Nu
                         break;
                     }
                     let snapshot = presented(leadership.borrow_and_update().clone());
-                    if snapshot == current_of(&numbered) {
-                        continue;
-                    }
-                    numbered.send_modify(|current| {
+                    numbered.send_if_modified(|current| {
+                        if current.leadership == snapshot {
+                            return false;
+                        }
                         current.version += 1;
                         current.leadership = snapshot;
+                        true
                     });
                 }
                 () = numbered.closed() => break,
@@ -48,10 +49,6 @@ pub fn number(mut leadership: watch::Receiver<Leadership>) -> watch::Receiver<Nu
         }
     });
     receiver
-}
-
-fn current_of(numbered: &watch::Sender<NumberedLeadership>) -> Leadership {
-    numbered.borrow().leadership.clone()
 }
 
 #[cfg(test)]
