@@ -104,6 +104,8 @@ pub struct ApiSettings {
     /// How long past the lease a leader that has not renewed still counts as alive
     /// (client-go's `maxTolerableExpiredLease`).
     pub healthz_timeout: Duration,
+    /// Fail `/healthz` once every call to the lock has failed for longer than this (opt-in).
+    pub healthz_lock_unreachable: Option<Duration>,
     /// Answer `/readyz` with 503 unless this instance leads, so a Service routes to the leader
     /// only.
     pub ready_only_when_leader: bool,
@@ -264,7 +266,12 @@ pub(crate) mod tests {
     }
 
     pub fn settings() -> ApiSettings {
-        ApiSettings { election: "test".into(), healthz_timeout: Duration::from_secs(20), ready_only_when_leader: false }
+        ApiSettings {
+            election: "test".into(),
+            healthz_timeout: Duration::from_secs(20),
+            healthz_lock_unreachable: None,
+            ready_only_when_leader: false,
+        }
     }
 
     /// Serves the API of `view` on a free loopback port; returns its address.

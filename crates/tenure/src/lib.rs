@@ -22,6 +22,7 @@
 pub mod candidate;
 pub mod clock;
 pub mod elector;
+pub mod failure_log;
 pub mod leadership;
 pub mod lock;
 pub mod locks;
@@ -32,7 +33,8 @@ pub mod timing;
 pub use candidate::{Action, AfterRelease, Candidate, Event, StopReason};
 pub use clock::MonotonicTime;
 pub use elector::{Elector, ElectorBuilder, ElectorCommand, ElectorError};
-pub use leadership::{ElectorStats, Leadership, NotLeader, Publisher, Role, Subscriber, Tenure};
+pub use failure_log::FailureLog;
+pub use leadership::{ElectorStats, Leadership, LockWait, NotLeader, Publisher, Role, Subscriber, Tenure, WaitReason};
 pub use lock::{ChangeStream, LockError, RecordLock, StoredRecord, Version};
 pub use record::{LeaderElectionRecord, RecordError, LEADER_ANNOTATION};
 pub use term::Term;

@@ -154,6 +154,19 @@ impl Timing {
         Ok(())
     }
 
+    /// The longest a candidate that does not lead waits before calling a store again after
+    /// calls kept failing: back-off doubles from one jittered retry period up to this cap, the
+    /// longer of the longest jittered poll and half a lease. Why half a lease: a store that comes
+    /// back is seen within half a lease, so a follower facing a dead leader's record takes over
+    /// at most half a lease later than it would have without back-off, while a store that stays
+    /// down (an unreadable file, an API server refusing connections) is asked a few times a
+    /// minute rather than every retry period. A leader never backs off: it retries every retry
+    /// period until its renew deadline.
+    pub fn max_failure_backoff(&self) -> Duration {
+        let poll = self.retry_period.mul_f64(1.0 + self.jitter_factor.max(0.0));
+        poll.max(self.lease_duration / 2)
+    }
+
     /// The lease as written into the record: whole seconds, rounded up so that followers never
     /// wait less than this candidate's configured lease.
     pub fn lease_seconds(&self) -> u32 {

@@ -11,6 +11,10 @@
 //! - `tenure_leader_transitions_total`: tenures started by this instance
 //! - `tenure_term` gauge: the term of the current holder's tenure (absent while unknown)
 //! - `tenure_renews_total`, `tenure_failed_renews_total`, `tenure_lock_errors_total`
+//! - `tenure_lock_unreachable_seconds` gauge: how long every call to the lock has failed (0 while
+//!   it answers), for an alert on a lock that stays unreachable
+//! - `tenure_lock_wait_seconds` gauge: how long this instance still waits on a deleted or corrupt
+//!   record (or after resigning) before it may take the lock (0 when it does not)
 //! - `tenure_renew_latency_seconds` gauge: the duration of the last successful renew. Not a
 //!   histogram: the elector exposes counters and the last latency, not an event per renew, so a
 //!   scrape cannot see the renews between two scrapes.
@@ -27,6 +31,8 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
+
+use tokio::time::Instant;
 
 use super::{Api, LeadershipView};
 
@@ -104,6 +110,20 @@ impl Collector for ElectionCollector {
         write("tenure_renews", "Successful renews of the lock", &ConstCounter::new(stats.renews))?;
         write("tenure_failed_renews", "Renews that failed while leading", &ConstCounter::new(stats.failed_renews))?;
         write("tenure_lock_errors", "Failed calls to the lock of any kind", &ConstCounter::new(stats.lock_errors))?;
+        let unreachable_for =
+            stats.lock_unreachable_since.map_or(0.0, |since| since.elapsed().unwrap_or_default().as_secs_f64());
+        write(
+            "tenure_lock_unreachable_seconds",
+            "How long every call to the lock has failed (0 while it answers)",
+            &ConstGauge::new(unreachable_for),
+        )?;
+        let waiting_for =
+            stats.waiting.map_or(0.0, |wait| wait.until.saturating_duration_since(Instant::now()).as_secs_f64());
+        write(
+            "tenure_lock_wait_seconds",
+            "How long this instance still waits on a deleted or corrupt record (or after resigning) before it may take the lock",
+            &ConstGauge::new(waiting_for),
+        )?;
         if let Some(latency) = stats.last_renew_latency {
             write(
                 "tenure_renew_latency_seconds",
