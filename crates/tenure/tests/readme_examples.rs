@@ -59,7 +59,9 @@ fn every_rust_snippet_of_the_readme_is_an_example_that_cargo_builds() {
     for snippet in &snippets {
         let found = examples.iter().find(|(_, body)| body == snippet);
         let (path, _) = found.unwrap_or_else(|| {
-            panic!("this README snippet is not the text of any crates/*/examples/*.rs (after its //! header):\n{snippet}")
+            panic!(
+                "this README snippet is not the text of any crates/*/examples/*.rs (after its //! header):\n{snippet}"
+            )
         });
         let relative = path.strip_prefix(repository_root()).unwrap_or(path);
         let name = relative.display().to_string();
