@@ -20,9 +20,15 @@ pub struct ElectionOptions {
 
     /// Where the lock lives: file:///absolute/path, kube://NAMESPACE/KIND/NAME,
     /// etcd://host:port/name, zk://host:port/path, or memory: (this process only).
+    /// A file lock serves one user on one host: the default file is private to the user who runs
+    /// tenure (another user's candidates with the same --election elect a leader of their own),
+    /// and any file lock's files are private to the user who creates them (a missing directory is
+    /// created with mode 0700), so other users' candidates never lead on it. The lock file and its
+    /// scope are logged at start.
     /// [default: in a pod, with KUBECONFIG set, or given a Kubernetes flag below, the --lock-type
-    /// object named --election in --election-namespace; elsewhere a file named after the election
-    /// in the per-user runtime directory (an existing ~/.kube/config alone does not switch)]
+    /// object named --election in --election-namespace; elsewhere the per-user file
+    /// $XDG_RUNTIME_DIR/tenure/ELECTION.json, or TMPDIR/tenure-UID/ELECTION.json without a usable
+    /// XDG_RUNTIME_DIR (an existing ~/.kube/config alone does not switch)]
     #[arg(long, value_name = "URL")]
     pub lock: Option<LockUrl>,
 
