@@ -298,17 +298,29 @@ fn exported_names(body: &str) -> BTreeSet<String> {
         .collect()
 }
 
-#[test]
-fn rules_and_dashboard_name_only_metrics_that_tenure_elect_exports() {
+/// The `/metrics` answers of a leader and a follower of election "monitoring" on a file lock,
+/// once every series is there (the latency needs a renew, the follower's term a read).
+fn scrape_a_leader_and_a_follower() -> (String, String) {
     let dir = TempDir::new("monitoring-metrics");
     let lock = common::file_url(&dir.join("lock.json"));
-    let (_leader, address) = start_elect("a", "monitoring", &lock, "2s");
-    let (_follower, _) = start_elect("b", "monitoring", &lock, "2s");
-    // Every series appears once the leader has led and renewed (the latency needs a renew).
+    let (_leader, leader) = start_elect("a", "monitoring", &lock, "2s");
     let latency = r#"tenure_renew_latency_seconds{name="monitoring"}"#;
-    wait_until(Duration::from_secs(10), || metric(&address, latency))
-        .unwrap_or_else(|| panic!("no {latency} within 10 s: {:?}", get(&address, "/metrics")));
-    let (_, body) = get(&address, "/metrics").expect("an answer from /metrics");
+    wait_until(Duration::from_secs(10), || metric(&leader, latency))
+        .unwrap_or_else(|| panic!("no {latency} within 10 s: {:?}", get(&leader, "/metrics")));
+    let (_follower, follower) = start_elect("b", "monitoring", &lock, "2s");
+    let term = r#"tenure_term{name="monitoring"}"#;
+    wait_until(Duration::from_secs(10), || metric(&follower, term))
+        .unwrap_or_else(|| panic!("the follower knows no term within 10 s: {:?}", get(&follower, "/metrics")));
+    let scrape = |address: &str| get(address, "/metrics").expect("an answer from /metrics").1;
+    let (leader, follower) = (scrape(&leader), scrape(&follower));
+    assert!(leader.contains("leader_election_master_status{name=\"monitoring\"} 1\n"), "{leader}");
+    assert!(follower.contains("leader_election_master_status{name=\"monitoring\"} 0\n"), "{follower}");
+    (leader, follower)
+}
+
+#[test]
+fn rules_and_dashboard_name_only_metrics_that_tenure_elect_exports() {
+    let (body, _) = scrape_a_leader_and_a_follower();
     let exported = exported_names(&body);
 
     let mut used = BTreeSet::new();
@@ -330,4 +342,75 @@ fn rules_and_dashboard_name_only_metrics_that_tenure_elect_exports() {
     }
     let unshown: Vec<&String> = exported.difference(&used).collect();
     assert!(unshown.is_empty(), "exported but on no panel or alert: {unshown:?}");
+}
+
+/// The samples of a `/metrics` answer as promtool input series of target `instance` (job
+/// "tenure"), each holding its scraped value for 20 minutes of 15 s scrapes, or the value
+/// `edit(series, value)` returns.
+fn input_series(body: &str, instance: &str, edit: impl Fn(&str, f64) -> f64) -> Vec<Value> {
+    body.lines()
+        .filter(|line| !line.starts_with('#') && !line.is_empty())
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').expect("a sample is `series value`");
+            let labels = format!(r#"job="tenure",instance="{instance}"}}"#);
+            let series = match series.strip_suffix('}') {
+                Some(open) => format!("{open},{labels}"),
+                None => format!("{series}{{{labels}"),
+            };
+            let value: f64 = value.parse().expect("a numeric sample");
+            serde_json::json!({"series": series, "values": format!("{}x80", edit(line, value))})
+        })
+        .collect()
+}
+
+#[test]
+fn the_alert_expressions_judge_real_scrapes_of_a_healthy_leaderless_split_and_lonely_election() {
+    let Some(promtool) = promtool() else { return };
+    let (leader, follower) = scrape_a_leader_and_a_follower();
+    let as_is = |_: &str, value: f64| value;
+    let status = |forced: f64| {
+        move |line: &str, value: f64| if line.starts_with("leader_election_master_status") { forced } else { value }
+    };
+    let silent: Vec<Value> = alert_rules()
+        .into_iter()
+        .map(|(alert, _)| serde_json::json!({"eval_time": "20m", "alertname": alert, "exp_alerts": []}))
+        .collect();
+    let fires = |alert: &str, severity: &str| {
+        let labels = serde_json::json!({"severity": severity, "name": "monitoring"});
+        vec![serde_json::json!({"eval_time": "20m", "alertname": alert, "exp_alerts": [{"exp_labels": labels}]})]
+    };
+    let case = |name: &str, series: Vec<Vec<Value>>, checks: Vec<Value>| serde_json::json!({"name": name, "interval": "15s", "input_series": series.concat(), "alert_rule_test": checks});
+    let tests = vec![
+        case(
+            "healthy: one leader, one follower",
+            vec![input_series(&leader, "a", as_is), input_series(&follower, "b", as_is)],
+            silent,
+        ),
+        case(
+            "the leader's scrapes say it no longer leads",
+            vec![input_series(&leader, "a", status(0.0)), input_series(&follower, "b", as_is)],
+            fires("TenureNoLeader", "critical"),
+        ),
+        case(
+            "the follower's scrapes say it leads too",
+            vec![input_series(&leader, "a", as_is), input_series(&follower, "b", status(1.0))],
+            fires("TenureMultipleLeaders", "critical"),
+        ),
+        case("the leader alone", vec![input_series(&leader, "a", as_is)], fires("TenureNoStandby", "warning")),
+    ];
+
+    // The shipped rules without their annotations, so that the checks compare labels only.
+    let mut rules = yaml(RULES);
+    for group in rules["groups"].as_sequence_mut().expect("groups") {
+        for rule in group["rules"].as_sequence_mut().expect("rules") {
+            rule.as_mapping_mut().expect("a rule is a mapping").remove("annotations");
+        }
+    }
+    let dir = TempDir::new("monitoring-real-scrapes");
+    std::fs::write(dir.join("rules.yaml"), serde_yaml::to_string(&rules).unwrap()).unwrap();
+    let file = serde_json::json!({"rule_files": ["rules.yaml"], "evaluation_interval": "15s", "tests": tests});
+    std::fs::write(dir.join("tests.yaml"), serde_yaml::to_string(&file).unwrap()).unwrap();
+    let tests_path = dir.join("tests.yaml");
+    let tested = run_promtool(promtool, &["test", "rules", tests_path.to_str().unwrap()]);
+    assert!(tested.contains("SUCCESS"), "{tested}");
 }
