@@ -152,7 +152,8 @@ pub struct CandidateOptions {
     pub id: Option<String>,
 
     /// Lease time, as in leader-elector: the lease lasts TTL, the leader gives up if it cannot
-    /// renew within TTL/2, and renews every TTL/4. Examples: 10s, 1500ms, 1m.
+    /// renew within TTL/2, and renews every TTL/4. Examples: 10s, 1500ms, 1m. The default is
+    /// leader-elector:0.5's; the library's default (Timing::default) is client-go's 15 s lease.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_ttl)]
     pub ttl: Ttl,
 
