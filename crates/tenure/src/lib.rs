@@ -31,7 +31,7 @@ pub mod timing;
 
 pub use candidate::{Action, AfterRelease, Candidate, Event, StopReason};
 pub use clock::MonotonicTime;
-pub use elector::{Elector, ElectorBuilder, ElectorCommand, ElectorError};
+pub use elector::{Elector, ElectorBuilder, ElectorCommand, ElectorError, ElectorView};
 pub use leadership::{ElectorStats, Leadership, NotLeader, Publisher, Role, Subscriber, Tenure};
 pub use lock::{ChangeStream, LockError, RecordLock, StoredRecord, Version};
 pub use record::{LeaderElectionRecord, RecordError, LEADER_ANNOTATION};
