@@ -229,6 +229,16 @@ impl GateHandle {
         }
     }
 
+    /// Waits until the gate stops on its own (its elector stopped), without stopping it.
+    pub async fn stopped(&mut self) {
+        if let Some(task) = self.task.as_mut() {
+            if let Err(error) = task.await {
+                tracing::error!(%error, "the gate's task failed");
+            }
+            self.task = None;
+        }
+    }
+
     /// The gate's metrics.
     pub fn metrics(&self) -> &GateMetrics {
         &self.metrics
