@@ -13,7 +13,7 @@
 //! and, for all three, fencing: every tenure has a [`tenure::Term`]; the gate hands it to the
 //! work, checkpoints are written with it and rejected once a newer term has written, the collector
 //! checks it before each delete and passes it to the delete. With the `etcd` feature,
-//! [`checkpoint::etcd`] writes through a transaction guarded by the election key, the end-to-end
+//! `checkpoint::etcd` writes through a transaction guarded by the election key, the end-to-end
 //! example of a store that refuses a deposed leader.
 //!
 //! ```
@@ -50,3 +50,9 @@ pub mod gc;
 pub mod metrics;
 
 pub use gate::{Gate, GateHandle, LeaderContext, StopReason};
+
+/// The README's snippets, compiled and run as doc tests so that they stay true (the etcd one
+/// needs the `etcd` feature, which `scripts/test` enables).
+#[cfg(all(doctest, feature = "etcd"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeSnippets;

@@ -109,7 +109,7 @@ pub enum CheckpointError {
 /// a transaction).
 ///
 /// How the other backends fit: on etcd, a transaction guarded by the election key of the term
-/// ([`tenure_etcd::leader_compare`](https://docs.rs/tenure-etcd), see [`etcd`] with the `etcd`
+/// (`tenure_etcd::leader_compare`; see the module `etcd`, behind the `etcd`
 /// feature); on Kubernetes, an annotation on the lock object (or a ConfigMap) written with a
 /// `resourceVersion` compare-and-swap after comparing the stored term, retried on conflict.
 #[async_trait]
