@@ -28,8 +28,7 @@
 //! let gate = Gate::builder(&elector).spawn(move |ctx| {
 //!     let checkpoints = checkpoints.clone();
 //!     async move {
-//!         let period = ctx.timing().retry_period;
-//!         let checkpointer = Checkpointer::resume(checkpoints, ctx.tenure(), period).await?;
+//!         let checkpointer = Checkpointer::resume_for(checkpoints, &ctx).await?;
 //!         // watch from checkpointer.resource_version("pods"), record() as events are handled,
 //!         // until ctx.cancelled() completes
 //!         ctx.cancelled().await;

@@ -43,7 +43,7 @@ async fn a_new_leader_resumes_where_the_old_leader_stopped() {
         move |ctx: tenure_ha::LeaderContext| {
             let (checkpoints, resumed_tx) = (checkpoints.clone(), resumed_tx.clone());
             async move {
-                let checkpointer = Checkpointer::resume(checkpoints, ctx.tenure(), PERIOD).await?;
+                let checkpointer = Checkpointer::resume_for(checkpoints, &ctx).await?;
                 let _ =
                     resumed_tx.send((ctx.term(), checkpointer.resumed_from(), checkpointer.resource_version("pods")));
                 checkpointer.record("pods", format!("{}0", ctx.term()));
@@ -163,7 +163,7 @@ async fn the_last_checkpoint_is_written_before_the_lock_is_released() {
     let _gate = Gate::builder(&a).spawn(move |ctx| {
         let (store, started_tx) = (store.clone(), started_tx.clone());
         async move {
-            let checkpointer = Checkpointer::resume(store, ctx.tenure(), PERIOD).await?;
+            let checkpointer = Checkpointer::resume_for(store, &ctx).await?;
             let _ = started_tx.send(());
             ctx.cancelled().await;
             checkpointer.record("pods", "42"); // the last in-flight event, handled while draining

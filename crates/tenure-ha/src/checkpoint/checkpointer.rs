@@ -107,6 +107,15 @@ impl Checkpointer {
         Ok(Checkpointer { shared, _last: Arc::new(LastHandle(last)) })
     }
 
+    /// [`Checkpointer::resume`] for gated work: the context's tenure, flushing once per the
+    /// elector's retry period (so checkpoints cost at most one write per renew period).
+    pub async fn resume_for(
+        store: Arc<dyn CheckpointStore>,
+        ctx: &crate::gate::LeaderContext,
+    ) -> Result<Checkpointer, CheckpointError> {
+        Checkpointer::resume(store, ctx.tenure(), ctx.timing().retry_period).await
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.shared.state()
     }
