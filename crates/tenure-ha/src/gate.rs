@@ -168,8 +168,8 @@ impl GateBuilder {
         self
     }
 
-    /// Starts the gate on the current tokio runtime. `work` is called on every tenure (and every
-    /// restart); its error type only needs to display.
+    /// Starts the gate on the current tokio runtime (like `tokio::spawn`, it panics outside one).
+    /// `work` is called on every tenure (and every restart); its error type only needs to display.
     pub fn spawn<F, Fut, E>(self, work: F) -> GateHandle
     where
         F: Fn(LeaderContext) -> Fut + Send + Sync + 'static,
@@ -179,8 +179,8 @@ impl GateBuilder {
         let work: Work<E> = Arc::new(move |ctx| work(ctx).boxed());
         let stop = CancellationToken::new();
         let metrics = self.metrics.clone();
-        let gate = Gate { config: self, work, stop: stop.clone() };
-        let task = tokio::spawn(gate.run());
+        let runner = Runner { config: self, work, stop: stop.clone() };
+        let task = tokio::spawn(runner.run());
         GateHandle { stop, task: Some(task), metrics }
     }
 }
@@ -203,7 +203,11 @@ impl GateBuilder {
 /// elector.shutdown().await?;
 /// # Ok(()) }
 /// ```
-pub struct Gate<E> {
+#[derive(Debug, Clone, Copy)]
+pub struct Gate;
+
+/// The gate's task: the configuration, the work and the stop signal of its handle.
+struct Runner<E> {
     config: GateBuilder,
     work: Work<E>,
     stop: CancellationToken,
@@ -273,7 +277,7 @@ enum Ended {
     Shutdown,
 }
 
-impl Gate<()> {
+impl Gate {
     /// Starts building a gate on `elector`. The gate holds an [`ElectorView`] only: it does not keep
     /// the elector running, and stops when the elector stops.
     pub fn builder(elector: &Elector) -> GateBuilder {
@@ -294,7 +298,7 @@ impl Gate<()> {
     }
 }
 
-impl<E: std::fmt::Display + Send + 'static> Gate<E> {
+impl<E: std::fmt::Display + Send + 'static> Runner<E> {
     async fn run(self) {
         let view = self.config.view.clone();
         loop {
