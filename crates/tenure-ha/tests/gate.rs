@@ -363,3 +363,16 @@ async fn work_stops_before_the_lock_is_released_on_a_multi_threaded_runtime() {
         gate.shutdown().await;
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_gate_does_not_keep_a_dropped_elector_alive() {
+    let store = MemoryStore::new();
+    let a = spawn(&store, "a");
+    let journal = Journal::new();
+    let mut gate = Gate::builder(&a).spawn(watcher(&journal, Some(Duration::from_secs(1))));
+    journal.when("started 1").await;
+    drop(a); // the elector releases the lock in the background, after the work stopped
+    timeout(Duration::from_secs(60), gate.stopped()).await.expect("the gate stopped with its elector");
+    assert!(journal.has("stopped 1"));
+    assert_eq!(holder(&store), "");
+}
