@@ -20,6 +20,13 @@ fn spawn(store: &MemoryStore, id: &str) -> Elector {
     Elector::builder(id, store.client(id)).seed(7).spawn().expect("valid config")
 }
 
+/// A lock, a replica `a` campaigning on it, and a journal for its work.
+fn one_replica() -> (MemoryStore, Elector, Journal) {
+    let store = MemoryStore::new();
+    let a = spawn(&store, "a");
+    (store, a, Journal::new())
+}
+
 /// What the work did, with the virtual instant of each entry.
 #[derive(Clone)]
 struct Journal(watch::Sender<Vec<(Instant, String)>>);
@@ -108,9 +115,7 @@ fn holder(store: &MemoryStore) -> String {
 
 #[tokio::test(start_paused = true)]
 async fn work_starts_with_the_term_of_the_tenure_as_soon_as_the_replica_leads() {
-    let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    let journal = Journal::new();
+    let (_store, a, journal) = one_replica();
     let gate = Gate::builder(&a).spawn(watcher(&journal, Some(Duration::ZERO)));
     let led_at = until(&a, |l| l.role == Role::Leader).await;
     let started_at = journal.when("started 1").await;
@@ -121,9 +126,7 @@ async fn work_starts_with_the_term_of_the_tenure_as_soon_as_the_replica_leads() 
 
 #[tokio::test(start_paused = true)]
 async fn work_stops_before_the_lock_is_released_on_resign() {
-    let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    let journal = Journal::new();
+    let (store, a, journal) = one_replica();
     let (log, lock) = (journal.clone(), store.clone());
     let gate = Gate::builder(&a).spawn(move |ctx| {
         let (log, lock) = (log.clone(), lock.clone());
@@ -150,9 +153,7 @@ async fn work_stops_before_the_lock_is_released_on_resign() {
 
 #[tokio::test(start_paused = true)]
 async fn work_that_ignores_cancellation_is_aborted_at_the_drain_timeout_and_then_the_lock_is_released() {
-    let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    let journal = Journal::new();
+    let (_store, a, journal) = one_replica();
     let gate = Gate::builder(&a).drain_timeout(Duration::from_secs(3)).spawn(watcher(&journal, None));
     journal.when("started 1").await;
     let resign_at = Instant::now();
@@ -167,9 +168,7 @@ async fn work_that_ignores_cancellation_is_aborted_at_the_drain_timeout_and_then
 
 #[tokio::test(start_paused = true)]
 async fn work_is_cancelled_at_the_fencing_deadline_when_the_store_hangs() {
-    let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    let journal = Journal::new();
+    let (store, a, journal) = one_replica();
     let gate = Gate::builder(&a).drain_timeout(Duration::from_secs(60)).spawn(watcher(&journal, None));
     journal.when("started 1").await;
     let b = spawn(&store, "b");
@@ -189,9 +188,7 @@ async fn work_is_cancelled_at_the_fencing_deadline_when_the_store_hangs() {
 
 #[tokio::test(start_paused = true)]
 async fn work_is_aborted_at_once_when_the_lock_is_lost() {
-    let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    let journal = Journal::new();
+    let (store, a, journal) = one_replica();
     let gate = Gate::builder(&a).spawn(watcher(&journal, None));
     journal.when("started 1").await;
     let now = chrono::Utc::now();
@@ -214,9 +211,7 @@ async fn work_is_aborted_at_once_when_the_lock_is_lost() {
 
 #[tokio::test(start_paused = true)]
 async fn a_panicking_work_is_restarted_with_backoff_and_the_elector_keeps_leading() {
-    let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    let journal = Journal::new();
+    let (_store, a, journal) = one_replica();
     let log = journal.clone();
     let gate = Gate::builder(&a).backoff(Duration::from_secs(1), Duration::from_secs(3)).spawn(move |ctx| {
         let log = log.clone();
@@ -287,9 +282,7 @@ async fn a_replica_that_stepped_down_campaigns_again_and_restarts_its_work_on_it
 
 #[tokio::test(start_paused = true)]
 async fn finished_work_starts_again_only_on_the_next_tenure() {
-    let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    let journal = Journal::new();
+    let (_store, a, journal) = one_replica();
     let log = journal.clone();
     let gate = Gate::builder(&a).spawn(move |ctx| {
         let log = log.clone();
@@ -309,9 +302,7 @@ async fn finished_work_starts_again_only_on_the_next_tenure() {
 
 #[tokio::test(start_paused = true)]
 async fn shutting_the_gate_down_stops_the_work_and_the_elector_keeps_leading() {
-    let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    let journal = Journal::new();
+    let (_store, a, journal) = one_replica();
     let gate = Gate::builder(&a).spawn(watcher(&journal, Some(Duration::from_secs(1))));
     journal.when("started 1").await;
     let metrics = gate.metrics().clone();
@@ -323,9 +314,7 @@ async fn shutting_the_gate_down_stops_the_work_and_the_elector_keeps_leading() {
 
 #[tokio::test(start_paused = true)]
 async fn the_gate_stops_with_its_elector() {
-    let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    let journal = Journal::new();
+    let (_store, a, journal) = one_replica();
     let mut gate = Gate::builder(&a).spawn(watcher(&journal, Some(Duration::from_secs(1))));
     journal.when("started 1").await;
     a.shutdown().await.expect("shut down");
@@ -340,9 +329,7 @@ async fn the_gate_stops_with_its_elector() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn work_stops_before_the_lock_is_released_on_a_multi_threaded_runtime() {
     for round in 0..20 {
-        let store = MemoryStore::new();
-        let a = spawn(&store, "a");
-        let journal = Journal::new();
+        let (store, a, journal) = one_replica();
         let (log, lock) = (journal.clone(), store.clone());
         let gate = Gate::builder(&a).spawn(move |ctx| {
             let (log, lock) = (log.clone(), lock.clone());
@@ -366,9 +353,7 @@ async fn work_stops_before_the_lock_is_released_on_a_multi_threaded_runtime() {
 
 #[tokio::test(start_paused = true)]
 async fn the_gate_does_not_keep_a_dropped_elector_alive() {
-    let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    let journal = Journal::new();
+    let (store, a, journal) = one_replica();
     let mut gate = Gate::builder(&a).spawn(watcher(&journal, Some(Duration::from_secs(1))));
     journal.when("started 1").await;
     drop(a); // the elector releases the lock in the background, after the work stopped
