@@ -58,7 +58,7 @@ pub mod timing;
 
 pub use candidate::{Action, AfterRelease, Candidate, Event, StopReason};
 pub use clock::MonotonicTime;
-pub use elector::{Elector, ElectorBuilder, ElectorCommand, ElectorError};
+pub use elector::{Elector, ElectorBuilder, ElectorCommand, ElectorError, ElectorView};
 pub use failure_log::FailureLog;
 pub use leadership::{ElectorStats, Leadership, LockWait, NotLeader, Publisher, Role, Subscriber, Tenure, WaitReason};
 pub use lock::{ChangeStream, LockError, RecordLock, StoredRecord, Version};
