@@ -44,6 +44,7 @@ pub mod events;
 pub mod lock;
 pub mod multilock;
 pub mod object;
+pub mod resume;
 
 pub use codec::RecordObject;
 pub use config::{ClusterOptions, KubeError, KubeLockConfig, KubeLockRef, LockKind};
@@ -51,6 +52,7 @@ pub use events::{EventRecorder, LeadershipEvents};
 pub use lock::KubeLock;
 pub use multilock::{MultiLock, UNKNOWN_LEADER};
 pub use object::ObjectLock;
+pub use resume::{ListCause, ResumableWatcher, ResumeConfig, ResumeError, ResumeEvent};
 
 /// The `User-Agent` every client built by this crate sends: `tenure/<version> (<identity>)`.
 ///
