@@ -25,7 +25,7 @@
 //! use tenure_kube::resume::{ResumableWatcher, ResumeConfig, ResumeEvent};
 //!
 //! let pods: Api<Pod> = Api::namespaced(client, "default");
-//! let mut watcher = ResumableWatcher::new(pods, ResumeConfig::default().labels("app=web"), saved);
+//! let mut watcher = ResumableWatcher::new(pods, ResumeConfig::default().labels("app=web"), saved)?;
 //! loop {
 //!     match watcher.next_event().await {
 //!         Ok(ResumeEvent::Applied(pod)) => { /* reconcile */ }
@@ -123,6 +123,10 @@ pub enum ResumeError {
     /// The watch request failed, or its stream broke.
     #[error("watching failed: {0}")]
     Watch(#[source] kube::Error),
+    /// The configured watch timeout is outside 1..=294 s: zero would make the server end each
+    /// watch at once (a busy loop of requests), and kube refuses 295 s and more.
+    #[error("the watch timeout must be 1 to 294 seconds, not {0}")]
+    InvalidTimeout(u32),
     /// The server sent an `ERROR` event other than an expiry.
     #[error("the server ended the watch with an error: {0}")]
     ErrorEvent(#[source] ErrorResponse),
@@ -308,11 +312,14 @@ where
 {
     /// A watcher that resumes from `saved` (the version of the last change processed, as
     /// [`ResumableWatcher::last_delivered_version`] gave it), or lists first if there is none.
-    /// An empty `saved` counts as none.
-    pub fn new(api: Api<K>, config: ResumeConfig, saved: Option<String>) -> Self {
+    /// An empty `saved` counts as none. Fails only on a configuration that cannot work.
+    pub fn new(api: Api<K>, config: ResumeConfig, saved: Option<String>) -> Result<Self, ResumeError> {
+        if !(1..295).contains(&config.timeout_seconds) {
+            return Err(ResumeError::InvalidTimeout(config.timeout_seconds));
+        }
         let version = saved.filter(|version| !version.is_empty());
         let phase = if version.is_some() { Phase::OpenWatch } else { Phase::List(ListCause::Initial) };
-        ResumableWatcher { api, config, version, phase, failures: 0, retry_at: None, stats: ResumeStats::default() }
+        Ok(ResumableWatcher { api, config, version, phase, failures: 0, retry_at: None, stats: ResumeStats::default() })
     }
 
     /// The version of the last event delivered (or the saved version, before any): once that event
@@ -476,6 +483,18 @@ mod tests {
         assert_eq!(refused_version(&response(400, "invalid resourceVersion \"x\": not a number")), Some(false));
         assert_eq!(refused_version(&response(400, "unable to parse requirement")), None);
         assert_eq!(refused_version(&response(500, "injected internal error")), None);
+    }
+
+    #[tokio::test]
+    async fn a_watch_timeout_kube_or_the_server_cannot_honour_is_refused_up_front() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client, "default");
+        for seconds in [0, 295] {
+            let refused = ResumableWatcher::new(pods.clone(), ResumeConfig::default().timeout_seconds(seconds), None);
+            assert!(matches!(refused, Err(ResumeError::InvalidTimeout(s)) if s == seconds));
+        }
+        assert!(ResumableWatcher::new(pods, ResumeConfig::default().timeout_seconds(294), None).is_ok());
     }
 
     #[test]

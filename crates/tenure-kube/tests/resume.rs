@@ -70,7 +70,7 @@ async fn next_events(watcher: &mut ResumableWatcher<Pod>, count: usize) -> Vec<S
 
 /// A watcher already caught up after its first list of `expected`.
 async fn listed_watcher(cluster: &Cluster, expected: &str) -> ResumableWatcher<Pod> {
-    let mut watcher = ResumableWatcher::new(pods(cluster).await, config(), None);
+    let mut watcher = ResumableWatcher::new(pods(cluster).await, config(), None).unwrap();
     assert_eq!(next_events(&mut watcher, 1).await, [format!("listed {expected} (initial)")]);
     watcher
 }
@@ -100,7 +100,7 @@ async fn resuming_from_a_saved_version_delivers_exactly_the_changes_since_includ
     let after_d = current_version(&cluster);
     cluster.delete("pods", "other");
 
-    let mut resumed = ResumableWatcher::new(pods(&cluster).await, config(), checkpoint);
+    let mut resumed = ResumableWatcher::new(pods(&cluster).await, config(), checkpoint).unwrap();
     assert_eq!(next_events(&mut resumed, 3).await, ["deleted a", "deleted b", "applied d"]);
     assert_eq!(resumed.last_delivered_version(), Some(after_d.as_str()));
     // Nothing is delivered twice: the next event is the next change.
@@ -122,7 +122,7 @@ async fn a_saved_version_older_than_the_event_window_relists_and_flags_the_faile
         cluster.create("pods", pod(name, "web"));
     }
 
-    let mut resumed = ResumableWatcher::new(pods(&cluster).await, config(), checkpoint.clone());
+    let mut resumed = ResumableWatcher::new(pods(&cluster).await, config(), checkpoint.clone()).unwrap();
     let event = tokio::time::timeout(PATIENCE, resumed.next_event()).await.unwrap().unwrap();
     // The deletion of "b" cannot be delivered any more: "b" is only missing from the list.
     assert_eq!(describe(&event).unwrap(), "listed a,c,d,e,f (expired)");
@@ -145,7 +145,7 @@ async fn a_resume_refused_with_an_http_410_relists_and_flags_the_failed_resume()
     let once = FaultScope { client: Some(user_agent(WATCHER)), verbs: vec![Verb::Watch], times: Some(1) };
     cluster.server.faults().inject(once, InjectedFault::Expired);
 
-    let mut resumed = ResumableWatcher::new(pods(&cluster).await, config(), checkpoint);
+    let mut resumed = ResumableWatcher::new(pods(&cluster).await, config(), checkpoint).unwrap();
     assert_eq!(next_events(&mut resumed, 1).await, ["listed a,b (expired)"]);
     assert_eq!(resumed.stats().failed_resumes, 1);
     cluster.create("pods", pod("c", "web"));
@@ -156,7 +156,8 @@ async fn a_resume_refused_with_an_http_410_relists_and_flags_the_failed_resume()
 async fn a_saved_version_the_server_cannot_parse_is_treated_as_absent_and_flagged() {
     let cluster = Cluster::start().await;
     cluster.create("pods", pod("a", "web"));
-    let mut resumed = ResumableWatcher::new(pods(&cluster).await, config(), Some("checkpoint-of-another-tool".into()));
+    let mut resumed =
+        ResumableWatcher::new(pods(&cluster).await, config(), Some("checkpoint-of-another-tool".into())).unwrap();
     assert_eq!(next_events(&mut resumed, 1).await, ["listed a (invalid)"]);
     cluster.create("pods", pod("b", "web"));
     assert_eq!(next_events(&mut resumed, 1).await, ["applied b"]);
@@ -217,7 +218,7 @@ async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
 async fn a_watch_that_times_out_is_reopened_from_the_last_delivered_version_without_loss_or_repetition() {
     let cluster = Cluster::start().await;
     cluster.create("pods", pod("a", "web"));
-    let watcher = ResumableWatcher::new(pods(&cluster).await, config().timeout_seconds(1), None);
+    let watcher = ResumableWatcher::new(pods(&cluster).await, config().timeout_seconds(1), None).unwrap();
     let mut events = drive(watcher);
     assert_eq!(received(&mut events, 1).await, ["listed a (initial)"]);
     cluster.create("pods", pod("b", "web"));
@@ -253,7 +254,7 @@ async fn a_watcher_dropped_mid_stream_is_succeeded_by_one_resuming_from_its_last
     drop(first);
     cluster.delete("pods", "p2");
 
-    let mut successor = ResumableWatcher::new(pods(&cluster).await, config(), checkpoint);
+    let mut successor = ResumableWatcher::new(pods(&cluster).await, config(), checkpoint).unwrap();
     let expected: Vec<String> =
         names[4..].iter().map(|name| format!("applied {name}")).chain(["deleted p2".to_string()]).collect();
     assert_eq!(next_events(&mut successor, expected.len()).await, expected);
