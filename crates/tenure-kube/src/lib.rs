@@ -17,6 +17,10 @@
 //! make no other requests while they wait. [`events`] posts client-go's `LeaderElection` Events
 //! on the lock object.
 //!
+//! For what a leader does with its tenure, [`resume`] is a watch that starts from a saved
+//! `resourceVersion`, so a new leader learns every change its predecessor had not processed
+//! (deletions included) instead of listing everything again.
+//!
 //! ```no_run
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
 //! use tenure::Elector;

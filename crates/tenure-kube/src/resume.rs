@@ -283,25 +283,23 @@ pub struct ResumableWatcher<K> {
     stats: ResumeStats,
 }
 
-/// Whether the server refused a start version as too old.
-fn is_expired(error: &ErrorResponse) -> bool {
-    error.code == 410
+/// Why a server refused to watch from a version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// `410 Gone`/`Expired`: older than the server keeps.
+    Expired,
+    /// Not a version of this server: unparseable (`400`/`422`), or newer than it has
+    /// (`504 Too large resource version`, a checkpoint from another cluster).
+    Invalid,
 }
 
-/// Whether an error message is about the resourceVersion parameter (servers word it either way).
-fn names_the_version(message: &str) -> bool {
-    let message = message.to_ascii_lowercase();
-    message.contains("resourceversion") || message.contains("resource version")
-}
-
-/// Whether a watch request failed because its version is too old (`Some(true)`), not a version at
-/// all (`Some(false)`), or for another reason (`None`).
-fn refused_version(error: &kube::Error) -> Option<bool> {
-    match error {
-        kube::Error::Api(response) if is_expired(response) => Some(true),
-        kube::Error::Api(response) if matches!(response.code, 400 | 422) && names_the_version(&response.message) => {
-            Some(false)
-        }
+/// Whether a watch error is the server refusing the start version, and how.
+fn refusal(response: &ErrorResponse) -> Option<Refusal> {
+    let message = response.message.to_ascii_lowercase();
+    let names_the_version = message.contains("resourceversion") || message.contains("resource version");
+    match response.code {
+        410 => Some(Refusal::Expired),
+        400 | 422 | 504 if names_the_version => Some(Refusal::Invalid),
         _ => None,
     }
 }
@@ -376,10 +374,9 @@ where
                     Some(Ok(WatchEvent::Bookmark(bookmark))) => {
                         Step::Deliver(ResumeEvent::Progress(bookmark.metadata.resource_version))
                     }
-                    Some(Ok(WatchEvent::Error(response))) if is_expired(&response) => {
-                        Step::Relist(ListCause::Expired { requested: self.version.clone().unwrap_or_default() })
+                    Some(Ok(WatchEvent::Error(response))) => {
+                        self.relist_if_refused(&response).unwrap_or(Step::Fail(ResumeError::ErrorEvent(response)))
                     }
-                    Some(Ok(WatchEvent::Error(response))) => Step::Fail(ResumeError::ErrorEvent(response)),
                     Some(Err(error)) => self.refused_or(error),
                 },
             };
@@ -427,12 +424,20 @@ where
 
     /// A watch failure: a relist if the server refused the version, else an error.
     fn refused_or(&self, error: kube::Error) -> Step<K> {
+        let refused = match &error {
+            kube::Error::Api(response) => self.relist_if_refused(response),
+            _ => None,
+        };
+        refused.unwrap_or(Step::Fail(ResumeError::Watch(error)))
+    }
+
+    /// A relist if `response` refuses the version the watch started from.
+    fn relist_if_refused(&self, response: &ErrorResponse) -> Option<Step<K>> {
         let requested = self.version.clone().unwrap_or_default();
-        match refused_version(&error) {
-            Some(true) => Step::Relist(ListCause::Expired { requested }),
-            Some(false) => Step::Relist(ListCause::Invalid { requested }),
-            None => Step::Fail(ResumeError::Watch(error)),
-        }
+        Some(Step::Relist(match refusal(response)? {
+            Refusal::Expired => ListCause::Expired { requested },
+            Refusal::Invalid => ListCause::Invalid { requested },
+        }))
     }
 
     /// Every object passing the selectors, page by page, and the version the list is consistent at.
@@ -461,13 +466,8 @@ where
 mod tests {
     use super::*;
 
-    fn response(code: u16, message: &str) -> kube::Error {
-        kube::Error::Api(ErrorResponse {
-            status: "Failure".into(),
-            message: message.into(),
-            reason: String::new(),
-            code,
-        })
+    fn response(code: u16, message: &str) -> ErrorResponse {
+        ErrorResponse { status: "Failure".into(), message: message.into(), reason: String::new(), code }
     }
 
     #[test]
@@ -479,10 +479,12 @@ mod tests {
 
     #[test]
     fn gone_means_expired_and_a_rejected_version_means_invalid_anything_else_is_an_error() {
-        assert_eq!(refused_version(&response(410, "too old resource version: 3 (9)")), Some(true));
-        assert_eq!(refused_version(&response(400, "invalid resourceVersion \"x\": not a number")), Some(false));
-        assert_eq!(refused_version(&response(400, "unable to parse requirement")), None);
-        assert_eq!(refused_version(&response(500, "injected internal error")), None);
+        assert_eq!(refusal(&response(410, "too old resource version: 3 (9)")), Some(Refusal::Expired));
+        assert_eq!(refusal(&response(400, "invalid resourceVersion \"x\": not a number")), Some(Refusal::Invalid));
+        assert_eq!(refusal(&response(504, "Too large resource version: 900, current: 50")), Some(Refusal::Invalid));
+        assert_eq!(refusal(&response(400, "unable to parse requirement")), None);
+        assert_eq!(refusal(&response(504, "the request was cut off by a partition and not served")), None);
+        assert_eq!(refusal(&response(500, "injected internal error")), None);
     }
 
     #[tokio::test]
