@@ -8,6 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::{Cluster, PATIENCE};
+use futures::future::ready;
+use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
@@ -108,6 +110,23 @@ async fn resuming_from_a_saved_version_delivers_exactly_the_changes_since_includ
     assert_eq!(next_events(&mut resumed, 1).await, ["applied e"]);
     assert_eq!((resumed.stats().lists, resumed.stats().failed_resumes), (0, 0));
     assert_eq!(cluster.requests(WATCHER, Verb::List), 1, "only the first watcher listed");
+}
+
+#[tokio::test]
+async fn as_a_stream_it_lists_then_watches_and_each_event_carries_the_version_to_checkpoint() {
+    let cluster = Cluster::start().await;
+    cluster.create("pods", pod("a", "web"));
+    let listed_at = current_version(&cluster);
+    let watcher = ResumableWatcher::new(pods(&cluster).await, config(), None).unwrap();
+    let mut events =
+        std::pin::pin!(watcher.into_stream().try_filter(|e| ready(!matches!(e, ResumeEvent::Progress(_)))));
+    let listed = tokio::time::timeout(PATIENCE, events.try_next()).await.unwrap().unwrap().unwrap();
+    assert_eq!(describe(&listed).unwrap(), "listed a (initial)");
+    assert_eq!(listed.resource_version(), Some(listed_at));
+    cluster.delete("pods", "a");
+    let deleted = tokio::time::timeout(PATIENCE, events.try_next()).await.unwrap().unwrap().unwrap();
+    assert_eq!(describe(&deleted).unwrap(), "deleted a");
+    assert_eq!(deleted.resource_version(), Some(current_version(&cluster)));
 }
 
 #[tokio::test]
