@@ -130,6 +130,28 @@ async fn as_a_stream_it_lists_then_watches_and_each_event_carries_the_version_to
 }
 
 #[tokio::test]
+async fn bookmarks_move_a_quiet_watcher_s_checkpoint_past_changes_its_selectors_filter_out() {
+    let config = ApiServerConfig { bookmark_interval: Duration::from_millis(50), ..ApiServerConfig::default() };
+    let cluster = Cluster::start_with(config).await;
+    let mut watcher = listed_watcher(&cluster, "").await;
+    // Only changes the watcher does not select: no event for it, but its checkpoint must not stay
+    // behind them (it would leave the server's event window while nothing selected changes).
+    cluster.create("pods", pod("db-1", "db"));
+    cluster.delete("pods", "db-1");
+    let newest = cluster.server.store().current_resource_version();
+    let progressed = loop {
+        match tokio::time::timeout(PATIENCE, watcher.next_event()).await.expect("a bookmark in time").unwrap() {
+            ResumeEvent::Progress(version) if version.parse::<u64>().unwrap() >= newest => break version,
+            ResumeEvent::Progress(_) => continue,
+            other => panic!("expected only bookmarks, got {:?}", describe(&other)),
+        }
+    };
+    assert_eq!(watcher.last_delivered_version(), Some(progressed.as_str()));
+    cluster.create("pods", pod("web-1", "web"));
+    assert_eq!(next_events(&mut watcher, 1).await, ["applied web-1"]);
+}
+
+#[tokio::test]
 async fn a_saved_version_older_than_the_event_window_relists_and_flags_the_failed_resume() {
     let cluster = Cluster::start_with(ApiServerConfig { event_log_capacity: 2, ..ApiServerConfig::default() }).await;
     for name in ["a", "b", "c"] {
