@@ -279,6 +279,9 @@ pub struct ResumableWatcher<K> {
     version: Option<String>,
     phase: Phase<K>,
     failures: u32,
+    /// A list was delivered and no watch from its version has delivered anything yet: a refusal
+    /// now is the server refusing its own version, and relisting at once would loop.
+    unconfirmed_list: bool,
     retry_at: Option<Instant>,
     stats: ResumeStats,
 }
@@ -317,7 +320,16 @@ where
         }
         let version = saved.filter(|version| !version.is_empty());
         let phase = if version.is_some() { Phase::OpenWatch } else { Phase::List(ListCause::Initial) };
-        Ok(ResumableWatcher { api, config, version, phase, failures: 0, retry_at: None, stats: ResumeStats::default() })
+        Ok(ResumableWatcher {
+            api,
+            config,
+            version,
+            phase,
+            failures: 0,
+            unconfirmed_list: false,
+            retry_at: None,
+            stats: ResumeStats::default(),
+        })
     }
 
     /// The version of the last event delivered (or the saved version, before any): once that event
@@ -382,9 +394,12 @@ where
             };
             match step {
                 Step::Deliver(event) => {
-                    self.failures = 0;
-                    if matches!(event, ResumeEvent::Listed { .. }) {
+                    // Only a watch that delivers proves the server healthy: a list alone does not.
+                    self.unconfirmed_list = matches!(event, ResumeEvent::Listed { .. });
+                    if self.unconfirmed_list {
                         self.phase = Phase::OpenWatch;
+                    } else {
+                        self.failures = 0;
                     }
                     if let Some(version) = event.resource_version().filter(|v| !v.is_empty()) {
                         self.version = Some(version);
@@ -398,12 +413,14 @@ where
                         ?cause,
                         "cannot resume the watch from this version; listing again (changes since, deletions among them, are lost)"
                     );
+                    if self.unconfirmed_list {
+                        self.back_off();
+                    }
                     self.phase = Phase::List(cause);
                 }
                 Step::Fail(error) => {
                     self.stats.errors += 1;
-                    self.failures = self.failures.saturating_add(1);
-                    self.retry_at = Some(Instant::now() + self.config.backoff.delay(self.failures));
+                    self.back_off();
                     if !matches!(self.phase, Phase::List(_)) {
                         self.phase = Phase::OpenWatch;
                     }
@@ -420,6 +437,12 @@ where
             let event = watcher.next_event().await;
             Some((event, watcher))
         })
+    }
+
+    /// Counts a failure and schedules the next attempt after the back-off.
+    fn back_off(&mut self) {
+        self.failures = self.failures.saturating_add(1);
+        self.retry_at = Some(Instant::now() + self.config.backoff.delay(self.failures));
     }
 
     /// A watch failure: a relist if the server refused the version, else an error.

@@ -194,6 +194,27 @@ async fn a_resume_refused_with_an_http_410_relists_and_flags_the_failed_resume()
 }
 
 #[tokio::test]
+async fn a_server_refusing_even_the_version_of_its_own_list_gets_relists_only_after_back_off() {
+    let cluster = Cluster::start().await;
+    let every_watch = FaultScope { client: Some(user_agent(WATCHER)), verbs: vec![Verb::Watch], times: None };
+    cluster.server.faults().inject(every_watch, InjectedFault::Expired);
+    let patient =
+        ResumeConfig::default().backoff(Backoff { initial: Duration::from_secs(3600), max: Duration::from_secs(3600) });
+    let mut watcher = ResumableWatcher::new(pods(&cluster).await, patient, None).unwrap();
+    assert_eq!(next_events(&mut watcher, 1).await, ["listed  (initial)"]);
+    // The watch from the list's version is refused: the watcher waits out its back-off instead of
+    // listing again at once (and again, and again).
+    let waiting = tokio::time::timeout(Duration::from_millis(300), watcher.next_event()).await;
+    assert!(
+        waiting.is_err(),
+        "expected the watcher to be backing off, got {:?}",
+        waiting.map(|e| e.map(|e| describe(&e)))
+    );
+    assert_eq!(cluster.requests(WATCHER, Verb::Watch), 1);
+    assert_eq!(cluster.requests(WATCHER, Verb::List), 1);
+}
+
+#[tokio::test]
 async fn a_saved_version_the_server_cannot_parse_is_treated_as_absent_and_flagged() {
     let cluster = Cluster::start().await;
     cluster.create("pods", pod("a", "web"));
