@@ -131,16 +131,25 @@ fn no_answer(url: &LockUrl) -> String {
     format!("cannot read {url}: no answer within {}", humantime::format_duration(READ_TIMEOUT))
 }
 
+/// The record lock behind `url` (file, Kubernetes, memory), named `client` to the store.
+pub async fn open_record_lock(
+    url: &LockUrl,
+    cluster: &tenure_kube::ClusterOptions,
+    client: &str,
+) -> Result<std::sync::Arc<dyn tenure::RecordLock>, CliError> {
+    Ok(match url {
+        LockUrl::Kube(reference) => url.kube_lock(reference, cluster, client).await?.record_lock(),
+        _ => url.open(client)?,
+    })
+}
+
 /// The status of a record lock: the record as stored.
 async fn record_status(
     election: String,
     url: &LockUrl,
     cluster: &tenure_kube::ClusterOptions,
 ) -> Result<StatusReport, CliError> {
-    let lock = match url {
-        LockUrl::Kube(reference) => url.kube_lock(reference, cluster, "tenure-status").await?.record_lock(),
-        _ => url.open("tenure-status")?,
-    };
+    let lock = open_record_lock(url, cluster, "tenure-status").await?;
     let stored = match tokio::time::timeout(READ_TIMEOUT, lock.get()).await {
         Ok(Ok(stored)) => stored,
         Ok(Err(error)) => return Err(CliError::Failed(format!("cannot read the lock {url}: {error}"))),
@@ -210,12 +219,20 @@ impl StatusReport {
         let mut lines = vec![format!("election:  {}", self.election), format!("lock:      {}", self.lock)];
         let record = self.record.as_ref();
         match self.state {
-            LockState::Absent => lines.push("state:     nobody holds it (no record yet)".to_owned()),
+            LockState::Absent => {
+                lines.push("state:     nobody holds it (no record yet, or it was deleted)".to_owned());
+                lines.push(
+                    "           deleted while held: candidates that saw the holder wait out its lease \
+                     (their /status says until when); `tenure break-lock` ends the wait"
+                        .to_owned(),
+                );
+            }
             LockState::Unreadable => {
                 let why = self.error.as_deref().unwrap_or("unknown reason");
                 lines.push(format!("state:     unreadable record ({why})"));
                 lines.push(
-                    "           candidates treat it as held by an unknown holder for one lease, then take it over"
+                    "           candidates treat it as held by an unknown holder for one lease, then take it \
+                     over; `tenure break-lock` frees it now"
                         .to_owned(),
                 );
             }

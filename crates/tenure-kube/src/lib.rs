@@ -21,6 +21,9 @@
 //! `resourceVersion`, so a new leader learns every change its predecessor had not processed
 //! (deletions included) instead of listing everything again.
 //!
+//! [`KubeLockConfig`] builds the client from a kubeconfig or the pod's service account, as below;
+//! a program that already has a `kube::Client` passes it to [`KubeLock::new`] instead.
+//!
 //! ```no_run
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
 //! use tenure::Elector;
