@@ -103,10 +103,19 @@ type Call = Pin<Box<dyn Future<Output = CallDone> + Send>>;
 
 /// What a [`Call`] brings back.
 enum CallDone {
-    /// The election's keys (key -> (create revision, identity)) and a watch from after them.
-    Resync(Result<(BTreeMap<String, (i64, String)>, WatchStream), EtcdError>),
+    /// The election's keys and a watch from after them.
+    Resync(Result<Box<Loaded>, EtcdError>),
     /// The re-read of the own key before claiming leadership.
     Claim(Result<RangeResponse, EtcdError>),
+}
+
+/// The election's keys: key -> (create revision, identity).
+type Keys = BTreeMap<String, (i64, String)>;
+
+/// A fresh copy of the election's keys and the watch that keeps it current.
+struct Loaded {
+    keys: Keys,
+    watch: WatchStream,
 }
 
 /// Aborts the keep-alive task when the session ends.
@@ -446,10 +455,10 @@ impl Driver {
     fn call_done(&mut self, s: &mut Session, done: CallDone) -> Option<SessionEnd> {
         let retry_at = Instant::now() + self.timing.retry_period / 2;
         match done {
-            CallDone::Resync(Ok((keys, watch))) => {
-                s.keys = keys;
+            CallDone::Resync(Ok(loaded)) => {
+                s.keys = loaded.keys;
                 s.loaded = true;
-                s.watch = Some(watch);
+                s.watch = Some(loaded.watch);
             }
             CallDone::Resync(Err(error)) => {
                 tracing::warn!(identity = %self.identity, %error, "reading the election failed; retrying");
@@ -534,8 +543,8 @@ struct Session {
     lease: i64,
     my_revision: i64,
     valid_until: Instant,
-    /// The election's keys: key -> (create revision, identity).
-    keys: BTreeMap<String, (i64, String)>,
+    /// The election's keys.
+    keys: Keys,
     loaded: bool,
     watch: Option<WatchStream>,
     resync_at: Instant,
@@ -574,7 +583,7 @@ async fn resync(conn: Arc<Connection>, prefix: String, limit: Duration) -> CallD
             })
             .collect();
         let watch = conn.watch_prefix(limit, &prefix, revision + 1).await?;
-        Ok((keys, watch))
+        Ok(Box::new(Loaded { keys, watch }))
     };
     CallDone::Resync(loaded.await)
 }
