@@ -17,8 +17,14 @@
 //! `session timeout` after it last heard from the client, which is after that start, and the next
 //! candidate leads only after the expiry, so the old leader stops first with a third of the
 //! session timeout to spare (for clock-rate drift and the notice to reach the next candidate).
-//! A lost connection ends the tenure at once (Curator's advice: SUSPENDED means stop); after a
-//! reconnect the elector re-checks its own node; after a session expiry it campaigns again with a
+//! The session timeout is the one the server grants (it caps requests to its own bounds), and
+//! the elector's [`Timing`] reports that one. Every call the leader waits for is cut short at
+//! its deadline, so a hanging server never delays the fence.
+//!
+//! A lost connection ends the tenure at once (Curator's advice: SUSPENDED means stop). A tenure
+//! that ended without a release (lost connection, self-fenced) never resumes: its node is deleted
+//! and the candidate queues again with a new node, so its next tenure has a greater term, like
+//! Curator's `LeaderLatch` after a reconnect. After a session expiry it campaigns again with a
 //! new session and a new node.
 //!
 //! ```no_run
@@ -98,6 +104,8 @@ pub struct ZkElection {
     servers: String,
     path: String,
     session_timeout: Duration,
+    /// The session timeout the server granted at connect: what candidates' sessions get.
+    negotiated_timeout: Duration,
     drain_timeout: Duration,
     /// The session for status queries, replaced when it expires.
     client: Arc<Mutex<zk::Client>>,
@@ -113,11 +121,21 @@ impl ZkElection {
             return Err(ZkError::SessionTimeout(session_timeout));
         }
         let client = open_session(servers, session_timeout).await?;
+        let negotiated_timeout = granted_timeout(client.session_timeout(), session_timeout);
+        if negotiated_timeout != session_timeout {
+            tracing::warn!(
+                servers = %servers,
+                asked = ?session_timeout,
+                granted = ?negotiated_timeout,
+                "ZooKeeper grants a different session timeout than asked for; the lease, the self-fencing deadline and the status follow what it grants"
+            );
+        }
         Ok(ZkElection {
             servers: servers.to_owned(),
             path: path.to_owned(),
             session_timeout,
-            drain_timeout: session_timeout * 2 / 3,
+            negotiated_timeout,
+            drain_timeout: negotiated_timeout * 2 / 3,
             client: Arc::new(Mutex::new(client)),
         })
     }
@@ -139,6 +157,14 @@ impl ZkElection {
         self.session_timeout
     }
 
+    /// The session timeout the server granted when this election connected (its
+    /// `minSessionTimeout`/`maxSessionTimeout` bound what clients ask for). Why it matters: the
+    /// server expires sessions by this timeout, so the candidates' [`Timing`] (lease, renew
+    /// deadline, and what `/status` reports) is derived from it, not from the request.
+    pub fn negotiated_session_timeout(&self) -> Duration {
+        self.negotiated_timeout
+    }
+
     /// Starts a candidate named `identity` on the current tokio runtime. It opens its own
     /// session, and keeps campaigning (through disconnects and session expiries) until it is
     /// shut down or every handle is dropped.
@@ -154,7 +180,7 @@ impl ZkElection {
             drain_timeout: self.drain_timeout,
             identity: identity.clone(),
         };
-        Ok(Elector::from_driver(identity, timing_of(self.session_timeout), move |publisher, commands| {
+        Ok(Elector::from_driver(identity, timing_of(self.negotiated_timeout), move |publisher, commands| {
             driver::run(config, publisher, commands)
         }))
     }
@@ -199,6 +225,16 @@ impl ZkElection {
                 Err(err) => return Err(err),
             }
         }
+    }
+}
+
+/// What a session really gets: the server's grant, never more than was asked for (a grant of
+/// zero, which no server sends, counts as the request).
+fn granted_timeout(granted: Duration, asked: Duration) -> Duration {
+    if granted.is_zero() {
+        asked
+    } else {
+        granted.min(asked)
     }
 }
 
