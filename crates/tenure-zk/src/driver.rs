@@ -205,9 +205,11 @@ impl Driver {
                     return Ok(client);
                 }
                 Ok(Err(err)) => {
-                    tracing::warn!(servers = %self.config.servers, error = %err, "cannot connect to ZooKeeper")
+                    tracing::warn!(servers = %tenure::redact_credentials(&self.config.servers), error = %err, "cannot connect to ZooKeeper")
                 }
-                Err(_) => tracing::warn!(servers = %self.config.servers, "connecting to ZooKeeper timed out"),
+                Err(_) => {
+                    tracing::warn!(servers = %tenure::redact_credentials(&self.config.servers), "connecting to ZooKeeper timed out")
+                }
             }
             if let Some(reply) = self.pause(*backoff).await {
                 return Err(reply);

@@ -70,7 +70,7 @@ pub enum ZkError {
     /// No session could be established with the servers.
     #[error("cannot connect to ZooKeeper at {servers}: {source}")]
     Connect {
-        /// The connection string.
+        /// The connection string, any password redacted.
         servers: String,
         /// The client's error.
         source: zk::Error,
@@ -124,7 +124,7 @@ impl ZkElection {
         let negotiated_timeout = granted_timeout(client.session_timeout(), session_timeout);
         if negotiated_timeout != session_timeout {
             tracing::warn!(
-                servers = %servers,
+                servers = %tenure::redact_credentials(servers),
                 asked = ?session_timeout,
                 granted = ?negotiated_timeout,
                 "ZooKeeper grants a different session timeout than asked for; the lease, the self-fencing deadline and the status follow what it grants"
@@ -255,7 +255,7 @@ async fn open_session(servers: &str, session_timeout: Duration) -> Result<zk::Cl
         .with_session_timeout(session_timeout)
         .connect(servers)
         .await
-        .map_err(|source| ZkError::Connect { servers: servers.to_owned(), source })
+        .map_err(|source| ZkError::Connect { servers: tenure::redact_credentials(servers).into_owned(), source })
 }
 
 fn validate_path(path: &str) -> Result<(), ZkError> {
@@ -293,6 +293,24 @@ async fn with_timeout<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_connection_string_with_a_password_fails_without_showing_it() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+        for servers in
+            [format!("admin:s3cret@127.0.0.1:{port}"), format!("127.0.0.1:{port},admin:s3cret@127.0.0.1:{port}")]
+        {
+            let connecting = ZkElection::connect(&servers, "/x", Duration::from_secs(1));
+            let error = match tokio::time::timeout(Duration::from_secs(10), connecting).await {
+                Ok(Err(error)) => error,
+                Ok(Ok(_)) => panic!("connected to nothing"),
+                Err(_) => panic!("still connecting after 10 s"),
+            };
+            let shown = format!("{error} / {error:?}");
+            assert!(shown.contains("admin:***@127.0.0.1"), "{shown}");
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+    }
 
     #[test]
     fn election_paths_are_validated() {

@@ -26,6 +26,7 @@ pub mod leadership;
 pub mod lock;
 pub mod locks;
 pub mod record;
+pub mod redact;
 pub mod term;
 pub mod timing;
 
@@ -35,5 +36,6 @@ pub use elector::{Elector, ElectorBuilder, ElectorCommand, ElectorError};
 pub use leadership::{ElectorStats, Leadership, NotLeader, Publisher, Role, Subscriber, Tenure};
 pub use lock::{ChangeStream, LockError, RecordLock, StoredRecord, Version};
 pub use record::{LeaderElectionRecord, RecordError, LEADER_ANNOTATION};
+pub use redact::redact_credentials;
 pub use term::Term;
 pub use timing::{Timing, TimingError};
