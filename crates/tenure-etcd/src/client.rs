@@ -53,11 +53,12 @@ impl Connection {
         for endpoint in endpoints {
             // The name used in errors and logs never shows a password.
             let name = tenure::redact_credentials(endpoint).into_owned();
-            let address = without_user_information(endpoint);
-            if address != *endpoint {
+            // Never sent: the user information would travel in clear text in the HTTP/2 authority.
+            let address = tenure::redact::without_credentials(endpoint);
+            if address != endpoint.as_str() {
                 tracing::warn!(endpoint = %name, "etcd authentication is not supported: the user and password in the endpoint are not used");
             }
-            let uri = if address.contains("://") { address } else { format!("http://{address}") };
+            let uri = if address.contains("://") { address.into_owned() } else { format!("http://{address}") };
             let channel = Endpoint::from_shared(uri)
                 .map_err(|e| EtcdError::BadEndpoint { endpoint: name.clone(), reason: e.to_string() })?
                 .connect_timeout(Duration::from_millis(500))
@@ -358,19 +359,6 @@ fn receiver_stream<T: Send + 'static>(receiver: mpsc::Receiver<T>) -> impl futur
     futures::stream::unfold(receiver, |mut receiver| async move { receiver.recv().await.map(|item| (item, receiver)) })
 }
 
-/// `endpoint` without `user:password@`: credentials are never sent on the wire as part of the
-/// HTTP/2 authority (where the server and any proxy would see them in clear text).
-fn without_user_information(endpoint: &str) -> String {
-    let (scheme, rest) = match endpoint.find("://") {
-        Some(index) => endpoint.split_at(index + 3),
-        None => ("", endpoint),
-    };
-    match rest.rsplit_once('@') {
-        Some((_, host)) => format!("{scheme}{host}"),
-        None => endpoint.to_owned(),
-    }
-}
-
 /// The end of the key range of all keys starting with `prefix` (etcd's "prefix end": the prefix
 /// with its last byte below 0xff incremented and the rest cut off).
 pub(crate) fn prefix_end(prefix: &str) -> Vec<u8> {
@@ -436,13 +424,6 @@ pub(crate) fn get_op(key: &str) -> RequestOp {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn user_information_is_left_out_of_the_address() {
-        assert_eq!(without_user_information("u:p@127.0.0.1:2379"), "127.0.0.1:2379");
-        assert_eq!(without_user_information("http://u:p@w@h:1"), "http://h:1");
-        assert_eq!(without_user_information("http://h:1"), "http://h:1");
-    }
 
     #[test]
     fn prefix_end_increments_last_byte() {

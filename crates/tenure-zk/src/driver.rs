@@ -16,6 +16,8 @@ use crate::{naming, term_of, with_timeout, ZkError};
 /// What the driver needs to know about its election.
 pub(crate) struct Config {
     pub servers: String,
+    /// The server list to connect to: `servers` without credentials.
+    pub address: String,
     pub path: String,
     pub session_timeout: Duration,
     pub drain_timeout: Duration,
@@ -190,7 +192,7 @@ impl Driver {
     async fn connect(&mut self, backoff: &mut Duration) -> Result<zk::Client, Reply> {
         loop {
             let attempt =
-                zk::Client::connector().with_session_timeout(self.config.session_timeout).connect(&self.config.servers);
+                zk::Client::connector().with_session_timeout(self.config.session_timeout).connect(&self.config.address);
             let limit = self.config.session_timeout * 2;
             let result = tokio::select! {
                 result = timeout(limit, attempt) => result,

@@ -120,6 +120,12 @@ impl ZkElection {
         if session_timeout < Duration::from_millis(100) {
             return Err(ZkError::SessionTimeout(session_timeout));
         }
+        if tenure::redact::without_credentials(servers) != servers {
+            tracing::warn!(
+                servers = %tenure::redact_credentials(servers),
+                "ZooKeeper authentication is not supported: the user and password in the server list are not used"
+            );
+        }
         let client = open_session(servers, session_timeout).await?;
         let negotiated_timeout = granted_timeout(client.session_timeout(), session_timeout);
         if negotiated_timeout != session_timeout {
@@ -175,6 +181,7 @@ impl ZkElection {
         }
         let config = driver::Config {
             servers: self.servers.clone(),
+            address: tenure::redact::without_credentials(&self.servers).into_owned(),
             path: self.path.clone(),
             session_timeout: self.session_timeout,
             drain_timeout: self.drain_timeout,
@@ -253,7 +260,7 @@ pub fn timing_of(session_timeout: Duration) -> Timing {
 async fn open_session(servers: &str, session_timeout: Duration) -> Result<zk::Client, ZkError> {
     zk::Client::connector()
         .with_session_timeout(session_timeout)
-        .connect(servers)
+        .connect(&tenure::redact::without_credentials(servers))
         .await
         .map_err(|source| ZkError::Connect { servers: tenure::redact_credentials(servers).into_owned(), source })
 }

@@ -42,6 +42,28 @@ pub fn redact_credentials(text: &str) -> Cow<'_, str> {
     Cow::Owned(format!("{scheme}{}", servers.join(",")))
 }
 
+/// `text` (an endpoint, a server list or a URL) without any `user:password@`, for the address a
+/// client connects to. Why: a backend that does not authenticate with them must not send them
+/// anyway (an HTTP/2 authority carries user information to the server in clear text) nor hand
+/// them to a client library that logs its server list.
+///
+/// ```
+/// use tenure::redact::without_credentials;
+/// assert_eq!(without_credentials("http://me:s3cret@10.0.0.1:2379"), "http://10.0.0.1:2379");
+/// ```
+pub fn without_credentials(text: &str) -> Cow<'_, str> {
+    if !text.contains('@') {
+        return Cow::Borrowed(text);
+    }
+    let (scheme, rest) = match text.find("://") {
+        Some(index) => text.split_at(index + 3),
+        None => ("", text),
+    };
+    let servers: Vec<&str> =
+        rest.split(',').map(|server| server.rsplit_once('@').map_or(server, |(_, host)| host)).collect();
+    Cow::Owned(format!("{scheme}{}", servers.join(",")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,6 +84,14 @@ mod tests {
         for (given, shown) in cases {
             assert_eq!(redact_credentials(given), shown, "{given}");
         }
+    }
+
+    #[test]
+    fn credentials_are_left_out_of_addresses() {
+        assert_eq!(without_credentials("u:p@127.0.0.1:2379"), "127.0.0.1:2379");
+        assert_eq!(without_credentials("http://u:p@w@h:1"), "http://h:1");
+        assert_eq!(without_credentials("a:1@h1:1,h2:2,b@h3:3"), "h1:1,h2:2,h3:3");
+        assert_eq!(without_credentials("http://h:1"), "http://h:1");
     }
 
     #[test]
