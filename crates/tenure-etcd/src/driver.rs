@@ -312,11 +312,7 @@ impl Driver {
             resync_at: Instant::now(),
             leading: false,
         };
-        let end = self.queue_and_lead(&mut session, &mut lease_rx).await;
-        if session.leading {
-            tracing::info!(identity = %self.identity, term = session.my_revision, "stopped leading");
-        }
-        end
+        self.queue_and_lead(&mut session, &mut lease_rx).await
     }
 
     /// The main loop of a session. Everything it awaits (store calls included) is awaited in its
@@ -338,7 +334,7 @@ impl Driver {
                 // Our key, as we created it (not a namesake put by someone else since).
                 if s.keys.get(&s.key).map(|(revision, _)| *revision) != Some(s.my_revision) {
                     tracing::warn!(identity = %self.identity, key = %s.key, "own key deleted: the session is lost");
-                    return self.lost(s, Duration::ZERO);
+                    return self.lost(s, "own key deleted");
                 }
                 if call.is_none() && !s.leading && s.predecessor().is_none() {
                     // First in the queue: claim, once the key is confirmed to still be ours.
@@ -387,7 +383,7 @@ impl Driver {
                 changed = lease_rx.changed() => {
                     if changed.is_err() {
                         tracing::warn!(identity = %self.identity, lease = format!("{:x}", s.lease), "keep-alive stopped: the session is lost");
-                        return self.lost(s, Duration::ZERO);
+                        return self.lost(s, "keep-alive stopped");
                     }
                     // The new state is handled at the top of the loop.
                 }
@@ -435,17 +431,17 @@ impl Driver {
     fn follow_lease(&mut self, s: &mut Session, lease: LeaseState) -> Option<SessionEnd> {
         if lease.expired {
             tracing::warn!(identity = %self.identity, lease = format!("{:x}", s.lease), "lease expired: the session is lost");
-            return Some(self.lost(s, Duration::ZERO));
+            return Some(self.lost(s, "lease expired"));
         }
         if Instant::now() >= s.valid_until {
             tracing::warn!(identity = %self.identity, "no successful keep-alive in time: the session is lost (self-fenced)");
-            return Some(self.lost(s, Duration::ZERO));
+            return Some(self.lost(s, "renew deadline exceeded"));
         }
         if lease.valid_until > s.valid_until {
             s.valid_until = lease.valid_until;
             if s.leading && !self.publisher.extend_tenure(s.valid_until) {
                 tracing::warn!(identity = %self.identity, "keep-alive handled after the deadline: the session is lost (self-fenced)");
-                return Some(self.lost(s, Duration::ZERO));
+                return Some(self.lost(s, "renew deadline exceeded"));
             }
         }
         None
@@ -472,7 +468,7 @@ impl Driver {
             CallDone::Claim(Ok(response)) => {
                 if !response.kvs.iter().any(|kv| kv.create_revision == s.my_revision) {
                     tracing::warn!(identity = %self.identity, key = %s.key, "own key gone before the claim: the session is lost");
-                    return Some(self.lost(s, Duration::ZERO));
+                    return Some(self.lost(s, "own key gone"));
                 }
                 // A deadline passed meanwhile is handled at the top of the loop: no tenure then.
                 if !s.leading && Instant::now() < s.valid_until {
@@ -498,18 +494,20 @@ impl Driver {
     }
 
     /// Ends the tenure at once and gives the session up (its lease is revoked before the next).
-    fn lost(&mut self, s: &mut Session, delay: Duration) -> SessionEnd {
-        if s.leading {
+    fn lost(&mut self, s: &mut Session, reason: &str) -> SessionEnd {
+        if std::mem::take(&mut s.leading) {
             self.publisher.end_tenure();
+            tracing::info!(identity = %self.identity, term = s.my_revision, reason, "stopped leading");
         }
         self.publish(None, Role::Follower);
         self.stale_leases.push(s.lease);
-        SessionEnd::Again(delay)
+        SessionEnd::Again(Duration::ZERO)
     }
 
     /// Ends the tenure, says `Releasing` and waits for the tenure's guards (up to the drain timeout).
     async fn step_down(&mut self, my_revision: i64) {
         self.publisher.end_tenure();
+        tracing::info!(identity = %self.identity, term = my_revision, reason = "stepped down", "stopped leading");
         self.publish(Some((&self.identity.clone(), my_revision)), Role::Releasing);
         let drained = self.publisher.wait_for_ended_tenures();
         if timeout(self.drain_timeout, drained).await.is_err() {
