@@ -27,6 +27,7 @@ use crate::EtcdError;
 /// The channels to every endpoint of one cluster and the index of the one in use.
 #[derive(Debug)]
 pub(crate) struct Connection {
+    /// Each endpoint's name (as given, password redacted) and channel.
     endpoints: Vec<(String, Channel)>,
     current: AtomicUsize,
     /// Requests sent (unary calls, keep-alives, watch creations), for metrics.
@@ -50,16 +51,23 @@ impl Connection {
         }
         let mut channels = Vec::with_capacity(endpoints.len());
         for endpoint in endpoints {
-            let uri = if endpoint.contains("://") { endpoint.clone() } else { format!("http://{endpoint}") };
+            // The name used in errors and logs never shows a password.
+            let name = tenure::redact_credentials(endpoint).into_owned();
+            // Never sent: the user information would travel in clear text in the HTTP/2 authority.
+            let address = tenure::redact::without_credentials(endpoint);
+            if address != endpoint.as_str() {
+                tracing::warn!(endpoint = %name, "etcd authentication is not supported: the user and password in the endpoint are not used");
+            }
+            let uri = if address.contains("://") { address.into_owned() } else { format!("http://{address}") };
             let channel = Endpoint::from_shared(uri)
-                .map_err(|e| EtcdError::BadEndpoint { endpoint: endpoint.clone(), reason: e.to_string() })?
+                .map_err(|e| EtcdError::BadEndpoint { endpoint: name.clone(), reason: e.to_string() })?
                 .connect_timeout(Duration::from_millis(500))
                 .tcp_nodelay(true)
                 .http2_keep_alive_interval(Duration::from_secs(1))
                 .keep_alive_timeout(Duration::from_secs(1))
                 .keep_alive_while_idle(true)
                 .connect_lazy();
-            channels.push((endpoint.clone(), channel));
+            channels.push((name, channel));
         }
         Ok(Connection { endpoints: channels, current: AtomicUsize::new(0), requests: AtomicU64::new(0) })
     }

@@ -550,6 +550,42 @@ impl Driver {
 
     /// Turns the candidate's events into log lines, tenure guards and a leadership snapshot.
     fn publish(&mut self) {
+        self.publish_events();
+        self.publisher.prune_ended();
+        if let Some(valid_until) = self.candidate.leader_valid_until() {
+            // The publisher refuses when the guards' deadline passed before this renew was
+            // handled (a late wake-up): the tenure is over for good, and the candidate must
+            // acquire again under a new term rather than go on leading under the old one.
+            if !self.publisher.extend_tenure(self.instant(valid_until)) {
+                self.candidate.lapse();
+                self.publish_events();
+            }
+        }
+        let identity = self.candidate.identity().to_owned();
+        let now = self.now();
+        let role = if self.candidate.is_leader(now).is_some() {
+            Role::Leader
+        } else if self.candidate.is_releasing() && self.candidate.holds_lock() {
+            Role::Releasing
+        } else {
+            Role::Follower
+        };
+        // A record that still names this instance after it stopped leading (fenced, or lost and
+        // not yet re-read) names nobody who leads: say so rather than report ourselves.
+        let record = self.candidate.observed_record().filter(|r| {
+            let fenced_self = r.holder_identity == identity && role == Role::Follower;
+            !r.holder_identity.is_empty() && !fenced_self
+        });
+        self.publisher.publish(Leadership {
+            leader: record.map(|r| r.holder_identity.clone()),
+            term: record.map(|r| Term(u64::try_from(r.leader_transitions).unwrap_or(0))),
+            role,
+        });
+        self.publish_wait(now);
+    }
+
+    /// Turns the candidate's pending events into tenure guards and log lines.
+    fn publish_events(&mut self) {
         let identity = self.candidate.identity().to_owned();
         while let Some(event) = self.candidate.poll_event() {
             match event {
@@ -577,30 +613,6 @@ impl Driver {
                 }
             }
         }
-        self.publisher.prune_ended();
-        if let Some(valid_until) = self.candidate.leader_valid_until() {
-            self.publisher.extend_tenure(self.instant(valid_until));
-        }
-        let now = self.now();
-        let role = if self.candidate.is_leader(now).is_some() {
-            Role::Leader
-        } else if self.candidate.is_releasing() && self.candidate.holds_lock() {
-            Role::Releasing
-        } else {
-            Role::Follower
-        };
-        // A record that still names this instance after it stopped leading (fenced, or lost and
-        // not yet re-read) names nobody who leads: say so rather than report ourselves.
-        let record = self.candidate.observed_record().filter(|r| {
-            let fenced_self = r.holder_identity == identity && role == Role::Follower;
-            !r.holder_identity.is_empty() && !fenced_self
-        });
-        self.publisher.publish(Leadership {
-            leader: record.map(|r| r.holder_identity.clone()),
-            term: record.map(|r| Term(u64::try_from(r.leader_transitions).unwrap_or(0))),
-            role,
-        });
-        self.publish_wait(now);
     }
 
     /// Publishes (and logs, when it changes) why this candidate waits on a record that is not a

@@ -53,6 +53,7 @@ pub mod leadership;
 pub mod lock;
 pub mod locks;
 pub mod record;
+pub mod redact;
 pub mod term;
 pub mod timing;
 
@@ -63,5 +64,6 @@ pub use failure_log::FailureLog;
 pub use leadership::{ElectorStats, Leadership, LockWait, NotLeader, Publisher, Role, Subscriber, Tenure, WaitReason};
 pub use lock::{ChangeStream, LockError, RecordLock, StoredRecord, Version};
 pub use record::{LeaderElectionRecord, RecordError, LEADER_ANNOTATION};
+pub use redact::redact_credentials;
 pub use term::Term;
 pub use timing::{Timing, TimingError};
