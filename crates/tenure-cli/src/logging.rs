@@ -9,6 +9,7 @@ use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 use crate::options::LogFormat;
+use crate::output::LogWriter;
 
 /// The filter used when `RUST_LOG` is unset or unusable: leadership changes, warnings, errors.
 /// kube-rs logs every failed request at ERROR from its client builder; the lock already reports
@@ -24,7 +25,7 @@ pub fn init(format: LogFormat) {
         },
         _ => (EnvFilter::new(DEFAULT_FILTER), None),
     };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(LogWriter).log_internal_errors(false);
     match format {
         LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
         LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).init(),

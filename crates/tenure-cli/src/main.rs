@@ -17,6 +17,7 @@ mod http;
 mod lock_url;
 mod logging;
 mod options;
+mod output;
 mod pod_label;
 mod run;
 mod signals;
@@ -93,7 +94,8 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("tenure: error: cannot start the async runtime: {error}");
+            output::error_line(&format!("tenure: error: cannot start the async runtime: {error}"));
+            output::flush_logs(FINAL_FLUSH);
             return ExitCode::from(exit::FAILURE);
         }
     };
@@ -106,14 +108,20 @@ fn main() -> ExitCode {
             Command::Apiserver(args) => apiserver::apiserver(args).await,
         }
     });
-    match outcome {
-        Ok(status) => ExitCode::from(status),
+    let status = match outcome {
+        Ok(status) => status,
         Err(error) => {
-            eprintln!("tenure: error: {error}");
-            ExitCode::from(error.exit_status())
+            output::error_line(&format!("tenure: error: {error}"));
+            error.exit_status()
         }
-    }
+    };
+    output::flush_logs(FINAL_FLUSH);
+    ExitCode::from(status)
 }
+
+/// How long the last log lines may take to reach standard error before tenure exits anyway (a
+/// standard error that nobody reads must not keep tenure alive).
+const FINAL_FLUSH: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Prints help and version as clap does, and usage errors on one line; returns the exit status.
 fn report_usage_error(error: &clap::Error) -> u8 {
@@ -123,7 +131,8 @@ fn report_usage_error(error: &clap::Error) -> u8 {
         let _ = error.print();
         return if error.use_stderr() { exit::USAGE } else { exit::SUCCESS };
     }
-    eprintln!("tenure: {}", one_line(&error.render().to_string()));
+    output::error_line(&format!("tenure: {}", one_line(&error.render().to_string())));
+    output::flush_logs(FINAL_FLUSH);
     exit::USAGE
 }
 

@@ -12,7 +12,7 @@ use tenure::{LeaderElectionRecord, StoredRecord};
 
 use crate::lock_url::LockUrl;
 use crate::options::ElectionOptions;
-use crate::{exit, CliError};
+use crate::{exit, output, CliError};
 
 /// How long one read of the store may take before the store counts as unreachable.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -93,7 +93,8 @@ pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
         OutputFormat::Json => serde_json::to_string_pretty(&report)
             .map_err(|e| CliError::Failed(format!("cannot format the status: {e}")))?,
     };
-    println!("{text}");
+    output::print_line(&text)
+        .map_err(|e| CliError::Failed(format!("cannot write the status to standard output: {e}")))?;
     Ok(exit::SUCCESS)
 }
 
