@@ -11,8 +11,11 @@
 
 mod apiserver;
 mod child;
+mod command_tree;
+mod containment;
 mod demo;
 mod elect;
+mod fencing;
 mod http;
 mod lock_url;
 mod logging;
@@ -22,6 +25,7 @@ mod pod_label;
 mod run;
 mod signals;
 mod status;
+mod supervisor;
 
 use std::process::ExitCode;
 
@@ -84,6 +88,9 @@ enum Command {
     Status(status::StatusArgs),
     Demo(demo::DemoArgs),
     Apiserver(apiserver::ApiServerArgs),
+    /// Internal: the process between `tenure run` and its command.
+    #[command(hide = true)]
+    Supervise(supervisor::SuperviseArgs),
 }
 
 fn main() -> ExitCode {
@@ -106,6 +113,7 @@ fn main() -> ExitCode {
             Command::Status(args) => status::status(args).await,
             Command::Demo(args) => demo::demo(args).await,
             Command::Apiserver(args) => apiserver::apiserver(args).await,
+            Command::Supervise(args) => supervisor::supervise(args).await,
         }
     });
     let status = match outcome {

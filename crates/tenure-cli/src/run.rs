@@ -5,10 +5,11 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::Args;
-use tenure::{Elector, Timing};
-use tokio::process::Command;
+use tenure::Elector;
 
-use crate::child::{describe_status, exit_code_of, SupervisedChild};
+use crate::child::{describe_status, exit_code_of};
+use crate::command_tree::{CommandTree, Containment, StartError, TreeOptions};
+use crate::fencing::{self, checked_grace, kill_bound, CommandControl, KillReason};
 use crate::options::{parse_duration, CandidateOptions, ElectionOptions};
 use crate::signals::{Termination, TerminationSignals};
 use crate::{exit, logging, CliError};
@@ -19,21 +20,38 @@ use crate::{exit, logging, CliError};
     about = "Run a command only while this instance leads the election",
     long_about = "Run a command only while this instance leads the election.\n\n\
         Waits until this instance leads, then starts CMD with TENURE_TERM (the fencing term of this \
-        tenure: pass it to what the command writes, and have it refuse lower terms) and \
-        TENURE_ELECTION in its environment. CMD runs in its own process group (so it should not \
-        read from the terminal), and the kernel kills it if tenure itself dies.\n\n\
-        When CMD exits, the lock is released and tenure exits with CMD's status (its exit code, or \
-        128 + the signal that killed it). If CMD cannot be started: 127 (not found) or 126.\n\n\
+        tenure: pass it to what the command writes, and have it refuse lower terms), TENURE_ELECTION, \
+        TENURE_IDENTITY and TENURE_LOCK in its environment. CMD should not read from the terminal.\n\n\
+        When CMD exits, whatever it left running is killed, the lock is released and tenure exits \
+        with CMD's status (its exit code, or 128 + the signal that killed it). If CMD cannot be \
+        started: 127 (not found) or 126.\n\n\
         Losing leadership (the lock could not be renewed within the renew deadline, or another \
-        holder took it): CMD's process group gets SIGTERM, then SIGKILL after the grace period, \
-        and tenure exits with status 75. It does not campaign again: a command killed in the \
-        middle of its work must not silently start over; let your supervisor decide. If tenure \
-        itself is paused (SIGSTOP, a frozen VM), CMD keeps running unsupervised meanwhile: that is \
-        what TENURE_TERM is for.\n\n\
-        Signals: SIGTERM, SIGINT and SIGHUP are passed on to CMD's process group as SIGTERM; after \
-        the grace period (or at a second signal) it gets SIGKILL. Then the lock is released and \
-        tenure exits with CMD's status. Stopped before it leads, tenure exits with 128 + the \
-        signal without running CMD.",
+        holder took it): CMD gets SIGTERM, then SIGKILL after the grace period, and tenure exits \
+        with status 75. It does not campaign again: a command killed in the middle of its work \
+        must not silently start over; let your supervisor decide.\n\n\
+        The bound: with V the self-fencing deadline (the start of the last successful renew + the \
+        renew deadline; TTL/2 with --ttl), SIGTERM comes at V at the latest, even when the store \
+        hangs, and SIGKILL at the latest at V + 3/4 (lease - renew deadline) (V + 3/8 TTL with \
+        --ttl), whichever of that and the grace period ends first. No other candidate may lead \
+        before V + (lease - renew deadline); the last quarter of that margin is left for the \
+        kill itself and for clocks that run at different rates on different hosts.\n\n\
+        What is killed: CMD runs under a small supervisor process (tenure itself, re-executed), \
+        in a new cgroup (v2) below tenure's own when one can be created there (the cgroup is \
+        writable and the kernel has cgroup.kill, Linux 5.14+), so that processes that call setsid \
+        or detach are killed too; otherwise in a process group of its own, with the supervisor as \
+        a child subreaper, so that every process CMD starts remains its descendant and is killed \
+        with it. The supervisor kills the whole tree when tenure dies, even by SIGKILL. Not \
+        covered: processes started outside the tree on CMD's behalf (systemd-run, a container \
+        runtime, ssh to another host); without a cgroup, a process that escapes by being \
+        re-parented in the instant between two kill rounds; processes stuck in the kernel \
+        (uninterruptible I/O), which die only when the I/O ends; and a supervisor that is itself \
+        killed by SIGKILL (then only CMD's own process is killed, by the kernel). If tenure is \
+        paused (SIGSTOP, a frozen VM), CMD keeps running unsupervised meanwhile: that is what \
+        TENURE_TERM is for.\n\n\
+        Signals: SIGTERM, SIGINT and SIGHUP are passed on to CMD as SIGTERM; after the grace \
+        period (or at a second signal) it gets SIGKILL. Then the lock is released and tenure exits \
+        with CMD's status. Stopped before it leads, tenure exits with 128 + the signal without \
+        running CMD.",
     after_help = "Example:  tenure run --election nightly-backup --ttl 10s -- /usr/local/bin/backup --full"
 )]
 pub struct RunArgs {
@@ -43,10 +61,16 @@ pub struct RunArgs {
     #[command(flatten)]
     candidate: CandidateOptions,
 
-    /// How long CMD gets to exit after SIGTERM before it is killed. Must be shorter than the
-    /// renew deadline (TTL/2). [default: half the renew deadline, TTL/4]
+    /// How long CMD gets to exit after SIGTERM before it is killed. At most 3/4 of (lease - renew
+    /// deadline), i.e. 3/8 TTL with --ttl: SIGKILL must come before another instance may lead.
+    /// [default: half of (lease - renew deadline), TTL/4]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     grace: Option<Duration>,
+
+    /// Do not put CMD in a cgroup even where one can be created: contain it by its process group
+    /// and the supervisor's descendants only (for hosts where another tool manages cgroups).
+    #[arg(long)]
+    no_cgroup: bool,
 
     /// The command to run while leading, and its arguments (after --).
     #[arg(last = true, required = true, value_name = "CMD", value_parser = clap::value_parser!(OsString))]
@@ -57,7 +81,7 @@ pub struct RunArgs {
 enum Ending {
     /// The command exited by itself.
     Exited(std::process::ExitStatus),
-    /// Leadership ended while the command ran.
+    /// Leadership ended (or lapsed on this instance's clock) while the command ran.
     LostLeadership,
     /// Tenure was asked to stop.
     Terminated(Termination),
@@ -69,9 +93,8 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let mut signals =
         TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
     let timing = args.candidate.ttl.timing;
-    let grace = checked_grace(args.grace, &timing)?;
-    let (program, program_args) =
-        args.command.split_first().ok_or_else(|| CliError::Usage("no command given after --".to_owned()))?;
+    checked_grace(args.grace, &timing)?;
+    let program = args.command.first().ok_or_else(|| CliError::Usage("no command given after --".to_owned()))?;
     let identity = args.candidate.identity().map_err(CliError::Usage)?;
     let election = args.election.election.as_str();
     let url = args.election.lock_url()?;
@@ -79,6 +102,16 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let campaign = url.campaign(&identity, timing, &cluster).await?;
     let events = campaign.kube.as_ref().map(|lock| lock.record_events(&campaign.elector));
     let elector = campaign.elector;
+    // The timing in force may differ from the one asked for (a backend's session rules).
+    let timing = *elector.timing();
+    let grace = match checked_grace(args.grace, &timing) {
+        Ok(grace) => grace,
+        Err(error) => {
+            release(elector, events).await;
+            return Err(error);
+        }
+    };
+    let bound = kill_bound(&timing);
     tracing::info!(identity, election, lock = %url, "waiting for leadership before starting the command");
 
     let tenure = loop {
@@ -97,54 +130,83 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         }
     };
     let term = tenure.term();
-    let mut command = Command::new(program);
-    command.args(program_args).env("TENURE_TERM", term.to_string()).env("TENURE_ELECTION", election);
-    let mut child = match SupervisedChild::spawn(&mut command) {
-        Ok(child) => child,
+    let options = TreeOptions {
+        no_cgroup: args.no_cgroup,
+        environment: vec![
+            ("TENURE_TERM".to_owned(), term.to_string()),
+            ("TENURE_ELECTION".to_owned(), election.to_owned()),
+            ("TENURE_IDENTITY".to_owned(), identity.clone()),
+            ("TENURE_LOCK".to_owned(), url.to_string()),
+        ],
+    };
+    let mut tree = match CommandTree::start(&args.command, &options).await {
+        Ok(tree) => tree,
         Err(error) => {
-            let status =
-                if error.kind() == std::io::ErrorKind::NotFound { exit::NOT_FOUND } else { exit::CANNOT_EXECUTE };
+            let status = match &error {
+                StartError::NotFound(_) => exit::NOT_FOUND,
+                StartError::CannotExecute(_) => exit::CANNOT_EXECUTE,
+                StartError::Supervisor(_) => exit::FAILURE,
+            };
             tracing::error!(command = %program.to_string_lossy(), %error, "cannot start the command");
             drop(tenure);
             release(elector, events).await;
             return Ok(status);
         }
     };
-    tracing::info!(term = term.0, pid = child.pid(), command = %program.to_string_lossy(), "leading; started the command");
+    match tree.containment() {
+        Containment::Cgroup(path) => {
+            tracing::info!(term = term.0, pid = tree.pid(), command = %program.to_string_lossy(), cgroup = %path.display(), "leading; started the command");
+        }
+        Containment::ProcessGroup(why) => {
+            tracing::info!(term = term.0, pid = tree.pid(), command = %program.to_string_lossy(), no_cgroup = %why, "leading; started the command in its own process group");
+        }
+    }
 
     let ending = tokio::select! {
-        status = child.wait() => match status {
+        status = tree.wait() => match status {
             Ok(status) => Ending::Exited(status),
             Err(error) => {
-                tracing::error!(%error, "cannot wait for the command; killing it");
-                let _ = child.kill().await;
+                tracing::error!(%error, "lost track of the command");
                 drop(tenure);
                 release(elector, events).await;
                 return Err(CliError::Failed(format!("lost track of the command: {error}")));
             }
         },
-        () = tenure.ended() => Ending::LostLeadership,
+        () = fencing::lapsed(&tenure) => Ending::LostLeadership,
         termination = signals.recv() => Ending::Terminated(termination),
     };
 
-    let status = match ending {
+    let grace_text = humantime::format_duration(grace);
+    let stopped = match ending {
         Ending::Exited(status) => {
             tracing::info!(outcome = describe_status(status), "the command ended; releasing the lock");
-            child.kill_leftovers();
-            Ok(status)
+            if tree.leftovers() > 0 {
+                tracing::warn!(processes = tree.leftovers(), "killed processes the command left running");
+            }
+            Ok((status, None))
         }
         Ending::LostLeadership => {
-            tracing::error!(term = term.0, grace = %humantime::format_duration(grace), "lost leadership; stopping the command");
-            child.stop(grace, hurry(&mut signals)).await
+            tracing::error!(term = term.0, grace = %grace_text, "lost leadership; stopping the command");
+            fencing::stop(&mut tree, grace, fencing::kill_deadline(&tenure, bound), hurry(&mut signals)).await
         }
         Ending::Terminated(termination) => {
-            tracing::info!(signal = termination.name, grace = %humantime::format_duration(grace), "stopping the command");
-            child.stop(grace, hurry(&mut signals)).await
+            tracing::info!(signal = termination.name, grace = %grace_text, "stopping the command");
+            fencing::stop(&mut tree, grace, fencing::kill_deadline(&tenure, bound), hurry(&mut signals)).await
         }
     };
     drop(tenure);
     release(elector, events).await;
-    let status = status.map_err(|e| CliError::Failed(format!("lost track of the command: {e}")))?;
+    let (status, killed) = stopped.map_err(|e| CliError::Failed(format!("lost track of the command: {e}")))?;
+    match killed {
+        Some(KillReason::Grace) => {
+            tracing::warn!(grace = %grace_text, "the command did not stop within the grace period; it was killed")
+        }
+        Some(KillReason::Deadline) => {
+            tracing::warn!("the command was killed before the end of its grace period: another instance may lead soon")
+        }
+        Some(KillReason::Hurry) => tracing::warn!("asked again to stop; the command was killed"),
+        None => {}
+    }
     match ending {
         Ending::LostLeadership => {
             tracing::error!(
@@ -163,29 +225,6 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     }
 }
 
-/// The grace period between SIGTERM and SIGKILL, checked against self-fencing.
-///
-/// Why the bound: when renewals stop succeeding, this instance stops believing it leads at
-/// `R + renew_deadline`, where `R` is the start of its last successful renew, and sends SIGTERM
-/// at once. No other candidate may take the lock before `R + lease_duration`, because each
-/// counts the lease from when it saw that renew, which is after `R`. The command is certainly
-/// dead at `R + renew_deadline + grace`, so it never overlaps another leader when
-/// `grace < lease_duration - renew_deadline`. With the `--ttl` mapping that margin equals the
-/// renew deadline (TTL/2). The default, half of it, leaves the other half for clock-rate
-/// differences between hosts, signal delivery and scheduling delays.
-fn checked_grace(grace: Option<Duration>, timing: &Timing) -> Result<Duration, CliError> {
-    let margin = timing.lease_duration.saturating_sub(timing.renew_deadline).min(timing.renew_deadline);
-    let grace = grace.unwrap_or(margin / 2);
-    if grace >= margin {
-        return Err(CliError::Usage(format!(
-            "--grace {} must be shorter than the renew deadline ({}): the command must be dead before another instance may lead",
-            humantime::format_duration(grace),
-            humantime::format_duration(margin),
-        )));
-    }
-    Ok(grace)
-}
-
 /// Completes at the next termination signal: a second request to stop means "now".
 async fn hurry(signals: &mut TerminationSignals) {
     signals.recv().await;
@@ -199,18 +238,5 @@ async fn release(elector: Elector, events: Option<tenure_kube::LeadershipEvents>
     }
     if let Some(events) = events {
         events.finish().await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn grace_defaults_to_half_the_renew_deadline_and_must_stay_below_it() {
-        let timing = Timing::from_ttl(Duration::from_secs(10)).unwrap();
-        assert_eq!(checked_grace(None, &timing).unwrap(), Duration::from_millis(2500));
-        assert_eq!(checked_grace(Some(Duration::from_millis(4999)), &timing).unwrap(), Duration::from_millis(4999));
-        assert!(matches!(checked_grace(Some(Duration::from_secs(5)), &timing), Err(CliError::Usage(_))));
     }
 }
