@@ -23,14 +23,16 @@ fn exit_status_of_the_command_is_passed_on() {
 }
 
 #[test]
-fn command_gets_the_term_and_election_in_its_environment() {
+fn command_gets_the_term_election_identity_and_lock_in_its_environment() {
     let dir = TempDir::new("run-env");
     let out = dir.join("env");
-    let script = format!("echo \"$TENURE_TERM $TENURE_ELECTION\" > {}", out.display());
-    let (code, _, stderr) =
-        run_to_end(&["run", "--election", "nightly", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", &script]);
+    let script =
+        format!("echo \"$TENURE_TERM $TENURE_ELECTION $TENURE_IDENTITY $TENURE_LOCK\" > {}", out.display());
+    let (code, _, stderr) = run_to_end(&[
+        "run", "--election", "nightly", "--lock", "memory:", "--id", "host-a", "--ttl", "2s", "--", "sh", "-c", &script,
+    ]);
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(std::fs::read_to_string(out).unwrap(), "1 nightly\n");
+    assert_eq!(std::fs::read_to_string(out).unwrap(), "1 nightly host-a memory:\n");
 }
 
 #[test]
@@ -87,6 +89,72 @@ fn nothing_the_command_started_survives_it() {
         (!alive).then_some(())
     });
     assert!(gone.is_some(), "the background sleep {pid} outlived the command");
+}
+
+#[test]
+fn tenure_exits_only_once_what_the_command_left_behind_is_dead_even_after_setsid() {
+    let dir = TempDir::new("run-setsid-leftovers");
+    let pid_file = dir.join("pid");
+    // A daemon-like leftover: a new session, re-parented when the shell exits.
+    let script = format!("setsid sleep 30 & echo $! > {}", pid_file.display());
+    let (code, _, stderr) =
+        run_to_end(&["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", &script]);
+    assert_eq!(code, 0, "{stderr}");
+    let pid: i32 = std::fs::read_to_string(pid_file).unwrap().trim().parse().unwrap();
+    assert!(!is_alive(pid), "the detached sleep {pid} outlived tenure");
+    assert!(stderr.contains("killed processes the command left running"), "{stderr}");
+}
+
+/// Starts `tenure run` (with `extra` flags) on a command tree with every way out of a process
+/// group (a `setsid` child, a double fork, a plain background child), waits until all of it
+/// runs, kills tenure with SIGKILL, and checks that none of the tree survives for long: its
+/// lease (4 s) has not even run out when the check ends.
+fn assert_sigkill_of_tenure_kills_the_tree(label: &str, extra: &[&str]) -> String {
+    let dir = TempDir::new(label);
+    let (pids, ready) = (dir.join("pids"), dir.join("ready"));
+    let script = format!(
+        "setsid sleep 71 & echo $! >> {p}; (setsid sleep 72 & echo $! >> {p}); sleep 73 & echo $! >> {p}; \
+         echo $$ >> {p}; touch {r}; wait",
+        p = pids.display(),
+        r = ready.display()
+    );
+    let lock_url = file_url(&dir.join("lock"));
+    let mut args = vec!["run", "--election", "e", "--lock", &lock_url, "--ttl", "4s"];
+    args.extend(extra);
+    args.extend(["--", "sh", "-c", &script]);
+    let mut runner = Tenure::start("runner", &args);
+    wait_until(Duration::from_secs(10), || ready.exists().then_some(())).expect("the command tree started");
+    let pids: Vec<i32> = std::fs::read_to_string(&pids).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 4);
+    runner.signal(libc::SIGKILL);
+    runner.wait_exit(Duration::from_secs(5)).expect("tenure died");
+    let gone = wait_until(Duration::from_secs(3), || pids.iter().all(|&pid| !is_alive(pid)).then_some(()));
+    let survivors: Vec<i32> = pids.iter().copied().filter(|&pid| is_alive(pid)).collect();
+    assert!(gone.is_some(), "{survivors:?} of {pids:?} survived tenure; log:\n{}", runner.log());
+    runner.log()
+}
+
+#[test]
+fn killing_tenure_with_sigkill_kills_the_whole_command_tree_in_its_cgroup() {
+    let log = assert_sigkill_of_tenure_kills_the_tree("run-kill9-cgroup", &[]);
+    // Where a cgroup could be made, it is removed once empty.
+    if let Some(path) = log.split("cgroup=").nth(1).and_then(|rest| rest.split_whitespace().next()) {
+        let path = std::path::PathBuf::from(path.trim_matches('"'));
+        wait_until(Duration::from_secs(3), || (!path.exists()).then_some(()))
+            .unwrap_or_else(|| panic!("{} was left behind", path.display()));
+    }
+}
+
+#[test]
+fn killing_tenure_with_sigkill_kills_the_whole_command_tree_without_a_cgroup() {
+    let log = assert_sigkill_of_tenure_kills_the_tree("run-kill9-group", &["--no-cgroup"]);
+    assert!(log.contains("disabled by --no-cgroup"), "{log}");
+}
+
+/// True while `pid` runs (a zombie or a reused-and-gone pid counts as dead).
+fn is_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    (unsafe { libc::kill(pid, 0) } == 0) && !is_zombie(pid)
 }
 
 fn is_zombie(pid: i32) -> bool {
