@@ -43,6 +43,9 @@ pub mod exit {
     /// `tenure run` lost leadership and killed its command (BSD `EX_TEMPFAIL`: trying again
     /// later may succeed).
     pub const LOST_LEADERSHIP: u8 = 75;
+    /// `tenure run --timeout` passed before this instance led; the command never ran (as
+    /// `timeout(1)` reports it).
+    pub const TIMED_OUT: u8 = 124;
     /// `tenure run` found its command but could not execute it (as shells report it).
     pub const CANNOT_EXECUTE: u8 = 126;
     /// `tenure run` could not find its command (as shells report it).

@@ -5,13 +5,14 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::Args;
-use tenure::Elector;
+use tenure::{Elector, Tenure};
+use tokio::time::{sleep_until, Instant};
 
 use crate::child::{describe_status, exit_code_of};
 use crate::command_tree::{CommandTree, Containment, StartError, TreeOptions};
 use crate::fencing::{self, checked_grace, kill_bound, CommandControl, KillReason};
 use crate::options::{parse_duration, CandidateOptions, ElectionOptions};
-use crate::signals::{Termination, TerminationSignals};
+use crate::signals::{ResignRequests, Termination, TerminationSignals};
 use crate::{exit, logging, CliError};
 
 /// Arguments of `tenure run`.
@@ -27,8 +28,18 @@ use crate::{exit, logging, CliError};
         started: 127 (not found) or 126.\n\n\
         Losing leadership (the lock could not be renewed within the renew deadline, or another \
         holder took it): CMD gets SIGTERM, then SIGKILL after the grace period, and tenure exits \
-        with status 75. It does not campaign again: a command killed in the middle of its work \
-        must not silently start over; let your supervisor decide.\n\n\
+        with status 75. It does not campaign again unless --campaign-again is given: a command \
+        killed in the middle of its work must not silently start over; let your supervisor \
+        decide.\n\n\
+        SIGUSR1 makes a leading instance step down without exiting (maintenance): CMD is stopped \
+        as on a loss, the lock is released so the next candidate in line leads at once with a \
+        higher term, and this instance stays a candidate and runs CMD again (with its new \
+        TENURE_TERM) when it leads again. On file and Kubernetes locks it does not take the lock \
+        back for one lease unless nobody else has; on etcd and ZooKeeper it queues up behind the \
+        other candidates.\n\n\
+        Exit statuses: CMD's own; 75 when leadership was lost; 124 when --timeout passed before \
+        leading; 126 or 127 when CMD cannot be started; 128 + n when stopped by signal n before \
+        leading; 1 on other failures, 2 on usage errors.\n\n\
         The bound: with V the self-fencing deadline (the start of the last successful renew + the \
         renew deadline; TTL/2 with --ttl), SIGTERM comes at V at the latest, even when the store \
         hangs, and SIGKILL at the latest at V + 3/4 (lease - renew deadline) (V + 3/8 TTL with \
@@ -72,6 +83,16 @@ pub struct RunArgs {
     #[arg(long)]
     no_cgroup: bool,
 
+    /// Give up waiting for leadership after DURATION: exit with status 124 without running CMD.
+    /// Applies to each wait (also after --campaign-again or SIGUSR1). [default: wait forever]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    timeout: Option<Duration>,
+
+    /// After losing leadership (and stopping CMD), campaign again and run CMD anew when leading
+    /// again, instead of exiting with status 75. For commands that are safe to restart.
+    #[arg(long)]
+    campaign_again: bool,
+
     /// The command to run while leading, and its arguments (after --).
     #[arg(last = true, required = true, value_name = "CMD", value_parser = clap::value_parser!(OsString))]
     command: Vec<OsString>,
@@ -85,18 +106,51 @@ enum Ending {
     LostLeadership,
     /// Tenure was asked to stop.
     Terminated(Termination),
+    /// The operator asked the leader to step down (SIGUSR1).
+    Resign,
+}
+
+/// What comes after one tenure.
+enum Next {
+    /// Release the lock and exit with this status.
+    Exit(u8),
+    /// Stay a candidate and run the command again when leading again.
+    CampaignAgain,
+}
+
+/// What a wait for leadership gave.
+enum Waited {
+    /// This instance leads.
+    Leading(Tenure),
+    /// A termination signal came first.
+    Stopped(Termination),
+    /// `--timeout` passed first.
+    TimedOut,
+}
+
+/// What a run needs beside the elector: its settings and the signals it answers.
+struct Runner {
+    args: RunArgs,
+    identity: String,
+    lock: String,
+    grace: Duration,
+    bound: Duration,
+    signals: TerminationSignals,
+    resigns: ResignRequests,
 }
 
 /// Runs `tenure run`; returns the exit status.
 pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     logging::init(args.candidate.log_format);
-    let mut signals =
-        TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
+    let install_failed = |e: std::io::Error| CliError::Failed(format!("cannot install signal handlers: {e}"));
+    let signals = TerminationSignals::install().map_err(install_failed)?;
+    let resigns = ResignRequests::install().map_err(install_failed)?;
     let timing = args.candidate.ttl.timing;
     checked_grace(args.grace, &timing)?;
-    let program = args.command.first().ok_or_else(|| CliError::Usage("no command given after --".to_owned()))?;
+    if args.command.is_empty() {
+        return Err(CliError::Usage("no command given after --".to_owned()));
+    }
     let identity = args.candidate.identity().map_err(CliError::Usage)?;
-    let election = args.election.election.as_str();
     let url = args.election.lock_url()?;
     let cluster = args.election.cluster.options().map_err(CliError::Usage)?;
     let campaign = url.campaign(&identity, timing, &cluster).await?;
@@ -112,116 +166,186 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         }
     };
     let bound = kill_bound(&timing);
-    tracing::info!(identity, election, lock = %url, "waiting for leadership before starting the command");
+    let mut runner = Runner { args, identity, lock: url.to_string(), grace, bound, signals, resigns };
+    let outcome = loop {
+        match runner.one_tenure(&elector).await {
+            Ok(Next::CampaignAgain) => continue,
+            Ok(Next::Exit(status)) => break Ok(status),
+            Err(error) => break Err(error),
+        }
+    };
+    release(elector, events).await;
+    outcome
+}
 
-    let tenure = loop {
-        let tenure = tokio::select! {
-            tenure = elector.acquired() => tenure.map_err(|e| CliError::Failed(e.to_string()))?,
-            termination = signals.recv() => {
+impl Runner {
+    /// Waits for leadership, runs the command while leading and stops it when the tenure ends.
+    async fn one_tenure(&mut self, elector: &Elector) -> Result<Next, CliError> {
+        let election = self.args.election.election.clone();
+        tracing::info!(
+            identity = self.identity,
+            election,
+            lock = self.lock,
+            "waiting for leadership before starting the command"
+        );
+        let tenure = match self.wait_for_leadership(elector).await? {
+            Waited::Leading(tenure) => tenure,
+            Waited::Stopped(termination) => {
                 tracing::info!(signal = termination.name, "stopped before leading; the command never ran");
-                release(elector, events).await;
-                return Ok(termination.exit_status());
+                return Ok(Next::Exit(termination.exit_status()));
+            }
+            Waited::TimedOut => {
+                tracing::error!(exit_status = exit::TIMED_OUT, "not leading within --timeout; the command never ran");
+                return Ok(Next::Exit(exit::TIMED_OUT));
             }
         };
-        // The tenure may have lapsed between its start and now; nothing has run yet, so waiting
-        // for the next one is harmless.
-        if tenure.is_valid() {
-            break tenure;
-        }
-    };
-    let term = tenure.term();
-    let options = TreeOptions {
-        no_cgroup: args.no_cgroup,
-        environment: vec![
-            ("TENURE_TERM".to_owned(), term.to_string()),
-            ("TENURE_ELECTION".to_owned(), election.to_owned()),
-            ("TENURE_IDENTITY".to_owned(), identity.clone()),
-            ("TENURE_LOCK".to_owned(), url.to_string()),
-        ],
-    };
-    let mut tree = match CommandTree::start(&args.command, &options).await {
-        Ok(tree) => tree,
-        Err(error) => {
-            let status = match &error {
-                StartError::NotFound(_) => exit::NOT_FOUND,
-                StartError::CannotExecute(_) => exit::CANNOT_EXECUTE,
-                StartError::Supervisor(_) => exit::FAILURE,
-            };
-            tracing::error!(command = %program.to_string_lossy(), %error, "cannot start the command");
-            drop(tenure);
-            release(elector, events).await;
-            return Ok(status);
-        }
-    };
-    match tree.containment() {
-        Containment::Cgroup(path) => {
-            tracing::info!(term = term.0, pid = tree.pid(), command = %program.to_string_lossy(), cgroup = %path.display(), "leading; started the command");
-        }
-        Containment::ProcessGroup(why) => {
-            tracing::info!(term = term.0, pid = tree.pid(), command = %program.to_string_lossy(), no_cgroup = %why, "leading; started the command in its own process group");
-        }
-    }
-
-    let ending = tokio::select! {
-        status = tree.wait() => match status {
-            Ok(status) => Ending::Exited(status),
+        let term = tenure.term();
+        let program = self.args.command[0].to_string_lossy().into_owned();
+        let options = TreeOptions {
+            no_cgroup: self.args.no_cgroup,
+            environment: vec![
+                ("TENURE_TERM".to_owned(), term.to_string()),
+                ("TENURE_ELECTION".to_owned(), election),
+                ("TENURE_IDENTITY".to_owned(), self.identity.clone()),
+                ("TENURE_LOCK".to_owned(), self.lock.clone()),
+            ],
+        };
+        let mut tree = match CommandTree::start(&self.args.command, &options).await {
+            Ok(tree) => tree,
             Err(error) => {
-                tracing::error!(%error, "lost track of the command");
-                drop(tenure);
-                release(elector, events).await;
-                return Err(CliError::Failed(format!("lost track of the command: {error}")));
+                let status = match &error {
+                    StartError::NotFound(_) => exit::NOT_FOUND,
+                    StartError::CannotExecute(_) => exit::CANNOT_EXECUTE,
+                    StartError::Supervisor(_) => exit::FAILURE,
+                };
+                tracing::error!(command = program, %error, "cannot start the command");
+                return Ok(Next::Exit(status));
             }
-        },
-        () = fencing::lapsed(&tenure) => Ending::LostLeadership,
-        termination = signals.recv() => Ending::Terminated(termination),
-    };
+        };
+        match tree.containment() {
+            Containment::Cgroup(path) => {
+                tracing::info!(term = term.0, pid = tree.pid(), command = program, cgroup = %path.display(), "leading; started the command");
+            }
+            Containment::ProcessGroup(why) => {
+                tracing::info!(term = term.0, pid = tree.pid(), command = program, no_cgroup = %why, "leading; started the command in its own process group");
+            }
+        }
 
-    let grace_text = humantime::format_duration(grace);
-    let stopped = match ending {
-        Ending::Exited(status) => {
-            tracing::info!(outcome = describe_status(status), "the command ended; releasing the lock");
-            if tree.leftovers() > 0 {
-                tracing::warn!(processes = tree.leftovers(), "killed processes the command left running");
+        let ending = tokio::select! {
+            status = tree.wait() => match status {
+                Ok(status) => Ending::Exited(status),
+                Err(error) => {
+                    tracing::error!(%error, "lost track of the command");
+                    return Err(CliError::Failed(format!("lost track of the command: {error}")));
+                }
+            },
+            () = fencing::lapsed(&tenure) => Ending::LostLeadership,
+            termination = self.signals.recv() => Ending::Terminated(termination),
+            () = self.resigns.recv() => Ending::Resign,
+        };
+
+        let grace_text = humantime::format_duration(self.grace);
+        let status = match ending {
+            Ending::Exited(status) => {
+                tracing::info!(outcome = describe_status(status), "the command ended; releasing the lock");
+                if tree.leftovers() > 0 {
+                    tracing::warn!(processes = tree.leftovers(), "killed processes the command left running");
+                }
+                status
             }
-            Ok((status, None))
-        }
-        Ending::LostLeadership => {
-            tracing::error!(term = term.0, grace = %grace_text, "lost leadership; stopping the command");
-            fencing::stop(&mut tree, grace, fencing::kill_deadline(&tenure, bound), hurry(&mut signals)).await
-        }
-        Ending::Terminated(termination) => {
-            tracing::info!(signal = termination.name, grace = %grace_text, "stopping the command");
-            fencing::stop(&mut tree, grace, fencing::kill_deadline(&tenure, bound), hurry(&mut signals)).await
-        }
-    };
-    drop(tenure);
-    release(elector, events).await;
-    let (status, killed) = stopped.map_err(|e| CliError::Failed(format!("lost track of the command: {e}")))?;
-    match killed {
-        Some(KillReason::Grace) => {
-            tracing::warn!(grace = %grace_text, "the command did not stop within the grace period; it was killed")
-        }
-        Some(KillReason::Deadline) => {
-            tracing::warn!("the command was killed before the end of its grace period: another instance may lead soon")
-        }
-        Some(KillReason::Hurry) => tracing::warn!("asked again to stop; the command was killed"),
-        None => {}
-    }
-    match ending {
-        Ending::LostLeadership => {
-            tracing::error!(
-                outcome = describe_status(status),
-                exit_status = exit::LOST_LEADERSHIP,
-                "the command was stopped because leadership was lost; not restarting it"
-            );
-            Ok(exit::LOST_LEADERSHIP)
-        }
-        Ending::Exited(_) | Ending::Terminated(_) => {
-            if matches!(ending, Ending::Terminated(_)) {
+            Ending::LostLeadership | Ending::Terminated(_) | Ending::Resign => {
+                match ending {
+                    Ending::LostLeadership => {
+                        tracing::error!(term = term.0, grace = %grace_text, "lost leadership; stopping the command");
+                    }
+                    Ending::Terminated(termination) => {
+                        tracing::info!(signal = termination.name, grace = %grace_text, "stopping the command");
+                    }
+                    _ => {
+                        tracing::info!(term = term.0, grace = %grace_text, "SIGUSR1: stepping down; stopping the command")
+                    }
+                }
+                let deadline = fencing::kill_deadline(&tenure, self.bound);
+                let stopped = fencing::stop(&mut tree, self.grace, deadline, hurry(&mut self.signals)).await;
+                let (status, killed) =
+                    stopped.map_err(|e| CliError::Failed(format!("lost track of the command: {e}")))?;
+                match killed {
+                    Some(KillReason::Grace) => {
+                        tracing::warn!(grace = %grace_text, "the command did not stop within the grace period; it was killed")
+                    }
+                    Some(KillReason::Deadline) => tracing::warn!(
+                        "the command was killed before the end of its grace period: another instance may lead soon"
+                    ),
+                    Some(KillReason::Hurry) => tracing::warn!("asked again to stop; the command was killed"),
+                    None => {}
+                }
+                status
+            }
+        };
+        // The tenure's guard goes before the lock is released or resigned: a release waits for it.
+        drop(tenure);
+        match ending {
+            Ending::Exited(_) => Ok(Next::Exit(exit_code_of(status))),
+            Ending::Terminated(_) => {
                 tracing::info!(outcome = describe_status(status), "the command stopped");
+                Ok(Next::Exit(exit_code_of(status)))
             }
-            Ok(exit_code_of(status))
+            Ending::LostLeadership if self.args.campaign_again => {
+                tracing::warn!(
+                    outcome = describe_status(status),
+                    "the command was stopped because leadership was lost; campaigning again (--campaign-again)"
+                );
+                Ok(Next::CampaignAgain)
+            }
+            Ending::LostLeadership => {
+                tracing::error!(
+                    outcome = describe_status(status),
+                    exit_status = exit::LOST_LEADERSHIP,
+                    "the command was stopped because leadership was lost; not restarting it"
+                );
+                Ok(Next::Exit(exit::LOST_LEADERSHIP))
+            }
+            Ending::Resign => {
+                tracing::info!(
+                    outcome = describe_status(status),
+                    "the command stopped; stepping down and staying a candidate"
+                );
+                if let Err(error) = elector.resign().await {
+                    tracing::warn!(%error, "could not step down");
+                }
+                Ok(Next::CampaignAgain)
+            }
         }
+    }
+
+    /// Waits until this instance leads, a termination signal comes, or `--timeout` passes.
+    /// SIGUSR1 while waiting has nothing to step down from.
+    async fn wait_for_leadership(&mut self, elector: &Elector) -> Result<Waited, CliError> {
+        let give_up = self.args.timeout.map(|timeout| Instant::now() + timeout);
+        loop {
+            let tenure = tokio::select! {
+                tenure = elector.acquired() => tenure.map_err(|e| CliError::Failed(e.to_string()))?,
+                termination = self.signals.recv() => return Ok(Waited::Stopped(termination)),
+                () = until(give_up) => return Ok(Waited::TimedOut),
+                () = self.resigns.recv() => {
+                    tracing::info!("SIGUSR1: not leading, nothing to step down from");
+                    continue;
+                }
+            };
+            // The tenure may have lapsed between its start and now; nothing has run yet, so
+            // waiting for the next one is harmless.
+            if tenure.is_valid() {
+                return Ok(Waited::Leading(tenure));
+            }
+        }
+    }
+}
+
+/// Completes at `instant`, never if there is none.
+async fn until(instant: Option<Instant>) {
+    match instant {
+        Some(instant) => sleep_until(instant).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -26,10 +26,21 @@ fn exit_status_of_the_command_is_passed_on() {
 fn command_gets_the_term_election_identity_and_lock_in_its_environment() {
     let dir = TempDir::new("run-env");
     let out = dir.join("env");
-    let script =
-        format!("echo \"$TENURE_TERM $TENURE_ELECTION $TENURE_IDENTITY $TENURE_LOCK\" > {}", out.display());
+    let script = format!("echo \"$TENURE_TERM $TENURE_ELECTION $TENURE_IDENTITY $TENURE_LOCK\" > {}", out.display());
     let (code, _, stderr) = run_to_end(&[
-        "run", "--election", "nightly", "--lock", "memory:", "--id", "host-a", "--ttl", "2s", "--", "sh", "-c", &script,
+        "run",
+        "--election",
+        "nightly",
+        "--lock",
+        "memory:",
+        "--id",
+        "host-a",
+        "--ttl",
+        "2s",
+        "--",
+        "sh",
+        "-c",
+        &script,
     ]);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(std::fs::read_to_string(out).unwrap(), "1 nightly host-a memory:\n");
@@ -185,6 +196,28 @@ fn a_command_killed_by_the_forwarded_sigterm_exits_143() {
     assert_eq!(tenure.exit_code(Duration::from_secs(5)), 128 + libc::SIGTERM, "{}", tenure.log());
 }
 
+/// `tenure elect` as "holder" on `lock_url`, once it leads.
+fn start_holder(lock_url: &str) -> Tenure {
+    let holder =
+        Tenure::start("holder", &["elect", "--election", "e", "--lock", lock_url, "--id", "holder", "--ttl", "2s"]);
+    holder.wait_for_log("started leading", Duration::from_secs(5));
+    holder
+}
+
+/// Another writer takes the lock over behind the runner's back (as a misconfigured or client-go
+/// candidate with a shorter lease could): compare-and-swap through the library, then silence.
+fn take_the_lock_behind_the_runners_back(lock_path: &std::path::Path) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let lock = FileLock::open(lock_path).unwrap();
+        let stored = lock.get().await.unwrap().expect("the runner's record");
+        let mut record = stored.record.unwrap();
+        record.holder_identity = "intruder".into();
+        record.leader_transitions += 1;
+        lock.update(&stored.version, &record).await.unwrap();
+    });
+}
+
 fn file_lock_args<'a>(lock_url: &'a str, id: &'a str) -> Vec<&'a str> {
     vec!["run", "--election", "e", "--lock", lock_url, "--id", id, "--ttl", "2s", "--"]
 }
@@ -216,9 +249,7 @@ fn stopped_before_leading_exits_with_the_signal_status_without_running_the_comma
     let dir = TempDir::new("run-waiting");
     let lock_url = file_url(&dir.join("lock"));
     let marker = dir.join("ran");
-    let mut holder =
-        Tenure::start("holder", &["elect", "--election", "e", "--lock", &lock_url, "--id", "holder", "--ttl", "2s"]);
-    holder.wait_for_log("started leading", Duration::from_secs(5));
+    let mut holder = start_holder(&lock_url);
     let mut args = file_lock_args(&lock_url, "waiter");
     let script = format!("touch {}", marker.display());
     args.extend(["sh", "-c", &script]);
@@ -248,19 +279,92 @@ fn losing_the_lock_stops_the_command_and_exits_75() {
     let mut runner = Tenure::start("runner", &args);
     wait_until(Duration::from_secs(10), || ready.exists().then_some(())).expect("the command started");
 
-    // Another writer takes the lock over behind the runner's back (as a misconfigured or
-    // client-go candidate with a shorter lease could): compare-and-swap through the library.
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    runtime.block_on(async {
-        let lock = FileLock::open(&lock_path).unwrap();
-        let stored = lock.get().await.unwrap().expect("the runner's record");
-        let mut record = stored.record.unwrap();
-        record.holder_identity = "intruder".into();
-        record.leader_transitions += 1;
-        lock.update(&stored.version, &record).await.unwrap();
-    });
+    take_the_lock_behind_the_runners_back(&lock_path);
 
     assert_eq!(runner.exit_code(Duration::from_secs(5)), EXIT_LOST_LEADERSHIP, "{}", runner.log());
     assert!(terminated.exists(), "the command was not sent SIGTERM");
     assert!(runner.log().contains("lost leadership"), "{}", runner.log());
+}
+
+#[test]
+fn timeout_gives_up_waiting_for_leadership_with_124_without_running_the_command() {
+    let dir = TempDir::new("run-timeout");
+    let lock_url = file_url(&dir.join("lock"));
+    let marker = dir.join("ran");
+    let mut holder = start_holder(&lock_url);
+    let mut args = file_lock_args(&lock_url, "waiter");
+    let script = format!("touch {}", marker.display());
+    args.splice(1..1, ["--timeout", "300ms"]);
+    args.extend(["sh", "-c", &script]);
+    let (code, _, stderr) = run_to_end(&args);
+    assert_eq!(code, 124, "{stderr}");
+    assert!(stderr.contains("not leading within --timeout"), "{stderr}");
+    assert!(!marker.exists(), "the command ran without leadership");
+    holder.signal(libc::SIGTERM);
+    assert_eq!(holder.exit_code(Duration::from_secs(5)), 0);
+}
+
+/// A command that appends `start TERM` to `journal` when it starts and `stop TERM` when it gets
+/// SIGTERM.
+fn journaling_script(journal: &std::path::Path) -> String {
+    format!(
+        "trap 'echo stop $TENURE_TERM >> {j}; exit 0' TERM; echo start $TENURE_TERM >> {j}; while :; do sleep 0.05; done",
+        j = journal.display()
+    )
+}
+
+fn journal_lines(journal: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(journal).unwrap_or_default().lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn campaign_again_runs_the_command_anew_with_a_higher_term_after_a_loss() {
+    let dir = TempDir::new("run-again");
+    let lock_path = dir.join("lock");
+    let lock_url = file_url(&lock_path);
+    let journal = dir.join("journal");
+    let script = journaling_script(&journal);
+    let mut args = file_lock_args(&lock_url, "runner");
+    args.splice(1..1, ["--campaign-again"]);
+    args.extend(["sh", "-c", &script]);
+    let mut runner = Tenure::start("runner", &args);
+    wait_until(Duration::from_secs(10), || (journal_lines(&journal).len() == 1).then_some(())).expect("started");
+
+    // The intruder never renews: once its lease has run out, the runner leads again.
+    take_the_lock_behind_the_runners_back(&lock_path);
+
+    wait_until(Duration::from_secs(10), || (journal_lines(&journal).len() >= 3).then_some(()))
+        .unwrap_or_else(|| panic!("not run again; log:\n{}", runner.log()));
+    assert_eq!(journal_lines(&journal), ["start 1", "stop 1", "start 3"], "{}", runner.log());
+    assert!(runner.is_running());
+    runner.signal(libc::SIGTERM);
+    assert_eq!(runner.exit_code(Duration::from_secs(5)), 0, "{}", runner.log());
+}
+
+#[test]
+fn sigusr1_hands_the_command_over_to_the_next_candidate_and_stays_a_candidate() {
+    let dir = TempDir::new("run-resign");
+    let lock_url = file_url(&dir.join("lock"));
+    let journal = dir.join("journal");
+    let script = journaling_script(&journal);
+    let start = |id: &str| {
+        let mut args = file_lock_args(&lock_url, id);
+        args.extend(["sh", "-c", &script]);
+        Tenure::start(id, &args)
+    };
+    let mut a = start("a");
+    wait_until(Duration::from_secs(10), || (journal_lines(&journal).len() == 1).then_some(())).expect("a runs");
+    let mut b = start("b");
+    b.wait_for_log("leader=\"a\"", Duration::from_secs(5));
+    a.signal(libc::SIGUSR1);
+    wait_until(Duration::from_secs(5), || (journal_lines(&journal).len() >= 3).then_some(()))
+        .unwrap_or_else(|| panic!("no handover; a:\n{}\nb:\n{}", a.log(), b.log()));
+    assert_eq!(journal_lines(&journal), ["start 1", "stop 1", "start 2"]);
+    b.wait_for_log("leading; started the command", Duration::from_secs(1));
+    assert!(a.is_running(), "a exited instead of staying a candidate:\n{}", a.log());
+    // b's command handles SIGTERM with exit 0; a, waiting, exits as stopped before leading.
+    for (runner, expected) in [(&mut b, 0), (&mut a, 128 + libc::SIGTERM)] {
+        runner.signal(libc::SIGTERM);
+        assert_eq!(runner.exit_code(Duration::from_secs(5)), expected, "{}", runner.log());
+    }
 }
