@@ -25,6 +25,7 @@ mod pod_label;
 mod run;
 mod signals;
 mod status;
+mod status_watch;
 mod supervisor;
 
 use std::process::ExitCode;
