@@ -83,6 +83,15 @@ pub async fn supervise(args: SuperviseArgs) -> Result<u8, CliError> {
     // Installed before the command starts, so that no exit goes unnoticed.
     let mut children =
         signal(SignalKind::child()).map_err(|e| CliError::Failed(format!("cannot watch child processes: {e}")))?;
+    // Caught and left unanswered: a service manager that signals every process of tenure's
+    // cgroup at once (systemd's default) must not kill the supervisor, which would kill the
+    // command without its grace period; tenure decides, and the supervisor acts when tenure
+    // asks or is gone. (Caught, not ignored, so that the command starts with the defaults.)
+    let _caught = [SignalKind::terminate(), SignalKind::interrupt(), SignalKind::hangup(), SignalKind::quit()]
+        .into_iter()
+        .map(signal)
+        .collect::<io::Result<Vec<_>>>()
+        .map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
 
     let (tree, why_no_cgroup) = if args.no_cgroup {
         (Tree::Group, "disabled by --no-cgroup".to_owned())

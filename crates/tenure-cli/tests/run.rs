@@ -368,3 +368,38 @@ fn sigusr1_hands_the_command_over_to_the_next_candidate_and_stays_a_candidate() 
         assert_eq!(runner.exit_code(Duration::from_secs(5)), expected, "{}", runner.log());
     }
 }
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|stat| stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<i32>().ok())
+                == Some(pid)
+        })
+        .collect()
+}
+
+#[test]
+fn sigterm_to_every_process_at_once_as_systemd_sends_it_still_gives_the_command_its_grace() {
+    let dir = TempDir::new("run-systemd-stop");
+    let ready = dir.join("ready");
+    let script = format!("trap 'exit 3' TERM; touch {}; while :; do sleep 0.05; done", ready.display());
+    let mut runner = Tenure::start(
+        "runner",
+        &["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", &script],
+    );
+    wait_until(Duration::from_secs(10), || ready.exists().then_some(())).expect("the command started");
+    let supervisor = children_of(runner.pid());
+    assert_eq!(supervisor.len(), 1, "one supervisor under tenure");
+    let command = children_of(supervisor[0]);
+    for pid in [runner.pid(), supervisor[0]].into_iter().chain(command) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    assert_eq!(runner.exit_code(Duration::from_secs(5)), 3, "{}", runner.log());
+}
