@@ -54,7 +54,7 @@ pub struct SuperviseArgs {
     #[arg(long)]
     no_cgroup: bool,
 
-    /// The name of the cgroup to create below tenure's own.
+    /// The name of the cgroup to create below tenure's own (the supervisor's pid is appended).
     #[arg(long, default_value = "tenure-run")]
     cgroup_name: String,
 
@@ -96,7 +96,8 @@ pub async fn supervise(args: SuperviseArgs) -> Result<u8, CliError> {
     let (tree, why_no_cgroup) = if args.no_cgroup {
         (Tree::Group, "disabled by --no-cgroup".to_owned())
     } else {
-        match Cgroup::create(&args.cgroup_name) {
+        // Named after this process too: unique even when one tenure runs its command again.
+        match Cgroup::create(&format!("{}-{}", args.cgroup_name, std::process::id())) {
             Ok(cgroup) => (Tree::Cgroup(cgroup), String::new()),
             Err(error) => (Tree::Group, error.to_string()),
         }
