@@ -119,6 +119,7 @@ pub async fn supervise(args: SuperviseArgs) -> Result<u8, CliError> {
 
     let mut status: Option<ExitStatus> = None;
     let mut killing = false;
+    let mut tenure_gone = false;
     let mut leftovers = 0;
     loop {
         reap(pid, &mut status);
@@ -136,12 +137,15 @@ pub async fn supervise(args: SuperviseArgs) -> Result<u8, CliError> {
         }
         tokio::select! {
             _ = children.recv() => {}
-            line = lines.next_line() => match line {
+            line = lines.next_line(), if !tenure_gone => match line {
                 Ok(Some(line)) if line == "term" => signal_tree(&tree, pid, Signal::SIGTERM),
                 Ok(Some(line)) if line == "kill" => killing = true,
                 Ok(Some(other)) => output::error_line(&format!("tenure supervise: unknown request {other:?}")),
                 // tenure is gone (or closed the socket): nobody may run the command any more.
-                Ok(None) | Err(_) => killing = true,
+                Ok(None) | Err(_) => {
+                    tenure_gone = true;
+                    killing = true;
+                }
             },
             () = tokio::time::sleep(KILL_ROUND), if killing => {}
         }
