@@ -40,6 +40,20 @@ pub fn kill_bound(timing: &Timing) -> Duration {
     timing.lease_duration.saturating_sub(timing.renew_deadline) * 3 / 4
 }
 
+/// The kill bound for one tenure, given how long it was valid for when it started (`remaining`,
+/// at most the renew deadline in force): [`kill_bound`], scaled down in proportion when the
+/// tenure shows a shorter renew deadline than `timing` says. Why: a backend may fence sooner than
+/// asked (a ZooKeeper server grants a shorter session than requested and the driver fences on
+/// it), and then other candidates may also lead sooner; the proportions of lease and renew
+/// deadline stay those of the timing.
+pub fn tenure_kill_bound(timing: &Timing, remaining: Duration) -> Duration {
+    let full = kill_bound(timing);
+    if remaining >= timing.renew_deadline || timing.renew_deadline.is_zero() {
+        return full;
+    }
+    full.mul_f64(remaining.as_secs_f64() / timing.renew_deadline.as_secs_f64())
+}
+
 /// The grace period between SIGTERM and SIGKILL: `--grace`, or by default half of `lease_duration
 /// - renew_deadline` (TTL/4 with the --ttl mapping); refused when longer than [`kill_bound`],
 ///   since the SIGKILL would then have to come before the grace ends anyway.
@@ -191,6 +205,30 @@ mod tests {
         let others_may_lead = fence + (timing.lease_duration - timing.renew_deadline);
         assert!(killed <= fence + bound && killed < others_may_lead, "{:?}", killed - fence);
         assert!(reason.is_some());
+        drop(publisher);
+    }
+
+    #[test]
+    fn a_tenure_fenced_sooner_than_the_timing_says_gets_a_proportionally_shorter_kill_bound() {
+        let timing = ttl_2s();
+        assert_eq!(tenure_kill_bound(&timing, Duration::from_secs(1)), Duration::from_millis(750));
+        assert_eq!(tenure_kill_bound(&timing, Duration::from_millis(500)), Duration::from_millis(375));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sigkill_comes_before_others_may_lead_when_the_backend_fences_sooner_than_asked() {
+        // Asked for a 2 s lease; the server granted a session half as long, and the tenure shows
+        // it: valid for 0.5 s, not 1 s. Others may then lead 0.5 s after its deadline.
+        let timing = ttl_2s();
+        let (publisher, tenure) = silent_tenure(timing.renew_deadline / 2);
+        let bound = tenure_kill_bound(&timing, tenure.valid_until() - Instant::now());
+        let fence = tenure.valid_until();
+        let mut command = Stubborn::default();
+        lapsed(&tenure).await;
+        let grace = checked_grace(None, &timing).unwrap();
+        stop(&mut command, grace, kill_deadline(&tenure, bound), std::future::pending()).await.unwrap();
+        let others_may_lead = fence + (timing.lease_duration - timing.renew_deadline) / 2;
+        assert!(command.killed_at.unwrap() < others_may_lead, "{:?}", command.killed_at.unwrap() - fence);
         drop(publisher);
     }
 

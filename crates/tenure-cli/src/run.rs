@@ -10,7 +10,7 @@ use tokio::time::{sleep_until, Instant};
 
 use crate::child::{describe_status, exit_code_of};
 use crate::command_tree::{CommandTree, Containment, StartError, TreeOptions};
-use crate::fencing::{self, checked_grace, kill_bound, CommandControl, KillReason};
+use crate::fencing::{self, checked_grace, tenure_kill_bound, CommandControl, KillReason};
 use crate::options::{parse_duration, CandidateOptions, ElectionOptions};
 use crate::signals::{ResignRequests, Termination, TerminationSignals};
 use crate::{exit, logging, CliError};
@@ -45,7 +45,9 @@ use crate::{exit, logging, CliError};
         hangs, and SIGKILL at the latest at V + 3/4 (lease - renew deadline) (V + 3/8 TTL with \
         --ttl), whichever of that and the grace period ends first. No other candidate may lead \
         before V + (lease - renew deadline); the last quarter of that margin is left for the \
-        kill itself and for clocks that run at different rates on different hosts.\n\n\
+        kill itself and for clocks that run at different rates on different hosts. Where the \
+        backend fences sooner than --ttl says (a ZooKeeper server that grants a shorter session), \
+        the bound shrinks in proportion.\n\n\
         What is killed: CMD runs under a small supervisor process (tenure itself, re-executed), \
         in a new cgroup (v2) below tenure's own when one can be created there (the cgroup is \
         writable and the kernel has cgroup.kill, Linux 5.14+), so that processes that call setsid \
@@ -134,7 +136,6 @@ struct Runner {
     identity: String,
     lock: String,
     grace: Duration,
-    bound: Duration,
     signals: TerminationSignals,
     resigns: ResignRequests,
 }
@@ -165,8 +166,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
             return Err(error);
         }
     };
-    let bound = kill_bound(&timing);
-    let mut runner = Runner { args, identity, lock: url.to_string(), grace, bound, signals, resigns };
+    let mut runner = Runner { args, identity, lock: url.to_string(), grace, signals, resigns };
     let outcome = loop {
         match runner.one_tenure(&elector).await {
             Ok(Next::CampaignAgain) => continue,
@@ -200,6 +200,7 @@ impl Runner {
             }
         };
         let term = tenure.term();
+        let bound = tenure_kill_bound(elector.timing(), tenure.valid_until().saturating_duration_since(Instant::now()));
         let program = self.args.command[0].to_string_lossy().into_owned();
         let options = TreeOptions {
             no_cgroup: self.args.no_cgroup,
@@ -224,10 +225,10 @@ impl Runner {
         };
         match tree.containment() {
             Containment::Cgroup(path) => {
-                tracing::info!(term = term.0, pid = tree.pid(), command = program, cgroup = %path.display(), "leading; started the command");
+                tracing::info!(term = term.0, pid = tree.pid(), command = program, cgroup = %path.display(), kill_within = %humantime::format_duration(bound), "leading; started the command");
             }
             Containment::ProcessGroup(why) => {
-                tracing::info!(term = term.0, pid = tree.pid(), command = program, no_cgroup = %why, "leading; started the command in its own process group");
+                tracing::info!(term = term.0, pid = tree.pid(), command = program, no_cgroup = %why, kill_within = %humantime::format_duration(bound), "leading; started the command in its own process group");
             }
         }
 
@@ -265,7 +266,7 @@ impl Runner {
                         tracing::info!(term = term.0, grace = %grace_text, "SIGUSR1: stepping down; stopping the command")
                     }
                 }
-                let deadline = fencing::kill_deadline(&tenure, self.bound);
+                let deadline = fencing::kill_deadline(&tenure, bound);
                 let stopped = fencing::stop(&mut tree, self.grace, deadline, hurry(&mut self.signals)).await;
                 let (status, killed) =
                     stopped.map_err(|e| CliError::Failed(format!("lost track of the command: {e}")))?;
