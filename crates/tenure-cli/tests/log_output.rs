@@ -116,3 +116,52 @@ fn run_with_a_dead_log_reader_gives_its_command_the_grace_period_and_releases_th
     assert_eq!(exit_code(&mut tenure), 3, "the command did not get to handle SIGTERM");
     assert_eq!(holder_of(&lock_path).as_deref(), Some(""), "the lock was not released");
 }
+
+/// A pipe of the smallest capacity the kernel allows (one page); returns (read end, write end).
+fn small_pipe() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into the array; fcntl only changes the capacity.
+    unsafe {
+        assert_eq!(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC), 0);
+        libc::fcntl(fds[1], libc::F_SETPIPE_SZ, 4096);
+        (std::os::fd::OwnedFd::from_raw_fd(fds[0]), std::os::fd::OwnedFd::from_raw_fd(fds[1]))
+    }
+}
+
+/// How many bytes wait in a pipe.
+fn pending_bytes(read_end: &std::os::fd::OwnedFd) -> usize {
+    use std::os::fd::AsRawFd;
+    let mut pending: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    unsafe { libc::ioctl(read_end.as_raw_fd(), libc::FIONREAD, &mut pending) };
+    usize::try_from(pending).unwrap_or(0)
+}
+
+#[test]
+fn a_log_nobody_reads_does_not_stop_a_follower_from_taking_over() {
+    let dir = TempDir::new("log-unread");
+    let lock_path = dir.join("lock");
+    let lock_url = file_url(&lock_path);
+    let mut a = start(&elect_args(&lock_url), Stdio::null());
+    wait_for_renews(&lock_path, "a", 1);
+    let (read_end, write_end) = small_pipe();
+    let mut b_args = elect_args(&lock_url);
+    b_args[4] = "b";
+    let mut b = start(&b_args, Stdio::from(write_end));
+    // Its first log line ("campaigning") comes after its signal handlers are installed.
+    wait_until(Duration::from_secs(10), || (pending_bytes(&read_end) > 0).then_some(())).expect("b logs");
+    // Each SIGUSR1 to a follower logs a line; nobody reads them, so the pipe fills up.
+    let full = wait_until(Duration::from_secs(10), || {
+        signal(&b, libc::SIGUSR1);
+        (pending_bytes(&read_end) > 4096 - 200).then_some(())
+    });
+    assert!(full.is_some(), "the log pipe did not fill up ({} bytes)", pending_bytes(&read_end));
+    signal(&a, libc::SIGTERM);
+    assert_eq!(exit_code(&mut a), 0);
+    wait_for_renews(&lock_path, "b", 2);
+    signal(&b, libc::SIGTERM);
+    assert_eq!(exit_code(&mut b), 0);
+    assert_eq!(holder_of(&lock_path).as_deref(), Some(""), "b did not release the lock");
+    drop(read_end);
+}
