@@ -2,6 +2,8 @@
 //! `etcdctl lock`, for anyone with a job that must run on one host at a time.
 
 use std::ffi::OsString;
+use std::future::Future;
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use clap::Args;
@@ -103,7 +105,7 @@ pub struct RunArgs {
 /// How the command's run ended.
 enum Ending {
     /// The command exited by itself.
-    Exited(std::process::ExitStatus),
+    Exited,
     /// Leadership ended (or lapsed on this instance's clock) while the command ran.
     LostLeadership,
     /// Tenure was asked to stop.
@@ -136,8 +138,7 @@ struct Runner {
     identity: String,
     lock: String,
     grace: Duration,
-    signals: TerminationSignals,
-    resigns: ResignRequests,
+    requests: SignalRequests,
 }
 
 /// Runs `tenure run`; returns the exit status.
@@ -166,7 +167,8 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
             return Err(error);
         }
     };
-    let mut runner = Runner { args, identity, lock: url.to_string(), grace, signals, resigns };
+    let requests = SignalRequests { signals, resigns };
+    let mut runner = Runner { args, identity, lock: url.to_string(), grace, requests };
     let outcome = loop {
         match runner.one_tenure(&elector).await {
             Ok(Next::CampaignAgain) => continue,
@@ -232,61 +234,23 @@ impl Runner {
             }
         }
 
-        let ending = tokio::select! {
-            status = tree.wait() => match status {
-                Ok(status) => Ending::Exited(status),
-                Err(error) => {
-                    tracing::error!(%error, "lost track of the command");
-                    return Err(CliError::Failed(format!("lost track of the command: {error}")));
-                }
-            },
-            () = fencing::lapsed(&tenure) => Ending::LostLeadership,
-            termination = self.signals.recv() => Ending::Terminated(termination),
-            () = self.resigns.recv() => Ending::Resign,
-        };
-
-        let grace_text = humantime::format_duration(self.grace);
-        let status = match ending {
-            Ending::Exited(status) => {
-                tracing::info!(outcome = describe_status(status), "the command ended; releasing the lock");
-                if tree.leftovers() > 0 {
-                    tracing::warn!(processes = tree.leftovers(), "killed processes the command left running");
-                }
-                status
-            }
-            Ending::LostLeadership | Ending::Terminated(_) | Ending::Resign => {
-                match ending {
-                    Ending::LostLeadership => {
-                        tracing::error!(term = term.0, grace = %grace_text, "lost leadership; stopping the command");
-                    }
-                    Ending::Terminated(termination) => {
-                        tracing::info!(signal = termination.name, grace = %grace_text, "stopping the command");
-                    }
-                    _ => {
-                        tracing::info!(term = term.0, grace = %grace_text, "SIGUSR1: stepping down; stopping the command")
-                    }
-                }
-                let deadline = fencing::kill_deadline(&tenure, bound);
-                let stopped = fencing::stop(&mut tree, self.grace, deadline, hurry(&mut self.signals)).await;
-                let (status, killed) =
-                    stopped.map_err(|e| CliError::Failed(format!("lost track of the command: {e}")))?;
-                match killed {
-                    Some(KillReason::Grace) => {
-                        tracing::warn!(grace = %grace_text, "the command did not stop within the grace period; it was killed")
-                    }
-                    Some(KillReason::Deadline) => tracing::warn!(
-                        "the command was killed before the end of its grace period: another instance may lead soon"
-                    ),
-                    Some(KillReason::Hurry) => tracing::warn!("asked again to stop; the command was killed"),
-                    None => {}
-                }
-                status
+        let (ending, status) = match supervise(&mut tree, &tenure, self.grace, bound, &mut self.requests).await {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                tracing::error!(%error, "lost track of the command");
+                return Err(CliError::Failed(format!("lost track of the command: {error}")));
             }
         };
+        if let Ending::Exited = ending {
+            tracing::info!(outcome = describe_status(status), "the command ended; releasing the lock");
+            if tree.leftovers() > 0 {
+                tracing::warn!(processes = tree.leftovers(), "killed processes the command left running");
+            }
+        }
         // The tenure's guard goes before the lock is released or resigned: a release waits for it.
         drop(tenure);
         match ending {
-            Ending::Exited(_) => Ok(Next::Exit(exit_code_of(status))),
+            Ending::Exited => Ok(Next::Exit(exit_code_of(status))),
             Ending::Terminated(_) => {
                 tracing::info!(outcome = describe_status(status), "the command stopped");
                 Ok(Next::Exit(exit_code_of(status)))
@@ -326,12 +290,14 @@ impl Runner {
         loop {
             let tenure = tokio::select! {
                 tenure = elector.acquired() => tenure.map_err(|e| CliError::Failed(e.to_string()))?,
-                termination = self.signals.recv() => return Ok(Waited::Stopped(termination)),
+                request = self.requests.next() => match request {
+                    Request::Stop(termination) => return Ok(Waited::Stopped(termination)),
+                    Request::Resign => {
+                        tracing::info!("SIGUSR1: not leading, nothing to step down from");
+                        continue;
+                    }
+                },
                 () = until(give_up) => return Ok(Waited::TimedOut),
-                () = self.resigns.recv() => {
-                    tracing::info!("SIGUSR1: not leading, nothing to step down from");
-                    continue;
-                }
             };
             // The tenure may have lapsed between its start and now; nothing has run yet, so
             // waiting for the next one is harmless.
@@ -350,9 +316,79 @@ async fn until(instant: Option<Instant>) {
     }
 }
 
-/// Completes at the next termination signal: a second request to stop means "now".
-async fn hurry(signals: &mut TerminationSignals) {
-    signals.recv().await;
+/// A request from outside while tenure runs.
+enum Request {
+    /// Stop (SIGTERM, SIGINT, SIGHUP).
+    Stop(Termination),
+    /// Step down and stay a candidate (SIGUSR1).
+    Resign,
+}
+
+/// Where requests come from: signals in tenure, a script in tests.
+trait Requests {
+    /// The next request.
+    fn next(&mut self) -> impl Future<Output = Request>;
+}
+
+/// The requests a running `tenure run` answers: termination signals and SIGUSR1.
+struct SignalRequests {
+    signals: TerminationSignals,
+    resigns: ResignRequests,
+}
+
+impl Requests for SignalRequests {
+    async fn next(&mut self) -> Request {
+        tokio::select! {
+            termination = self.signals.recv() => Request::Stop(termination),
+            () = self.resigns.recv() => Request::Resign,
+        }
+    }
+}
+
+/// Runs the command until it exits, its tenure is over (ended, or past its self-fencing
+/// deadline on this clock however late the elector says so), or a request comes; then stops it
+/// (SIGTERM, SIGKILL at the first of the grace period, the kill deadline `bound` after the
+/// self-fencing deadline, and a second request to stop). Returns why and the command's status.
+async fn supervise<C: CommandControl>(
+    command: &mut C,
+    tenure: &Tenure,
+    grace: Duration,
+    bound: Duration,
+    requests: &mut impl Requests,
+) -> std::io::Result<(Ending, ExitStatus)> {
+    let ending = tokio::select! {
+        status = command.wait() => {
+            let status = status?;
+            return Ok((Ending::Exited, status));
+        }
+        () = fencing::lapsed(tenure) => Ending::LostLeadership,
+        request = requests.next() => match request {
+            Request::Stop(termination) => Ending::Terminated(termination),
+            Request::Resign => Ending::Resign,
+        },
+    };
+    let term = tenure.term().0;
+    let grace_text = humantime::format_duration(grace);
+    match ending {
+        Ending::LostLeadership => tracing::error!(term, grace = %grace_text, "lost leadership; stopping the command"),
+        Ending::Terminated(termination) => {
+            tracing::info!(signal = termination.name, grace = %grace_text, "stopping the command")
+        }
+        _ => tracing::info!(term, grace = %grace_text, "SIGUSR1: stepping down; stopping the command"),
+    }
+    let hurry = async { while !matches!(requests.next().await, Request::Stop(_)) {} };
+    let (status, killed) = fencing::stop(command, grace, fencing::kill_deadline(tenure, bound), hurry).await?;
+    match killed {
+        Some(KillReason::Grace) => {
+            tracing::warn!(grace = %grace_text, "the command did not stop within the grace period; it was killed")
+        }
+        Some(KillReason::Deadline) => {
+            tracing::warn!("the command was killed before the end of its grace period: another instance may lead soon")
+        }
+        Some(KillReason::Hurry) => tracing::warn!("asked again to stop; the command was killed"),
+        None => {}
+    }
+    Ok((ending, status))
 }
 
 /// Releases the lock (if held) and stops the elector, logging a failed release; then lets the
@@ -363,5 +399,39 @@ async fn release(elector: Elector, events: Option<tenure_kube::LeadershipEvents>
     }
     if let Some(events) = events {
         events.finish().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fencing::tests::{silent_tenure, ttl_2s, Stubborn};
+    use crate::fencing::{checked_grace, kill_bound};
+
+    /// Nobody asks anything.
+    struct Silence;
+
+    impl Requests for Silence {
+        async fn next(&mut self) -> Request {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lapse_the_elector_never_reports_stops_the_command_at_the_deadline_and_kills_it_in_time() {
+        let timing = ttl_2s();
+        let bound = kill_bound(&timing);
+        let grace = checked_grace(Some(bound), &timing).unwrap();
+        // The elector is stuck (a store call that hangs): it never ends the tenure.
+        let (publisher, tenure) = silent_tenure(timing.renew_deadline);
+        let fence = tenure.valid_until();
+        let mut command = Stubborn::default();
+        let (ending, _) = supervise(&mut command, &tenure, grace, bound, &mut Silence).await.unwrap();
+        assert!(matches!(ending, Ending::LostLeadership));
+        assert_eq!(command.terminated_at, Some(fence), "SIGTERM at the self-fencing deadline");
+        let others_may_lead = fence + (timing.lease_duration - timing.renew_deadline);
+        let killed = command.killed_at.expect("killed");
+        assert!(killed <= fence + bound && killed < others_may_lead, "SIGKILL {:?} after the deadline", killed - fence);
+        drop(publisher);
     }
 }
