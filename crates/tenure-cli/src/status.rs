@@ -31,7 +31,9 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
         line (one JSON object with --output json) now and one at every change of state, leader or \
         term, until stopped by SIGINT or SIGTERM (exit status 0). File and Kubernetes locks \
         notify it of each change; etcd and ZooKeeper are read every --interval. A store that \
-        cannot be reached is reported once per outage on standard error, and the watch goes on."
+        cannot be reached is reported once per outage on standard error, and the watch goes on. \
+        A Kubernetes multi-lock whose two objects name different holders (for a moment during a \
+        handover) is printed as leader unknown."
 )]
 pub struct StatusArgs {
     #[command(flatten)]

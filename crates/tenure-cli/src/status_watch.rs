@@ -33,7 +33,11 @@ pub async fn watch(
     let mut unreachable = false;
     loop {
         match source.read(election, url).await {
-            Ok(report) => {
+            Ok(mut report) => {
+                // A Kubernetes multi-lock whose two objects name different holders (for a moment
+                // during a handover) holds client-go's placeholder, which names nobody: printed
+                // as unknown, as the HTTP API answers it.
+                report.leader = crate::http::known_leader(report.leader);
                 if unreachable {
                     output::error_line(&format!("tenure: {url} can be read again"));
                     unreachable = false;
@@ -79,6 +83,7 @@ fn print(report: &StatusReport, json: bool) -> Result<(), CliError> {
         match (&report.leader, report.term) {
             (Some(leader), Some(term)) => format!("{seen}  leader {leader}  term {term}"),
             (Some(leader), None) => format!("{seen}  leader {leader}"),
+            (None, _) if report.state == LockState::Held => format!("{seen}  leader unknown"),
             (None, _) => format!("{seen}  no leader ({})", describe(report.state)),
         }
     };
