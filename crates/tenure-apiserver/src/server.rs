@@ -347,6 +347,7 @@ fn serve_resource(
                 bookmarks: is_true(query.get("allowWatchBookmarks")),
                 timeout,
                 client,
+                as_table: wants_table(headers),
             };
             let body: Body = watch::serve(store, &shared.faults, &shared.shutdown, request);
             let mut response = (StatusCode::OK, body).into_response();

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use crate::errors::ApiError;
 use crate::resources::{self, ResourceType};
 use crate::selectors::Selectors;
-use crate::validation::validate;
+use crate::validation::{validate, WriteKind};
 
 /// What happened to an object in one change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -260,7 +260,7 @@ impl Store {
             }
         }
         let name = metadata_str(&object, "name").to_string();
-        validate(resource, &name, &object)?;
+        validate(resource, &name, &object, WriteKind::Body)?;
         let mut state = self.lock();
         Self::create_locked(&mut state, resource, namespace, &name, object)
     }
@@ -312,7 +312,7 @@ impl Store {
                 "the name of the object ({body_name}) does not match the name on the URL ({name})"
             )));
         }
-        validate(resource, name, &object)?;
+        validate(resource, name, &object, WriteKind::Body)?;
         let mut state = self.lock();
         let Some(existing) = state.objects.get(&key(resource, namespace, name)).cloned() else {
             if !resource.create_on_update {
@@ -352,7 +352,7 @@ impl Store {
         if metadata_str(&patched, "name") != name {
             return Err(ApiError::bad_request("metadata.name cannot be changed by a patch"));
         }
-        validate(resource, name, &patched)?;
+        validate(resource, name, &patched, WriteKind::Patch)?;
         Self::replace_locked(&mut state, resource, namespace, name, &existing, patched)
     }
 

@@ -16,6 +16,7 @@ use crate::faults::Faults;
 use crate::resources::ResourceType;
 use crate::selectors::Selectors;
 use crate::store::{ChangeType, Store, WatchMessage, WatchStart};
+use crate::table;
 
 /// Everything one watch request asked for.
 pub struct WatchRequest {
@@ -33,6 +34,19 @@ pub struct WatchRequest {
     pub timeout: Duration,
     /// The client, so that a partition can cut it off.
     pub client: String,
+    /// Whether the client asked for `Table` objects (`kubectl get -w`): each event then carries
+    /// a one-row Table, the first with the column definitions, the rest without (as the real
+    /// server sends them, to save bandwidth; kubectl keeps the columns it was given first).
+    pub as_table: bool,
+}
+
+/// How the objects of a watch's events are encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    /// The objects themselves.
+    Objects,
+    /// One-row Tables; `headers_sent` once the first carried the column definitions.
+    Table { headers_sent: bool },
 }
 
 /// One watch event line.
@@ -53,7 +67,12 @@ fn event_line_of(event_type: &str, object_json: &[u8]) -> Bytes {
 
 /// The event a change is to a watch with `selectors`, if any: an object that starts passing the
 /// selectors is `ADDED` to it, one that stops passing them is `DELETED` from it.
-fn event_for(message: &WatchMessage, resource: &ResourceType, selectors: &Selectors) -> Option<Bytes> {
+fn event_for(
+    message: &WatchMessage,
+    resource: &ResourceType,
+    selectors: &Selectors,
+    encoding: &mut Encoding,
+) -> Option<Bytes> {
     let change = match message {
         WatchMessage::Bookmark(version) => {
             let object = json!({
@@ -76,7 +95,18 @@ fn event_for(message: &WatchMessage, resource: &ResourceType, selectors: &Select
         ChangeType::Modified if before => "DELETED",
         _ => return None,
     };
-    Some(event_line_of(event_type, change.object_json()))
+    match encoding {
+        Encoding::Objects => Some(event_line_of(event_type, change.object_json())),
+        Encoding::Table { headers_sent } => {
+            let mut table =
+                table::render(resource, std::slice::from_ref(&change.object), &change.resource_version.to_string());
+            if *headers_sent {
+                table["columnDefinitions"] = json!([]);
+            }
+            *headers_sent = true;
+            Some(event_line(event_type, &table))
+        }
+    }
 }
 
 /// Opens the watch and returns the response body streaming it. A start older than the event log
@@ -112,16 +142,17 @@ pub fn serve(store: &Arc<Store>, faults: &Faults, shutdown: &CancellationToken, 
                 }
             }
         };
+        let mut encoding = if request.as_table { Encoding::Table { headers_sent: false } } else { Encoding::Objects };
         let stream = async {
             for message in &first {
-                if let Some(line) = event_for(message, request.resource, &request.selectors) {
+                if let Some(line) = event_for(message, request.resource, &request.selectors, &mut encoding) {
                     if sender.send(Ok(line)).await.is_err() {
                         return;
                     }
                 }
             }
             while let Some(message) = changes.recv().await {
-                if let Some(line) = event_for(&message, request.resource, &request.selectors) {
+                if let Some(line) = event_for(&message, request.resource, &request.selectors, &mut encoding) {
                     if sender.send(Ok(line)).await.is_err() {
                         return;
                     }
@@ -168,7 +199,7 @@ mod tests {
     }
 
     fn event_type(message: &WatchMessage, selectors: &Selectors) -> Option<String> {
-        let line = event_for(message, crate::resources::namespaces(), selectors)?;
+        let line = event_for(message, crate::resources::namespaces(), selectors, &mut Encoding::Objects)?;
         let value: Value = serde_json::from_slice(&line).ok()?;
         value["type"].as_str().map(str::to_string)
     }
@@ -201,5 +232,24 @@ mod tests {
         assert_eq!(start_from(Some("0")).ok(), Some(WatchStart::CurrentState));
         assert_eq!(start_from(Some("12")).ok(), Some(WatchStart::After(12)));
         assert!(start_from(Some("x")).is_err());
+    }
+
+    #[test]
+    fn table_watches_carry_one_row_tables_with_the_columns_only_in_the_first() {
+        let lease = crate::resources::find_resource_type("coordination.k8s.io", "v1", "leases").unwrap();
+        let object = json!({"metadata": {"name": "x"}, "spec": {"holderIdentity": "pod-a"}});
+        let mut encoding = Encoding::Table { headers_sent: false };
+        let next = |encoding: &mut Encoding| -> Value {
+            let line =
+                event_for(&change(ChangeType::Added, object.clone(), None), lease, &Selectors::default(), encoding);
+            serde_json::from_slice(&line.unwrap()).unwrap()
+        };
+        let first = next(&mut encoding);
+        assert_eq!(first["object"]["kind"], "Table");
+        assert_eq!(first["object"]["columnDefinitions"][1]["name"], "Holder");
+        assert_eq!(first["object"]["rows"][0]["cells"][1], "pod-a");
+        let second = next(&mut encoding);
+        assert_eq!(second["object"]["columnDefinitions"], json!([]));
+        assert_eq!(second["object"]["rows"][0]["cells"][1], "pod-a", "the holder stays in every row");
     }
 }

@@ -340,3 +340,73 @@ async fn kubectl_applies_gets_describes_and_deletes() {
     assert!(!ok && out.contains("NotFound"), "{out}");
     std::fs::remove_dir_all(&directory).ok();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_fields_of_the_wrong_type_are_refused_on_every_write_path() {
+    let server = server(ApiServerConfig::default()).await;
+    let leases: Api<Lease> = Api::namespaced(client(&server, "t"), "default");
+    leases.create(&PostParams::default(), &lease("typed", "pod-a", 5)).await.unwrap();
+    let bad_spec = json!({"spec": {"leaseDurationSeconds": "abc"}});
+    let error = api_error(leases.patch("typed", &PatchParams::default(), &Patch::Merge(&bad_spec)).await.unwrap_err());
+    assert_eq!((error.code, error.reason.as_str()), (422, "Invalid"), "{}", error.message);
+    let path = "/apis/coordination.k8s.io/v1/namespaces/default/leases";
+    let (code, body) = raw(&server, "POST", path, r#"{"metadata":{"name":"b"},"spec":{"leaseTransitions":"1"}}"#).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("LeaseSpec.spec.leaseTransitions of type int32"), "{body}");
+    let (code, body) =
+        raw(&server, "PUT", &format!("{path}/typed"), r#"{"metadata":{"name":"typed"},"spec":{"renewTime":"soon"}}"#)
+            .await;
+    assert_eq!(code, 400, "{body}");
+    let stored = leases.get("typed").await.unwrap();
+    assert_eq!(stored.spec.unwrap().lease_duration_seconds, Some(5), "nothing refused was stored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_watch_keeps_the_holder_column_on_every_row() {
+    use std::io::BufRead;
+    let server = server(ApiServerConfig::default()).await;
+    let directory = std::env::temp_dir().join(format!("tenure-apiserver-kubectl-watch-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).unwrap();
+    let kubeconfig = directory.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let leases: Api<Lease> = Api::namespaced(client(&server, "t"), "default");
+    leases.create(&PostParams::default(), &lease("watched", "pod-a", 5)).await.unwrap();
+
+    let mut child = std::process::Command::new("kubectl")
+        .args(["get", "lease", "watched", "-w"])
+        .env("KUBECONFIG", &kubeconfig)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("kubectl is installed (scripts/test checks for it)");
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    async fn next_line(lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
+        let line = tokio::time::timeout(WAIT, lines.recv()).await.ok().flatten();
+        line.unwrap_or_else(|| panic!("kubectl printed no further line"))
+    }
+    let mut seen = Vec::new();
+    let header = next_line(&mut lines).await;
+    assert!(header.contains("HOLDER"), "{header}");
+    seen.push(next_line(&mut lines).await);
+    assert!(seen[0].contains("pod-a"), "{seen:?}");
+    let moved = json!({"spec": {"holderIdentity": "pod-b"}});
+    leases.patch("watched", &PatchParams::default(), &Patch::Merge(&moved)).await.unwrap();
+    loop {
+        let line = next_line(&mut lines).await;
+        let done = line.contains("pod-b");
+        seen.push(line);
+        if done {
+            break;
+        }
+        assert!(seen.len() < 5, "no row with the new holder: {seen:?}");
+    }
+    child.kill().ok();
+    child.wait().ok();
+    std::fs::remove_dir_all(&directory).ok();
+}

@@ -61,6 +61,12 @@ pub struct ElectArgs {
     #[arg(long, value_name = "DURATION", default_value = "20s", value_parser = parse_duration)]
     healthz_timeout: Duration,
 
+    /// Also fail /healthz (500) once every call to the lock has failed for longer than this,
+    /// leader or follower, so that an instance that cannot reach its lock is restarted or at
+    /// least shows as failing. Off by default: restarting does not fix an unreachable store.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    healthz_lock_unreachable: Option<Duration>,
+
     /// Answer /readyz with 503 unless this instance leads, so that a Service routes only to the
     /// leader.
     #[arg(long)]
@@ -84,6 +90,7 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
     let identity = args.candidate.identity().map_err(CliError::Usage)?;
     let election = &args.election.election;
     let url = args.election.lock_url()?;
+    crate::lock_scope::LockScope::announce(&url, args.election.lock.is_none());
     let cluster = args.election.cluster.options().map_err(CliError::Usage)?;
     if args.leader_label.is_some() && !matches!(url, crate::lock_url::LockUrl::Kube(_)) {
         return Err(CliError::Usage(format!("--leader-label needs a Kubernetes lock, and the lock is {url}")));
@@ -114,6 +121,7 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
         let settings = http::ApiSettings {
             election: election.clone(),
             healthz_timeout: args.healthz_timeout,
+            healthz_lock_unreachable: args.healthz_lock_unreachable,
             ready_only_when_leader: args.ready_only_when_leader,
         };
         let router = http::router(view, settings);

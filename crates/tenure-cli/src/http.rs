@@ -19,9 +19,11 @@
 //! | `/healthz`  | liveness, client-go's healthz adaptor meaning ([`probes`]) |
 //! | `/readyz`   | readiness, optionally leader-only ([`probes`]) |
 //! | `/events`   | Server-Sent Events, one per leadership change ([`events`]) |
+//! | `/hold`     | `?term=T`: the application's work holds the tenure; a release waits for it ([`hold`]) |
 //! | `/metrics`  | Prometheus metrics ([`metrics`]) |
 
 mod events;
+mod hold;
 mod metrics;
 mod probes;
 mod snapshots;
@@ -38,7 +40,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
-use tenure::{Elector, ElectorStats, Leadership, Term, Timing};
+use tenure::{Elector, ElectorStats, Leadership, Tenure, Term, Timing};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -69,6 +71,8 @@ pub trait LeadershipView: Send + Sync + 'static {
     fn valid_until(&self) -> Option<Instant>;
     /// Counters of renews, failures and tenures.
     fn stats(&self) -> ElectorStats;
+    /// A guard of the current tenure while this instance leads; a graceful release waits for it.
+    fn tenure(&self) -> Option<Tenure>;
 
     /// True while this instance's tenure is valid on its own clock.
     fn leads_now(&self) -> bool {
@@ -98,6 +102,9 @@ impl LeadershipView for Elector {
     fn stats(&self) -> ElectorStats {
         Elector::stats(self)
     }
+    fn tenure(&self) -> Option<Tenure> {
+        Elector::tenure(self)
+    }
 }
 
 /// Choices of the operator that change what the API answers (flags of `tenure elect`).
@@ -108,6 +115,8 @@ pub struct ApiSettings {
     /// How long past the lease a leader that has not renewed still counts as alive
     /// (client-go's `maxTolerableExpiredLease`).
     pub healthz_timeout: Duration,
+    /// Fail `/healthz` once every call to the lock has failed for longer than this (opt-in).
+    pub healthz_lock_unreachable: Option<Duration>,
     /// Answer `/readyz` with 503 unless this instance leads, so a Service routes to the leader
     /// only.
     pub ready_only_when_leader: bool,
@@ -148,6 +157,7 @@ pub fn router(view: Weak<dyn LeadershipView>, settings: ApiSettings) -> Router {
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))
         .route("/events", get(events::events))
+        .route("/hold", get(hold::hold))
         .route("/metrics", get(metrics::metrics))
         .route("/*path", get(any_other_path))
         // The router's matcher does not fall back from `/status` to the catch-all for `/status/`
@@ -285,6 +295,9 @@ pub(crate) mod tests {
         fn stats(&self) -> ElectorStats {
             *self.stats.lock().unwrap()
         }
+        fn tenure(&self) -> Option<Tenure> {
+            None
+        }
     }
 
     pub fn held_by(leader: &str) -> Leadership {
@@ -292,7 +305,12 @@ pub(crate) mod tests {
     }
 
     pub fn settings() -> ApiSettings {
-        ApiSettings { election: "test".into(), healthz_timeout: Duration::from_secs(20), ready_only_when_leader: false }
+        ApiSettings {
+            election: "test".into(),
+            healthz_timeout: Duration::from_secs(20),
+            healthz_lock_unreachable: None,
+            ready_only_when_leader: false,
+        }
     }
 
     /// Serves the API of `view` on a free loopback port; returns its address.

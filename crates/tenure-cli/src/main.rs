@@ -3,6 +3,7 @@
 //! - `tenure elect`: a drop-in for the retired leader-elector:0.5 sidecar.
 //! - `tenure run -- CMD`: run a command on one host at a time (like `consul lock`).
 //! - `tenure status`: who holds a lock, read once.
+//! - `tenure break-lock`: free a lock that no live holder renews.
 //! - `tenure apiserver`: an in-memory Kubernetes API server to develop and test against.
 //! - `tenure demo`: three candidates, a crash and a handover, measured, with no setup.
 //!
@@ -10,6 +11,7 @@
 //! subcommand lives in its own module.
 
 mod apiserver;
+mod break_lock;
 mod child;
 mod command_tree;
 mod containment;
@@ -17,6 +19,7 @@ mod demo;
 mod elect;
 mod fencing;
 mod http;
+mod lock_scope;
 mod lock_url;
 mod logging;
 mod options;
@@ -90,6 +93,7 @@ enum Command {
     Elect(elect::ElectArgs),
     Run(run::RunArgs),
     Status(status::StatusArgs),
+    BreakLock(break_lock::BreakLockArgs),
     Demo(demo::DemoArgs),
     Apiserver(apiserver::ApiServerArgs),
     /// Internal: the process between `tenure run` and its command.
@@ -115,6 +119,7 @@ fn main() -> ExitCode {
             Command::Elect(args) => elect::elect(args).await,
             Command::Run(args) => run::run(args).await,
             Command::Status(args) => status::status(args).await,
+            Command::BreakLock(args) => break_lock::break_lock(args).await,
             Command::Demo(args) => demo::demo(args).await,
             Command::Apiserver(args) => apiserver::apiserver(args).await,
             Command::Supervise(args) => supervisor::supervise(args).await,

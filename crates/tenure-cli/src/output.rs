@@ -10,7 +10,7 @@
 //!   thread of their own, which writes them to standard error and ignores failures. When the
 //!   queue is full (nobody reads standard error) new lines are dropped and counted, and the count
 //!   is reported once writing works again. A closed log pipe loses log lines, nothing else.
-//! - results printed to standard output (`status`, `demo`, `apiserver`'s URL) are written
+//! - results printed to standard output (`status`, `demo`, `break-lock`, `apiserver`'s URL) are written
 //!   directly and a failure is reported as a value instead of a panic.
 
 use std::io::Write;
@@ -134,7 +134,8 @@ pub fn print_line(text: &str) -> std::io::Result<()> {
     stdout.flush()
 }
 
-/// [`print_line`] for output that is a side show (the demo's narration): a failure is ignored.
+/// [`print_line`] for output whose loss changes nothing (the demo's narration, `break-lock`'s
+/// account, whose outcome the exit status carries): a failure is ignored.
 pub fn say(text: &str) {
     let _ = print_line(text);
 }

@@ -135,10 +135,7 @@ impl Source {
                 Source::Zk(url.zk_election(servers, path, tenure_zk::timing_of(READ_TIMEOUT)).await?)
             }
             LockUrl::Etcd { endpoints, election } => Source::Etcd(url.etcd_election(endpoints, election).await?),
-            LockUrl::Kube(reference) => {
-                Source::Record(url.kube_lock(reference, cluster, "tenure-status").await?.record_lock())
-            }
-            _ => Source::Record(url.open("tenure-status")?),
+            _ => Source::Record(open_record_lock(url, cluster, "tenure-status").await?),
         })
     }
 
@@ -155,7 +152,11 @@ impl Source {
                 Ok(StatusReport::native(election, url, leader))
             }
             Source::Record(lock) => {
-                let stored = ask_leader(url, lock.get()).await?;
+                let stored = match tokio::time::timeout(READ_TIMEOUT, lock.get()).await {
+                    Ok(Ok(stored)) => stored,
+                    Ok(Err(error)) => return Err(CliError::Failed(format!("cannot read the lock {url}: {error}"))),
+                    Err(_) => return Err(CliError::Failed(no_answer(url))),
+                };
                 Ok(StatusReport::new(election, url.to_string(), stored))
             }
         }
@@ -183,6 +184,18 @@ async fn ask_leader<T, E: std::fmt::Display>(
 
 fn no_answer(url: &LockUrl) -> String {
     format!("cannot read {url}: no answer within {}", humantime::format_duration(READ_TIMEOUT))
+}
+
+/// The record lock behind `url` (file, Kubernetes, memory), named `client` to the store.
+pub async fn open_record_lock(
+    url: &LockUrl,
+    cluster: &tenure_kube::ClusterOptions,
+    client: &str,
+) -> Result<Arc<dyn RecordLock>, CliError> {
+    Ok(match url {
+        LockUrl::Kube(reference) => url.kube_lock(reference, cluster, client).await?.record_lock(),
+        _ => url.open(client)?,
+    })
 }
 
 impl StatusReport {
@@ -241,12 +254,20 @@ impl StatusReport {
         let mut lines = vec![format!("election:  {}", self.election), format!("lock:      {}", self.lock)];
         let record = self.record.as_ref();
         match self.state {
-            LockState::Absent => lines.push("state:     nobody holds it (no record yet)".to_owned()),
+            LockState::Absent => {
+                lines.push("state:     nobody holds it (no record yet, or it was deleted)".to_owned());
+                lines.push(
+                    "           deleted while held: candidates that saw the holder wait out its lease \
+                     (their /status says until when); `tenure break-lock` ends the wait"
+                        .to_owned(),
+                );
+            }
             LockState::Unreadable => {
                 let why = self.error.as_deref().unwrap_or("unknown reason");
                 lines.push(format!("state:     unreadable record ({why})"));
                 lines.push(
-                    "           candidates treat it as held by an unknown holder for one lease, then take it over"
+                    "           candidates treat it as held by an unknown holder for one lease, then take it \
+                     over; `tenure break-lock` frees it now"
                         .to_owned(),
                 );
             }

@@ -17,6 +17,9 @@
 //! make no other requests while they wait. [`events`] posts client-go's `LeaderElection` Events
 //! on the lock object.
 //!
+//! [`KubeLockConfig`] builds the client from a kubeconfig or the pod's service account, as below;
+//! a program that already has a `kube::Client` passes it to [`KubeLock::new`] instead.
+//!
 //! ```no_run
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
 //! use tenure::Elector;

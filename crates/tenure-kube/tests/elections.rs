@@ -354,6 +354,39 @@ async fn a_client_go_record_held_by_someone_else_is_respected_and_written_back_c
     monitor.assert_safe();
 }
 
+/// A record as the Kubernetes Python client's `ConfigMapLock` writes it into the annotation:
+/// `json.dumps` spacing, the lease as a string, `str(datetime)` times, no `leaderTransitions`.
+fn python_client_annotation(holder: &str, lease_seconds: u32) -> String {
+    let now = chrono::Utc::now().naive_utc().to_string();
+    format!(
+        r#"{{"holderIdentity": "{holder}", "leaseDurationSeconds": "{lease_seconds}", "acquireTime": "{now}", "renewTime": "{now}"}}"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_written_by_the_python_client_names_its_leader_and_its_own_lease_is_waited_out() {
+    for kind in ["configmaps", "endpoints"] {
+        let cluster = Arc::new(Cluster::start().await);
+        let mut object = json!({"metadata": {"name": "py", "namespace": "default"}});
+        object["metadata"]["annotations"][LEADER_ANNOTATION] = json!(python_client_annotation("py-1", 4));
+        cluster.create(kind, object);
+        let started = Instant::now();
+        let (candidates, monitor) = candidates(&cluster, kind, "py", 3).await;
+        monitor
+            .until("every candidate names the Python holder", |_| {
+                candidates.iter().all(|c| c.leadership().borrow().leader.as_deref() == Some("py-1"))
+            })
+            .await;
+        assert_eq!(candidates[0].leadership().borrow().term, Some(Term(0)), "no leaderTransitions reads as 0");
+
+        // The holder stopped renewing: the record's 4 s lease is waited out, not our own 1 s.
+        let (_, term) = monitor.one_leader().await;
+        assert!(started.elapsed() >= Duration::from_millis(3_800), "took over after {:?}", started.elapsed());
+        assert_eq!(term, Term(1));
+        monitor.assert_safe();
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Events
 

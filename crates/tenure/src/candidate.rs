@@ -37,6 +37,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::clock::MonotonicTime;
+use crate::leadership::WaitReason;
 use crate::lock::{LockError, StoredRecord, Version};
 use crate::record::LeaderElectionRecord;
 use crate::term::Term;
@@ -190,6 +191,8 @@ pub struct Candidate {
     /// The record was deleted while another holder held it: until this instant the absent record
     /// counts as still held (see the module documentation).
     deleted_lease_until: Option<MonotonicTime>,
+    /// Calls to the lock that failed in a row (a conflict is an answer, not a failure).
+    consecutive_failures: u32,
 }
 
 impl Candidate {
@@ -215,7 +218,31 @@ impl Candidate {
             notified_while_pending: None,
             resync_after_pending: false,
             deleted_lease_until: None,
+            consecutive_failures: 0,
         }
+    }
+
+    /// Why and until when this candidate waits before it may take the lock, when what it waits
+    /// on is not a live leader's record: a deleted or corrupt record, or its own hold-off after a
+    /// resign. `None` while it leads, while a valid record names a holder (a live leader, as far
+    /// as anyone can tell), or when it may take the lock now.
+    ///
+    /// Why: such waits can be long (a deleted record that claimed a day-long lease is honoured
+    /// for a day) and must be visible to operators, who can then break the lock deliberately.
+    pub fn wait(&self, now: MonotonicTime) -> Option<(WaitReason, MonotonicTime)> {
+        if self.mode != Mode::Campaigning || self.tenure.is_some() {
+            return None;
+        }
+        let observed = self.observed.as_ref()?;
+        let record_wait = match (&observed.stored, self.classify()) {
+            (None, Holder::Other { expires_at }) => Some((WaitReason::DeletedWhileHeld, expires_at)),
+            (Some(StoredRecord { record: Err(_), .. }), Holder::Other { expires_at }) => {
+                Some((WaitReason::CorruptRecord, expires_at))
+            }
+            _ => None,
+        };
+        let hold_off = self.hold_off_until.map(|until| (WaitReason::HoldOffAfterResign, until));
+        [record_wait, hold_off].into_iter().flatten().filter(|(_, until)| *until > now).max_by_key(|(_, until)| *until)
     }
 
     /// This candidate's identity.
@@ -275,7 +302,10 @@ impl Candidate {
     /// Schedules a fresh read now: changes may have been missed (a watch was re-opened).
     pub fn resync(&mut self, now: MonotonicTime) {
         self.needs_read = true;
-        self.next_attempt = self.next_attempt.min(now);
+        if self.consecutive_failures == 0 || self.tenure.is_some() {
+            // While calls keep failing, the read waits for the back-off already scheduled.
+            self.next_attempt = self.next_attempt.min(now);
+        }
         // A reply to a request already in flight may predate the missed changes.
         self.resync_after_pending |= self.pending.is_some();
     }
@@ -391,6 +421,9 @@ impl Candidate {
             self.pending = None;
         }
         let notified = self.notified_while_pending.take();
+        if result.is_ok() {
+            self.consecutive_failures = 0;
+        }
         match result {
             Ok(stored) if notified.is_some_and(|n| n != stored.as_ref().map(|s| s.version.clone())) => {
                 // A notification arrived while this read was in flight and says something else:
@@ -405,6 +438,7 @@ impl Candidate {
                 self.next_attempt = now;
             }
             Err(_) => {
+                self.consecutive_failures = self.consecutive_failures.saturating_add(1);
                 self.needs_read = true;
                 self.next_attempt = now + self.failure_backoff();
             }
@@ -419,6 +453,10 @@ impl Candidate {
             return;
         };
         let notified = self.notified_while_pending.take();
+        self.consecutive_failures = match &result {
+            Err(error) if !error.is_conflict() => self.consecutive_failures.saturating_add(1),
+            _ => 0,
+        };
         let version = match result {
             Ok(version) => version,
             Err(error) => {
@@ -698,18 +736,22 @@ impl Candidate {
         self.timing.retry_period.mul_f64(1.0 + spread)
     }
 
+    /// How long to wait after a failed call: a leader retries every retry period until its renew
+    /// deadline; anyone else backs off exponentially from one jittered retry period, up to
+    /// [`Timing::max_failure_backoff`], so a store that stays down is not hammered.
     fn failure_backoff(&mut self) -> Duration {
         if self.tenure.is_some() {
-            self.timing.retry_period
-        } else {
-            self.jittered_retry()
+            return self.timing.retry_period;
         }
+        let doublings = self.consecutive_failures.saturating_sub(1).min(16);
+        self.jittered_retry().saturating_mul(1 << doublings).min(self.timing.max_failure_backoff())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::RecordError;
 
     const T0: MonotonicTime = MonotonicTime::ZERO;
 
@@ -732,6 +774,88 @@ mod tests {
 
     fn events(c: &mut Candidate) -> Vec<Event> {
         std::iter::from_fn(|| c.poll_event()).collect()
+    }
+
+    /// Fails every read the candidate asks for from `start`, `count` times; the delays between them.
+    fn failing_reads(c: &mut Candidate, start: MonotonicTime, count: usize) -> Vec<Duration> {
+        let mut now = start;
+        let mut delays = Vec::new();
+        for _ in 0..count {
+            assert_eq!(c.poll_action(now, wall()), Some(Action::Read));
+            c.on_read(now, Err(LockError::Unavailable("connection refused".into())));
+            let next = c.next_wakeup().unwrap();
+            delays.push(next.0 - now.0);
+            now = next;
+        }
+        delays
+    }
+
+    #[test]
+    fn a_follower_backs_off_exponentially_while_the_store_keeps_failing_up_to_half_a_lease() {
+        let timing = Timing::default();
+        let mut c = Candidate::new("b", timing, true, 1);
+        let delays = failing_reads(&mut c, T0, 8);
+        let poll_max = timing.retry_period.mul_f64(1.0 + timing.jitter_factor);
+        assert!(delays[0] >= timing.retry_period && delays[0] <= poll_max, "{delays:?}");
+        assert!(delays[1] >= timing.retry_period * 2, "doubles: {delays:?}");
+        assert_eq!(timing.max_failure_backoff(), Duration::from_millis(7_500));
+        assert!(delays.iter().all(|d| *d <= timing.max_failure_backoff()), "{delays:?}");
+        assert_eq!(delays[7], timing.max_failure_backoff(), "capped: {delays:?}");
+
+        // One answer ends the streak: the next failure waits one retry period again.
+        let now = T0 + Duration::from_secs(300);
+        c.needs_read = true;
+        c.next_attempt = now;
+        assert_eq!(c.poll_action(now, wall()), Some(Action::Read));
+        c.on_read(now, Ok(held_by("a", "7", 3)));
+        c.needs_read = true;
+        let again = failing_reads(&mut c, now, 1);
+        assert!(again[0] <= poll_max, "{again:?}");
+    }
+
+    #[test]
+    fn a_leader_never_backs_off_its_renews() {
+        let timing = Timing::default();
+        let mut c = Candidate::new("a", timing, true, 1);
+        c.poll_action(T0, wall());
+        c.on_read(T0, Ok(None));
+        assert!(matches!(c.poll_action(T0, wall()), Some(Action::Create(_))));
+        c.on_write(T0, Ok(Version("1".into())));
+        let mut now = T0 + timing.retry_period;
+        while c.is_leader(now).is_some() {
+            let down = LockError::Unavailable("down".into());
+            match c.poll_action(now, wall()) {
+                Some(Action::Read) => c.on_read(now, Err(down)),
+                Some(Action::Update { .. }) => c.on_write(now, Err(down)),
+                other => panic!("a leader renews or reads, not {other:?}"),
+            }
+            let next = c.next_wakeup().unwrap();
+            assert!(next.0 - now.0 <= timing.retry_period, "a leader retries every retry period");
+            now = next;
+        }
+    }
+
+    #[test]
+    fn waits_on_a_deleted_or_corrupt_record_say_why_and_until_when() {
+        let timing = Timing::default();
+        let mut c = Candidate::new("b", timing, true, 1);
+        c.poll_action(T0, wall());
+        let mut long = held_by("a", "7", 3);
+        if let Some(StoredRecord { record: Ok(r), .. }) = long.as_mut() {
+            r.lease_duration_seconds = 86_400;
+        }
+        c.on_read(T0, Ok(long));
+        assert_eq!(c.wait(T0), None, "a valid holder's lease is not a wait to report");
+        let seen = T0 + Duration::from_secs(5);
+        c.on_change(seen, None);
+        assert_eq!(c.wait(seen), Some((WaitReason::DeletedWhileHeld, seen + Duration::from_secs(86_400))));
+
+        let corrupt =
+            StoredRecord { version: Version("9".into()), record: Err(RecordError::Malformed("empty".into())) };
+        let later = seen + Duration::from_secs(1);
+        c.on_change(later, Some(corrupt));
+        assert_eq!(c.wait(later), Some((WaitReason::CorruptRecord, later + timing.lease_duration)));
+        assert_eq!(c.wait(later + timing.lease_duration), None, "over once the lease has run out");
     }
 
     #[test]

@@ -13,7 +13,8 @@ use tokio::time::{sleep_until, timeout, Instant};
 
 use crate::candidate::{Action, AfterRelease, Candidate, Event, StopReason};
 use crate::clock::MonotonicTime;
-use crate::leadership::{Leadership, Publisher, Role, Subscriber, Tenure};
+use crate::failure_log::FailureLog;
+use crate::leadership::{Leadership, LockWait, Publisher, Role, Subscriber, Tenure};
 use crate::lock::{ChangeStream, LockError, RecordLock, StoredRecord, Version};
 use crate::term::Term;
 use crate::timing::{Timing, TimingError};
@@ -101,6 +102,8 @@ impl ElectorBuilder {
                 drain_timeout,
                 changes: has_watch,
                 reopen_watch_at: None,
+                failures: FailureLog::new(),
+                watch_failures: 0,
             };
             driver.run(commands)
         }))
@@ -282,6 +285,9 @@ struct Driver {
     drain_timeout: Duration,
     changes: Option<ChangeStream>,
     reopen_watch_at: Option<Instant>,
+    failures: FailureLog,
+    /// Watch streams that failed in a row (reset by the first change delivered).
+    watch_failures: u32,
 }
 
 impl Driver {
@@ -351,9 +357,12 @@ impl Driver {
                     op = None;
                     match result {
                         OpResult::Read(result) => {
-                            if let Err(error) = &result {
-                                self.publisher.record_lock_error();
-                                tracing::warn!(identity = self.candidate.identity(), %error, "reading the lock failed");
+                            let identity = self.candidate.identity();
+                            match &result {
+                                Err(error) => {
+                                    self.failures.failed(&self.publisher, identity, "reading the lock", error)
+                                }
+                                Ok(_) => self.failures.reached(&self.publisher, identity),
                             }
                             self.candidate.on_read(now, result)
                         }
@@ -363,26 +372,37 @@ impl Driver {
                                 let outcome = result.as_ref().map(|_| op_started.elapsed()).map_err(|_| ());
                                 self.publisher.record_renew(op_started, outcome);
                             }
-                            if result.is_err() {
-                                self.publisher.record_lock_error();
-                            }
+                            let identity = self.candidate.identity();
                             match &result {
                                 Err(error) if !error.is_conflict() => {
-                                    tracing::warn!(identity = self.candidate.identity(), %error, "writing the lock failed")
+                                    self.failures.failed(&self.publisher, identity, "writing the lock", error)
                                 }
-                                _ => {}
+                                // A conflict is an answer: the store is reachable.
+                                _ => self.failures.reached(&self.publisher, identity),
                             }
                             self.candidate.on_write(now, result)
                         }
                     }
                 }
                 Wake::Timer => {}
-                Wake::Change(Some(Ok(stored))) => self.candidate.on_change(now, stored),
+                Wake::Change(Some(Ok(stored))) => {
+                    self.watch_failures = 0;
+                    self.failures.reached(&self.publisher, self.candidate.identity());
+                    self.candidate.on_change(now, stored)
+                }
                 Wake::Change(Some(Err(error))) => {
-                    self.publisher.record_lock_error();
-                    tracing::warn!(identity = self.candidate.identity(), %error, "watch of the lock failed; reopening");
+                    let identity = self.candidate.identity();
+                    self.failures.failed(&self.publisher, identity, "watching the lock", &error);
                     self.changes = None;
-                    self.reopen_watch_at = Some(Instant::now() + self.candidate.timing().retry_period);
+                    // Back off like the candidate's calls, so a store that stays down is not asked
+                    // to open a watch every retry period.
+                    self.watch_failures = self.watch_failures.saturating_add(1);
+                    let timing = self.candidate.timing();
+                    let delay = timing
+                        .retry_period
+                        .saturating_mul(1 << self.watch_failures.saturating_sub(1).min(16))
+                        .min(timing.max_failure_backoff());
+                    self.reopen_watch_at = Some(Instant::now() + delay);
                 }
                 Wake::Change(None) => {
                     self.changes = None;
@@ -504,6 +524,30 @@ impl Driver {
             term: record.map(|r| Term(u64::try_from(r.leader_transitions).unwrap_or(0))),
             role,
         });
+        self.publish_wait(now);
+    }
+
+    /// Publishes (and logs, when it changes) why this candidate waits on a record that is not a
+    /// live leader's, and until when.
+    fn publish_wait(&mut self, now: MonotonicTime) {
+        let wait = self.candidate.wait(now).map(|(reason, until)| {
+            let remaining = until.0.saturating_sub(now.0);
+            let until_wall =
+                std::time::SystemTime::now().checked_add(remaining).unwrap_or_else(std::time::SystemTime::now);
+            LockWait { reason, until: self.instant(until), until_wall }
+        });
+        if self.publisher.set_wait(wait) {
+            if let Some(wait) = wait {
+                let until = chrono::DateTime::<chrono::Utc>::from(wait.until_wall);
+                tracing::info!(
+                    identity = self.candidate.identity(),
+                    until = %until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    in_seconds = wait.until.saturating_duration_since(Instant::now()).as_secs_f64().round(),
+                    "waiting before taking the lock: {}",
+                    wait.reason.describe()
+                );
+            }
+        }
     }
 }
 

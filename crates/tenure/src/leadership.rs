@@ -74,6 +74,77 @@ pub struct ElectorStats {
     /// When the last successful renew started, as seconds on this process's monotonic clock.
     #[serde(skip)]
     pub last_renew_started: Option<Instant>,
+    /// Failed calls to the lock since the last successful one: a store that keeps refusing
+    /// (unreadable file, read-only file system, API server down) shows here, not only in logs.
+    pub consecutive_lock_errors: u64,
+    /// Since when every call to the lock has failed (wall clock, for people), if the last call
+    /// failed.
+    #[serde(serialize_with = "wall_time::optional")]
+    pub lock_unreachable_since: Option<std::time::SystemTime>,
+    /// Why this instance waits before it may take the lock, when the record it waits on is not
+    /// a live leader's (a deleted or corrupt record, a hold-off after resigning).
+    pub waiting: Option<LockWait>,
+}
+
+/// Why a candidate waits before it may take a lock that no live leader may be renewing, and
+/// until when.
+///
+/// Why it is published: such a wait can be long (a deleted record that claimed a 24 h lease is
+/// honoured for up to 24 h, see [`crate::Candidate`]) and nothing else shows it: operators see it
+/// in logs, `/status` and `tenure status`, and can break the lock deliberately.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LockWait {
+    /// What is waited out.
+    pub reason: WaitReason,
+    /// When the wait ends on this instance's monotonic clock.
+    #[serde(skip)]
+    pub until: Instant,
+    /// The same instant on the wall clock, for people.
+    #[serde(serialize_with = "wall_time::one")]
+    pub until_wall: std::time::SystemTime,
+}
+
+/// What a [`LockWait`] waits out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum WaitReason {
+    /// The lock was deleted while another holder held it: that holder may not know yet, so its
+    /// lease is honoured from when the deletion was seen.
+    DeletedWhileHeld,
+    /// The lock holds something that is not a valid record (or an empty file): an unknown holder
+    /// is assumed for one lease of this instance's own configuration from when it was seen.
+    CorruptRecord,
+    /// This instance resigned and leaves the lock to others for one lease.
+    HoldOffAfterResign,
+}
+
+impl WaitReason {
+    /// The reason in words, for logs and `tenure status`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            WaitReason::DeletedWhileHeld => {
+                "the lock was deleted while another holder held it; waiting out that holder's lease"
+            }
+            WaitReason::CorruptRecord => "the lock holds no valid record; waiting one lease for an unknown holder",
+            WaitReason::HoldOffAfterResign => "this instance resigned; leaving the lock to others for one lease",
+        }
+    }
+}
+
+/// Wall-clock instants as RFC 3339 text, as people and other tools read them.
+mod wall_time {
+    pub fn one<S: serde::Serializer>(value: &std::time::SystemTime, s: S) -> Result<S::Ok, S::Error> {
+        let time = chrono::DateTime::<chrono::Utc>::from(*value);
+        s.serialize_str(&time.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+    }
+
+    pub fn optional<S: serde::Serializer>(value: &Option<std::time::SystemTime>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(time) => one(time, s),
+            None => s.serialize_none(),
+        }
+    }
 }
 
 mod optional_seconds {
@@ -242,9 +313,36 @@ impl Publisher {
         }
     }
 
-    /// Records a failed call to the lock.
-    pub fn record_lock_error(&self) {
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).lock_errors += 1;
+    /// The counters as they are now (the driver's own view of what it published).
+    pub fn stats_snapshot(&self) -> ElectorStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a failed call to the lock; returns how many calls in a row have failed.
+    pub fn record_lock_error(&self) -> u64 {
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        stats.lock_errors += 1;
+        stats.consecutive_lock_errors += 1;
+        stats.lock_unreachable_since.get_or_insert_with(std::time::SystemTime::now);
+        stats.consecutive_lock_errors
+    }
+
+    /// Records a call to the lock that reached the store (a compare-and-swap conflict counts:
+    /// the store answered). Returns the failure streak it ends: how many calls failed in a row
+    /// and since when, if any did.
+    pub fn record_lock_reached(&self) -> Option<(u64, std::time::SystemTime)> {
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        let since = stats.lock_unreachable_since.take()?;
+        Some((std::mem::take(&mut stats.consecutive_lock_errors), since))
+    }
+
+    /// Publishes why this instance waits before it may take the lock (`None`: it does not).
+    /// Returns true if that changed.
+    pub fn set_wait(&self, wait: Option<LockWait>) -> bool {
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = stats.waiting.map(|w| (w.reason, w.until)) != wait.map(|w| (w.reason, w.until));
+        stats.waiting = wait;
+        changed
     }
 
     /// Starts a tenure: guards handed out from now on carry `term`.

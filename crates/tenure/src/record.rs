@@ -15,7 +15,14 @@ pub const LEADER_ANNOTATION: &str = "control-plane.alpha.kubernetes.io/leader";
 ///
 /// Serialises exactly as client-go does (field names, field order, RFC 3339 times with whole
 /// seconds, `null` for a missing time), so that a client-go candidate can read what Tenure
-/// writes and the other way round:
+/// writes and the other way round. Reading is liberal, because other maintained clients share
+/// the annotation record and write it their own way: the Kubernetes Python client writes
+/// `leaseDurationSeconds` as a string (`"4"`), times as `2026-11-23 05:10:53.688865` (no `T`, no
+/// zone) and no `leaderTransitions`. Numbers may be JSON numbers or decimal strings; a missing
+/// or `null` field reads as its default; the times, which Tenure never uses to decide anything
+/// (invariant S3), read as `None` when no known format fits. What stays corrupt is what no
+/// honest writer produces: not a JSON object, a holder that is not a string, a count that is
+/// not a whole number, negative, or at its maximum, a held lock without a lease.
 ///
 /// ```
 /// use tenure::LeaderElectionRecord;
@@ -28,10 +35,10 @@ pub const LEADER_ANNOTATION: &str = "control-plane.alpha.kubernetes.io/leader";
 #[serde(rename_all = "camelCase")]
 pub struct LeaderElectionRecord {
     /// Identity of the holder; empty when nobody holds the lock (after a release).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::string")]
     pub holder_identity: String,
     /// How long followers must wait after seeing a change before taking the lock over.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::whole_number")]
     pub lease_duration_seconds: i64,
     /// When the current holder acquired the lock (informational).
     #[serde(default, with = "record_time")]
@@ -40,7 +47,7 @@ pub struct LeaderElectionRecord {
     #[serde(default, with = "record_time")]
     pub renew_time: Option<DateTime<Utc>>,
     /// How many times the lock changed hands; Tenure uses it as the fencing [`Term`](crate::Term).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::whole_number")]
     pub leader_transitions: i64,
 }
 
@@ -80,7 +87,8 @@ impl LeaderElectionRecord {
 }
 
 /// Times as Kubernetes' `metav1.Time`: RFC 3339 in UTC with whole seconds, `null` when unset.
-/// Reading accepts fractional seconds and any offset, as other writers may produce them.
+/// Reading accepts fractional seconds, any offset, and the shapes other clients write (see
+/// [`lenient::time`]).
 mod record_time {
     use super::*;
 
@@ -92,14 +100,71 @@ mod record_time {
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DateTime<Utc>>, D::Error> {
-        let text: Option<String> = Option::deserialize(d)?;
-        match text {
-            None => Ok(None),
-            Some(t) if t.is_empty() => Ok(None),
-            Some(t) => {
-                DateTime::parse_from_rfc3339(&t).map(|t| Some(t.with_timezone(&Utc))).map_err(serde::de::Error::custom)
-            }
+        let value = serde_json::Value::deserialize(d)?;
+        Ok(value.as_str().and_then(lenient::time))
+    }
+}
+
+/// Readers for the shapes other clients give the record's fields.
+mod lenient {
+    use chrono::{DateTime, NaiveDateTime, Utc};
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer};
+    use serde_json::Value;
+
+    /// A string, with `null` as the empty string (nobody holds the lock).
+    pub fn string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        match Value::deserialize(d)? {
+            Value::Null => Ok(String::new()),
+            Value::String(text) => Ok(text),
+            other => Err(D::Error::custom(format!("expected a string, found {other}"))),
         }
+    }
+
+    /// A whole number written as a JSON number (`4`, `4.0`) or a decimal string (`"4"`), with
+    /// `null` as 0. A fraction, a string that is no number, or a number beyond `i64` is an error.
+    pub fn whole_number<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+        let value = Value::deserialize(d)?;
+        let number = match &value {
+            Value::Null => return Ok(0),
+            Value::Number(n) => n.as_i64().or_else(|| n.as_f64().and_then(whole)),
+            Value::String(text) => {
+                let text = text.trim();
+                text.parse::<i64>().ok().or_else(|| text.parse::<f64>().ok().and_then(whole))
+            }
+            _ => None,
+        };
+        number.ok_or_else(|| D::Error::custom(format!("expected a whole number, found {value}")))
+    }
+
+    fn whole(x: f64) -> Option<i64> {
+        // 2^63 is exact in f64: [-2^63, 2^63) is exactly the range of i64.
+        const TWO_TO_THE_63: f64 = 9_223_372_036_854_775_808.0;
+        (x.fract() == 0.0 && (-TWO_TO_THE_63..TWO_TO_THE_63).contains(&x)).then_some(x as i64)
+    }
+
+    /// A time in any shape a maintained client writes: RFC 3339 (client-go, with or without
+    /// fractions), or a date and time without a zone, separated by `T` or a space (Python's
+    /// `str(datetime)` and `isoformat()`), read as UTC. `None` when nothing fits: the times are
+    /// informational, so an unknown shape costs a display, not the record.
+    pub fn time(text: &str) -> Option<DateTime<Utc>> {
+        let text = text.trim();
+        if text.is_empty() {
+            return None;
+        }
+        if let Ok(t) = DateTime::parse_from_rfc3339(text) {
+            return Some(t.with_timezone(&Utc));
+        }
+        ["%Y-%m-%d %H:%M:%S%.f%:z", "%Y-%m-%dT%H:%M:%S%.f%:z", "%Y-%m-%d %H:%M:%S%.f%z"]
+            .iter()
+            .find_map(|format| DateTime::parse_from_str(text, format).ok())
+            .map(|t| t.with_timezone(&Utc))
+            .or_else(|| {
+                ["%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f"]
+                    .iter()
+                    .find_map(|format| NaiveDateTime::parse_from_str(text, format).ok())
+                    .map(|t| t.and_utc())
+            })
     }
 }
 
@@ -131,6 +196,53 @@ mod tests {
         .unwrap();
         assert_eq!(r.acquire_time, None);
         assert_eq!(r.renew_time.unwrap().to_rfc3339(), "2024-05-01T08:00:00.500+00:00");
+    }
+
+    #[test]
+    fn reads_the_record_the_kubernetes_python_client_writes() {
+        let r = LeaderElectionRecord::from_json(
+            r#"{"holderIdentity": "py-1", "leaseDurationSeconds": "4", "acquireTime": "2026-11-23 05:10:53.688865", "renewTime": "2026-11-23 05:10:55.1"}"#,
+        )
+        .unwrap();
+        assert_eq!(r.holder_identity, "py-1");
+        assert_eq!(r.lease_duration_seconds, 4, "the record's own lease, not ours");
+        assert_eq!(r.leader_transitions, 0);
+        assert_eq!(r.acquire_time.unwrap().to_rfc3339(), "2026-11-23T05:10:53.688865+00:00");
+        assert_eq!(r.renew_time.unwrap().to_rfc3339(), "2026-11-23T05:10:55.100+00:00");
+    }
+
+    #[test]
+    fn reads_numbers_as_strings_floats_and_nulls_and_times_in_other_shapes() {
+        let r = LeaderElectionRecord::from_json(
+            r#"{"holderIdentity":null,"leaseDurationSeconds":15.0,"acquireTime":"2026-11-23T05:10:53","renewTime":"yesterday","leaderTransitions":" 7 "}"#,
+        )
+        .unwrap();
+        assert_eq!((r.holder_identity.as_str(), r.lease_duration_seconds, r.leader_transitions), ("", 15, 7));
+        assert_eq!(r.acquire_time.unwrap().to_rfc3339(), "2026-11-23T05:10:53+00:00");
+        assert_eq!(r.renew_time, None, "an unknown time shape costs the display, not the record");
+        let zoned = LeaderElectionRecord::from_json(
+            r#"{"holderIdentity":"x","leaseDurationSeconds":"9","renewTime":"2026-11-23 05:10:53+02:00"}"#,
+        )
+        .unwrap();
+        assert_eq!(zoned.renew_time.unwrap().to_rfc3339(), "2026-11-23T03:10:53+00:00");
+    }
+
+    #[test]
+    fn what_no_honest_writer_produces_stays_corrupt() {
+        for text in [
+            r#"{"holderIdentity":"x","leaseDurationSeconds":"four"}"#,
+            r#"{"holderIdentity":"x","leaseDurationSeconds":4.5}"#,
+            r#"{"holderIdentity":"x","leaseDurationSeconds":1e300}"#,
+            r#"{"holderIdentity":"x","leaseDurationSeconds":[4]}"#,
+            r#"{"holderIdentity":7,"leaseDurationSeconds":4}"#,
+            r#"{"holderIdentity":"x","leaseDurationSeconds":4,"leaderTransitions":"1.5"}"#,
+        ] {
+            assert!(matches!(LeaderElectionRecord::from_json(text), Err(RecordError::Malformed(_))), "{text}");
+        }
+        assert!(matches!(
+            LeaderElectionRecord::from_json(r#"{"holderIdentity":"x","leaseDurationSeconds":"-4"}"#),
+            Err(RecordError::Invalid(_))
+        ));
     }
 
     #[test]

@@ -86,6 +86,10 @@ pub enum TimingError {
 
 impl Default for Timing {
     /// client-go's defaults: 15 s lease, 10 s renew deadline, 2 s retry, jitter 1.2.
+    ///
+    /// Why not the `tenure` command's default (`--ttl 10s`, [`Timing::from_ttl`]): a library user
+    /// shares locks with Go controllers and expects their timing; the command keeps
+    /// leader-elector:0.5's default so that it stays a drop-in for that image.
     fn default() -> Self {
         Timing::new(Duration::from_secs(15), Duration::from_secs(10), Duration::from_secs(2))
             .expect("client-go's defaults are valid")
@@ -152,6 +156,19 @@ impl Timing {
             return Err(TimingError::CallTimeoutTooLong { call: self.call_timeout, renew: self.renew_deadline });
         }
         Ok(())
+    }
+
+    /// The longest a candidate that does not lead waits before calling a store again after
+    /// calls kept failing: back-off doubles from one jittered retry period up to this cap, the
+    /// longer of the longest jittered poll and half a lease. Why half a lease: a store that comes
+    /// back is seen within half a lease, so a follower facing a dead leader's record takes over
+    /// at most half a lease later than it would have without back-off, while a store that stays
+    /// down (an unreadable file, an API server refusing connections) is asked a few times a
+    /// minute rather than every retry period. A leader never backs off: it retries every retry
+    /// period until its renew deadline.
+    pub fn max_failure_backoff(&self) -> Duration {
+        let poll = self.retry_period.mul_f64(1.0 + self.jitter_factor.max(0.0));
+        poll.max(self.lease_duration / 2)
     }
 
     /// The lease as written into the record: whole seconds, rounded up so that followers never

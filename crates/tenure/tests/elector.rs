@@ -520,3 +520,56 @@ async fn leader_work_learns_that_its_tenure_ended_when_the_elector_task_is_gone(
     timeout(Duration::from_secs(1), tenure.ended()).await.expect("the tenure ends with its driver");
     assert!(tenure.check().is_err());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_on_a_deleted_long_lease_is_published_with_its_end_and_cleared_after() {
+    let store = MemoryStore::new();
+    store.put_raw(&foreign_record("gone", 86_400, 4));
+    let b = spawn(&store, "b");
+    until(&mut b.subscribe(), |l| l.leader.as_deref() == Some("gone")).await;
+    assert_eq!(b.stats().waiting, None, "a valid holder's lease is no wait to report");
+    store.delete();
+    let deleted = Instant::now();
+    let mut rx = b.subscribe();
+    until(&mut rx, |l| l.leader.is_none()).await;
+    tokio::time::sleep(TICK).await;
+    let wait = b.stats().waiting.expect("the wait is published");
+    assert_eq!(wait.reason, tenure::WaitReason::DeletedWhileHeld);
+    let until_deadline = wait.until - deleted;
+    assert!(until_deadline >= Duration::from_secs(86_400) && until_deadline < Duration::from_secs(86_400) + TICK);
+    let json = serde_json::to_value(b.stats()).unwrap();
+    assert_eq!(json["waiting"]["reason"], "deletedWhileHeld");
+    assert!(json["waiting"]["untilWall"].as_str().unwrap().ends_with('Z'), "{json}");
+
+    tokio::time::sleep_until(deleted + Duration::from_secs(86_400) - TICK).await;
+    assert_eq!(b.is_leader(), None, "the deleted holder's lease is honoured to its end");
+    let at = until(&mut rx, leads).await;
+    assert!(at - deleted < Duration::from_secs(86_400) + TICK);
+    assert_eq!(b.stats().waiting, None, "no wait once it leads");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_keeps_failing_is_published_as_unreachable_since_its_first_failure_until_it_answers() {
+    let store = MemoryStore::new();
+    let a = spawn(&store, "a");
+    a.acquired().await.unwrap();
+    let b = spawn(&store, "b");
+    until(&mut b.subscribe(), |l| l.leader.as_deref() == Some("a")).await;
+    store.partition("b", true);
+    // b learns of the partition through its watch; its reads then fail and back off.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let stats = b.stats();
+    assert!(stats.consecutive_lock_errors >= 3, "{stats:?}");
+    assert!(stats.lock_unreachable_since.is_some());
+    let calls = store.requests("b");
+    // Without back-off: a read every 2-4.4 s and a watch every 2 s (over 80 calls in 120 s); with
+    // it, at most one of each per `max_failure_backoff` (7.5 s) once the streak has grown.
+    let per_kind = (120.0 / Timing::default().max_failure_backoff().as_secs_f64()).ceil() as u64 + 3;
+    assert!(calls.get <= per_kind && calls.watch <= per_kind, "{calls:?} in 120 s to a store that keeps failing");
+
+    store.partition("b", false);
+    tokio::time::sleep(Timing::default().max_failure_backoff() + TICK).await;
+    let stats = b.stats();
+    assert_eq!((stats.consecutive_lock_errors, stats.lock_unreachable_since), (0, None), "{stats:?}");
+    assert_eq!(b.leadership().leader.as_deref(), Some("a"));
+}

@@ -52,11 +52,13 @@
 //!    process crashing, pausing, resuming, restarting, being partitioned or healed, told to shut
 //!    down or resign, letting go after a drain, or having its watch break or re-open. With `r` the
 //!    slowest clock rate of the schedule, `RTT = 2 x 50 ms`, `W = 50 ms` with a watch (0 without)
-//!    and `P = retry_period x (1 + jitter_factor)` the longest poll or failure back-off:
-//!    - **availability**: if nothing disturbed the system for `B = (lease + P) / r + W + 4 RTT`
+//!    `P = retry_period x (1 + jitter_factor)` the longest poll, and `Q =
+//!    Timing::max_failure_backoff()` (the longer of `P` and half a lease) the longest failure
+//!    back-off:
+//!    - **availability**: if nothing disturbed the system for `B = (lease + Q) / r + W + 4 RTT`
 //!      and some process is up (alive, not paused, not partitioned, not shutting down), somebody
-//!      leads, at that instant and at every later event until the next disturbance. `P` is there
-//!      even with a watch: a process whose last call failed backs off up to `P` before it reads;
+//!      leads, at that instant and at every later event until the next disturbance. `Q` is there
+//!      even with a watch: a process whose calls kept failing backs off up to `Q` before it reads;
 //!    - **L1, failover**: when the leader of a *settled* system (no disturbance for `B`) crashes,
 //!      pauses, is partitioned or resigns, and nothing else disturbs, somebody starts leading
 //!      within `F`. With a watch `F = lease / r + W + 2 RTT`: the leader's last write may still
@@ -1621,7 +1623,10 @@ fn liveness_bounds(sc: &Scenario, params: &Params, slowest_rate: f64) -> (u64, u
     let poll = (nanos(sc.timing.retry_period) as f64 * (1.0 + sc.timing.jitter_factor) / slowest_rate).ceil() as u64;
     let rtt = 2 * MAX_DELAY;
     let watch = if sc.has_watch { MAX_WATCH_DELAY } else { 0 };
-    let settle = lease + poll + watch + 4 * rtt + MS;
+    // A process whose calls kept failing backs off up to `Timing::max_failure_backoff` before
+    // it reads again: the settle bound allows for the longest back-off, not just one poll.
+    let backoff = (nanos(sc.timing.max_failure_backoff()) as f64 / slowest_rate).ceil() as u64;
+    let settle = lease + poll.max(backoff) + watch + 4 * rtt + MS;
     let failover = match params.liveness_bound_of_lease {
         Some(fraction) => (f64::from(sc.timing.lease_seconds()) * 1e9 * fraction) as u64,
         None if sc.has_watch => lease + MAX_WATCH_DELAY + 2 * rtt + MS,

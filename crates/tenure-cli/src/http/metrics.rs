@@ -11,9 +11,20 @@
 //! - `tenure_leader_transitions_total`: tenures started by this instance
 //! - `tenure_term` gauge: the term of the current holder's tenure (absent while unknown)
 //! - `tenure_renews_total`, `tenure_failed_renews_total`, `tenure_lock_errors_total`
+//! - `tenure_lock_unreachable_seconds` gauge: how long every call to the lock has failed (0 while
+//!   it answers), for an alert on a lock that stays unreachable
+//! - `tenure_lock_wait_seconds` gauge: how long this instance still waits on a deleted or corrupt
+//!   record (or after resigning) before it may take the lock (0 when it does not)
 //! - `tenure_renew_latency_seconds` gauge: the duration of the last successful renew. Not a
 //!   histogram: the elector exposes counters and the last latency, not an event per renew, so a
 //!   scrape cannot see the renews between two scrapes.
+//! - `tenure_lease_duration_seconds`, `tenure_renew_deadline_seconds` gauges: the timing in force
+//!   (on ZooKeeper the session timeout the server granted). Why: an alert on renew latency or on a
+//!   leaderless election must compare with this election's lease, and `--ttl` differs per
+//!   deployment.
+//!
+//! `deploy/monitoring/` holds alerting rules and a Grafana dashboard built on exactly these names
+//! (`crates/tenure-cli/tests/monitoring.rs` checks them against a real scrape).
 //!
 //! The answer is OpenMetrics text, which Prometheus scrapes natively.
 
@@ -27,6 +38,8 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
+
+use tokio::time::Instant;
 
 use super::{Api, LeadershipView};
 
@@ -104,6 +117,20 @@ impl Collector for ElectionCollector {
         write("tenure_renews", "Successful renews of the lock", &ConstCounter::new(stats.renews))?;
         write("tenure_failed_renews", "Renews that failed while leading", &ConstCounter::new(stats.failed_renews))?;
         write("tenure_lock_errors", "Failed calls to the lock of any kind", &ConstCounter::new(stats.lock_errors))?;
+        let unreachable_for =
+            stats.lock_unreachable_since.map_or(0.0, |since| since.elapsed().unwrap_or_default().as_secs_f64());
+        write(
+            "tenure_lock_unreachable_seconds",
+            "How long every call to the lock has failed (0 while it answers)",
+            &ConstGauge::new(unreachable_for),
+        )?;
+        let waiting_for =
+            stats.waiting.map_or(0.0, |wait| wait.until.saturating_duration_since(Instant::now()).as_secs_f64());
+        write(
+            "tenure_lock_wait_seconds",
+            "How long this instance still waits on a deleted or corrupt record (or after resigning) before it may take the lock",
+            &ConstGauge::new(waiting_for),
+        )?;
         if let Some(latency) = stats.last_renew_latency {
             write(
                 "tenure_renew_latency_seconds",
@@ -111,6 +138,17 @@ impl Collector for ElectionCollector {
                 &ConstGauge::new(latency.as_secs_f64()),
             )?;
         }
+        let timing = view.timing();
+        write(
+            "tenure_lease_duration_seconds",
+            "Lease duration in force: how long followers wait for a silent leader",
+            &ConstGauge::new(timing.lease_duration.as_secs_f64()),
+        )?;
+        write(
+            "tenure_renew_deadline_seconds",
+            "Renew deadline in force: how long a leader leads without a successful renew",
+            &ConstGauge::new(timing.renew_deadline.as_secs_f64()),
+        )?;
         Ok(())
     }
 }
@@ -131,6 +169,8 @@ mod tests {
         assert!(body.contains("tenure_renews_total{name=\"test\"} 7\n"), "{body}");
         assert!(body.contains("tenure_term{name=\"test\"} 3\n"), "{body}");
         assert!(body.contains("# TYPE tenure_leader_transitions counter"), "{body}");
+        assert!(body.contains("tenure_lease_duration_seconds{name=\"test\"} 2.0\n"), "{body}");
+        assert!(body.contains("tenure_renew_deadline_seconds{name=\"test\"} 1.0\n"), "{body}");
         assert!(body.ends_with("# EOF\n"), "{body}");
         *view.leads.lock().unwrap() = true;
         assert!(get(address, "/metrics").await.2.contains("leader_election_master_status{name=\"test\"} 1\n"));

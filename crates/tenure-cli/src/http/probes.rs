@@ -17,7 +17,21 @@ use super::{Api, LeadershipView};
 /// `leader`) but has not started a successful renew for longer than the lease plus
 /// `--healthz-timeout`; 200 `ok` otherwise, followers included (a follower has nothing to be
 /// stuck on). This is client-go's healthz adaptor rule.
+///
+/// With `--healthz-lock-unreachable DURATION` (opt-in), also 500 when every call to the lock has
+/// failed for longer than DURATION, leader or not: a sidecar that cannot reach its lock (an
+/// unreadable file, a revoked credential, an API server it cannot reach) is then restarted, or
+/// at least shows up as failing, instead of looking healthy forever.
 pub async fn healthz(State(api): State<Api>) -> (StatusCode, String) {
+    if let Some(limit) = api.settings.healthz_lock_unreachable {
+        let unreachable = api.read(|view| view.stats().lock_unreachable_since).flatten();
+        if let Some(down_for) = unreachable.and_then(|since| since.elapsed().ok()).filter(|d| *d > limit) {
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("every call to the lock has failed for {:.1}s\n", down_for.as_secs_f64()),
+            );
+        }
+    }
     let timeout = api.settings.healthz_timeout;
     match api.read(|view| stuck_leader(view, timeout, Instant::now())).flatten() {
         Some(silence) => (
@@ -80,6 +94,27 @@ mod tests {
         assert_eq!(stuck_leader(view.as_ref(), timeout, now), Some(Duration::from_secs(30)));
         view.stats.lock().unwrap().last_renew_started = Some(now - Duration::from_secs(21));
         assert_eq!(stuck_leader(view.as_ref(), timeout, now), None, "within lease (2 s) + timeout");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_lock_fails_healthz_only_when_the_operator_asked_and_past_the_limit() {
+        let view = FakeView::new(held_by("other"));
+        let default = serve_fake(&view, settings()).await;
+        let limit = Duration::from_secs(30);
+        let opted_in = serve_fake(&view, ApiSettings { healthz_lock_unreachable: Some(limit), ..settings() }).await;
+        let since = |ago: u64| std::time::SystemTime::now() - Duration::from_secs(ago);
+        view.stats.lock().unwrap().lock_unreachable_since = Some(since(10));
+        assert_eq!(get(opted_in, "/healthz").await.0, 200, "within the limit");
+        view.stats.lock().unwrap().lock_unreachable_since = Some(since(45));
+        let (code, _, body) = get(opted_in, "/healthz").await;
+        assert_eq!(code, 500, "{body}");
+        assert!(body.contains("every call to the lock has failed for 45"), "{body}");
+        assert_eq!(get(default, "/healthz").await.0, 200, "off unless asked");
+        let (_, _, status) = get(default, "/status").await;
+        let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+        assert!(status["lockUnreachableSince"].as_str().unwrap().ends_with('Z'), "{status}");
+        view.stats.lock().unwrap().lock_unreachable_since = None;
+        assert_eq!(get(opted_in, "/healthz").await.0, 200, "healthy again once the lock answers");
     }
 
     #[tokio::test]

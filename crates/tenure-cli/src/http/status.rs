@@ -66,6 +66,32 @@ pub struct Status {
     pub lock_errors: u64,
     /// How long the last successful renew took.
     pub last_renew_latency_seconds: Option<f64>,
+    /// Failed calls to the lock since the last one that reached it.
+    pub consecutive_lock_errors: u64,
+    /// Since when every call to the lock has failed (RFC 3339), `null` while it answers.
+    pub lock_unreachable_since: Option<String>,
+    /// Why this instance waits before it may take the lock when no live leader may hold it (a
+    /// deleted or corrupt record, a hold-off after resigning), and until when; `null` otherwise.
+    pub waiting: Option<WaitStatus>,
+}
+
+/// A wait on a record that is not a live leader's, in `/status`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WaitStatus {
+    /// `deletedWhileHeld`, `corruptRecord` or `holdOffAfterResign`.
+    pub reason: tenure::WaitReason,
+    /// The reason in words.
+    pub description: &'static str,
+    /// When the wait ends (RFC 3339).
+    pub until: String,
+    /// How long it still lasts.
+    pub remaining_seconds: f64,
+}
+
+/// A wall-clock instant as RFC 3339 text with milliseconds.
+pub fn rfc3339(time: std::time::SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(time).to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 impl Status {
@@ -89,6 +115,14 @@ impl Status {
             failed_renews: stats.failed_renews,
             lock_errors: stats.lock_errors,
             last_renew_latency_seconds: stats.last_renew_latency.map(|latency| latency.as_secs_f64()),
+            consecutive_lock_errors: stats.consecutive_lock_errors,
+            lock_unreachable_since: stats.lock_unreachable_since.map(rfc3339),
+            waiting: stats.waiting.filter(|wait| wait.until > now).map(|wait| WaitStatus {
+                reason: wait.reason,
+                description: wait.reason.describe(),
+                until: rfc3339(wait.until_wall),
+                remaining_seconds: wait.until.saturating_duration_since(now).as_secs_f64(),
+            }),
         }
     }
 }

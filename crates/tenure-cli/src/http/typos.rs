@@ -11,10 +11,18 @@ use axum::Json;
 use serde::Serialize;
 
 /// The paths the API serves itself (besides `/`), as a probe or client spells them.
-const API_PATHS: &[&str] = &["/isLeader", "/status", "/healthz", "/readyz", "/events", "/metrics"];
+const API_PATHS: &[&str] = &["/isLeader", "/status", "/healthz", "/readyz", "/events", "/hold", "/metrics"];
 
-/// How many edits (insert, delete, substitute, swap) turn a typo into an API path at most.
-const MAX_EDITS: usize = 2;
+/// How many edits (insert, delete, substitute, swap) turn a typo into an API path at most: two,
+/// or one for names shorter than six letters (`/hold`), which two edits would bring too close to
+/// unrelated words.
+fn max_edits(api_path: &str) -> usize {
+    if api_path.len() > 6 {
+        2
+    } else {
+        1
+    }
+}
 
 /// The 404 answer to a mistyped path.
 #[derive(Debug, Serialize)]
@@ -26,7 +34,7 @@ pub struct NotFound {
 }
 
 /// The API path that `path` is a near miss of, if it is one: equal ignoring case or trailing
-/// slashes, or within [`MAX_EDITS`] edits of it (compared in lower case).
+/// slashes, or within [`max_edits`] edits of it (compared in lower case).
 pub fn near_miss(path: &str) -> Option<&'static str> {
     let typed = path.trim_end_matches('/').to_ascii_lowercase();
     if typed.is_empty() {
@@ -35,7 +43,7 @@ pub fn near_miss(path: &str) -> Option<&'static str> {
     API_PATHS.iter().copied().find(|api| {
         let api_lower = api.to_ascii_lowercase();
         // Paths under an API path (`/status/x`) are typos too: the API has no sub-paths.
-        typed.starts_with(&format!("{api_lower}/")) || edit_distance(&typed, &api_lower) <= MAX_EDITS
+        typed.starts_with(&format!("{api_lower}/")) || edit_distance(&typed, &api_lower) <= max_edits(api)
     })
 }
 
@@ -92,6 +100,7 @@ mod tests {
             ("/metric", "/metrics"),
             ("/evnets", "/events"),
             ("/leader", "/isLeader"),
+            ("/hodl", "/hold"),
         ] {
             assert_eq!(near_miss(typed), Some(meant), "{typed}");
         }
@@ -99,7 +108,7 @@ mod tests {
 
     #[test]
     fn unrelated_paths_are_not_typos() {
-        for path in ["/", "/anything/at/all", "/x", "/name", "/kuryr-controller"] {
+        for path in ["/", "/anything/at/all", "/x", "/name", "/kuryr-controller", "/help"] {
             assert_eq!(near_miss(path), None, "{path}");
         }
     }
