@@ -93,7 +93,7 @@ pub async fn supervise(args: SuperviseArgs) -> Result<u8, CliError> {
         .collect::<io::Result<Vec<_>>>()
         .map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
 
-    let (tree, why_no_cgroup) = if args.no_cgroup {
+    let (mut tree, mut why_no_cgroup) = if args.no_cgroup {
         (Tree::Group, "disabled by --no-cgroup".to_owned())
     } else {
         // Named after this process too: unique even when one tenure runs its command again.
@@ -102,7 +102,17 @@ pub async fn supervise(args: SuperviseArgs) -> Result<u8, CliError> {
             Err(error) => (Tree::Group, error.to_string()),
         }
     };
-    let pid = match spawn(&args.command, &tree) {
+    let mut spawned = spawn(&args.command, &tree);
+    if let (Err(error), Tree::Cgroup(_)) = (&spawned, &tree) {
+        // Entering the cgroup may have failed between fork and exec (and an exec failure looks
+        // the same from here): try once more without it, so that only the command's own
+        // failure is reported.
+        why_no_cgroup = format!("the command could not start in a cgroup ({error})");
+        remove(&tree);
+        tree = Tree::Group;
+        spawned = spawn(&args.command, &tree);
+    }
+    let pid = match spawned {
         Ok(pid) => pid,
         Err(error) => {
             let _ = write_half.write_all(format!("failed {}\n", error.raw_os_error().unwrap_or(0)).as_bytes()).await;
