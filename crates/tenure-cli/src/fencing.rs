@@ -19,7 +19,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use tenure::{Tenure, Timing};
-use tokio::time::{sleep, sleep_until, Instant};
+use tokio::time::{sleep, sleep_until};
 
 use crate::CliError;
 
@@ -84,15 +84,22 @@ pub async fn lapsed(tenure: &Tenure) {
 }
 
 /// Completes at the instant by which the command must be dead: `bound` after the self-fencing
-/// deadline (which moves while renews still succeed, e.g. during a stop asked for by a signal).
+/// deadline. While the tenure lasts, each renew moves that deadline (a stop asked for by a signal
+/// while still leading); once the tenure has lapsed on this clock it is frozen, so a driver that
+/// later extends a lapsed tenure cannot postpone the kill. (An ended tenure is never extended.)
 pub async fn kill_deadline(tenure: &Tenure, bound: Duration) {
-    loop {
-        let deadline = tenure.valid_until() + bound;
-        if Instant::now() >= deadline {
-            return;
+    let mut fence = tenure.valid_until();
+    while tenure.is_valid() {
+        fence = tenure.valid_until();
+        tokio::select! {
+            () = sleep_until(fence) => {}
+            () = tenure.ended() => {
+                fence = tenure.valid_until();
+                break;
+            }
         }
-        sleep_until(deadline).await;
     }
+    sleep_until(fence + bound).await;
 }
 
 /// Why SIGKILL was sent.
@@ -131,6 +138,7 @@ pub(crate) mod tests {
     use std::os::unix::process::ExitStatusExt;
     use tenure::leadership::Publisher;
     use tenure::Term;
+    use tokio::time::Instant;
 
     /// A command that ignores SIGTERM and records when it was signalled.
     #[derive(Default)]
@@ -209,6 +217,45 @@ pub(crate) mod tests {
         let others_may_lead = fence + (timing.lease_duration - timing.renew_deadline) / 2;
         assert!(command.killed_at.unwrap() < others_may_lead, "{:?}", command.killed_at.unwrap() - fence);
         drop(publisher);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_extension_of_a_lapsed_tenure_does_not_postpone_the_kill() {
+        let timing = ttl_2s();
+        let bound = kill_bound(&timing);
+        let (publisher, tenure) = silent_tenure(timing.renew_deadline);
+        let fence = tenure.valid_until();
+        let deadline = kill_deadline(&tenure, bound);
+        let revive = async {
+            // A keep-alive answered after the deadline extends the lapsed tenure.
+            sleep_until(fence + Duration::from_millis(100)).await;
+            publisher.extend_tenure(Instant::now() + timing.renew_deadline);
+            std::future::pending::<()>().await;
+        };
+        tokio::select! {
+            () = deadline => {}
+            () = revive => unreachable!(),
+        }
+        assert_eq!(Instant::now(), fence + bound);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renews_while_leading_move_the_kill_deadline() {
+        let timing = ttl_2s();
+        let bound = kill_bound(&timing);
+        let (publisher, tenure) = silent_tenure(timing.renew_deadline);
+        let deadline = kill_deadline(&tenure, bound);
+        let renew = async {
+            sleep(timing.renew_deadline / 2).await;
+            publisher.extend_tenure(Instant::now() + timing.renew_deadline);
+            std::future::pending::<()>().await;
+        };
+        let start = Instant::now();
+        tokio::select! {
+            () = deadline => {}
+            () = renew => unreachable!(),
+        }
+        assert_eq!(start.elapsed(), timing.renew_deadline / 2 + timing.renew_deadline + bound);
     }
 
     #[tokio::test(start_paused = true)]
