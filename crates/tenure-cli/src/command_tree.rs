@@ -11,6 +11,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::ExitStatus;
+use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -22,6 +23,9 @@ use tokio::sync::mpsc;
 use crate::containment::Cgroup;
 use crate::fencing::CommandControl;
 use crate::supervisor::CONTROL_FD;
+
+/// How long tenure waits for a cgroup to empty after killing it itself (the supervisor died).
+const CGROUP_EMPTY_WAIT: Duration = Duration::from_secs(1);
 
 /// Why the command could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -162,14 +166,18 @@ impl CommandTree {
         let _ = self.control.write_all(request.as_bytes()).await;
     }
 
-    /// The last resort when the supervisor died: kill what tenure itself can reach.
-    fn kill_without_supervisor(&self) {
-        if let Containment::Cgroup(path) = &self.containment {
-            if let Some(cgroup) = Cgroup::at(path) {
-                cgroup.signal(Signal::SIGKILL);
-            }
-        }
+    /// The last resort when the supervisor died: kill what tenure itself can reach, and remove
+    /// the cgroup once the kernel has emptied it (waiting at most [`CGROUP_EMPTY_WAIT`]).
+    async fn kill_without_supervisor(&self) {
         let _ = killpg(self.pid, Signal::SIGKILL);
+        let Containment::Cgroup(path) = &self.containment else { return };
+        let Some(cgroup) = Cgroup::at(path) else { return };
+        cgroup.signal(Signal::SIGKILL);
+        let give_up = tokio::time::Instant::now() + CGROUP_EMPTY_WAIT;
+        while !cgroup.members().is_empty() && tokio::time::Instant::now() < give_up {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        cgroup.remove();
     }
 }
 
@@ -200,7 +208,7 @@ impl CommandControl for CommandTree {
                 Ok(status)
             }
             Report::Lost => {
-                self.kill_without_supervisor();
+                self.kill_without_supervisor().await;
                 Err(io::Error::other("the supervisor process died; killed what was left of the command"))
             }
         }

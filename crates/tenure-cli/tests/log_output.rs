@@ -37,14 +37,41 @@ fn wait_for_renews(lock_path: &Path, id: &str, renews: usize) {
     assert!(renewed.is_some(), "{id} did not lead and renew {renews} times");
 }
 
-fn start(args: &[&str], stderr: Stdio) -> Child {
-    without_cluster(Command::new(TENURE).args(args))
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .expect("start tenure")
+/// A `tenure` process that is killed if the test ends before it exits.
+struct Started(Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+impl std::ops::Deref for Started {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Started {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+fn start(args: &[&str], stderr: Stdio) -> Started {
+    Started(
+        without_cluster(Command::new(TENURE).args(args))
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start tenure"),
+    )
 }
 
 fn signal(child: &Child, signal: i32) {

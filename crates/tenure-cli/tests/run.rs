@@ -403,3 +403,35 @@ fn sigterm_to_every_process_at_once_as_systemd_sends_it_still_gives_the_command_
     }
     assert_eq!(runner.exit_code(Duration::from_secs(5)), 3, "{}", runner.log());
 }
+
+#[test]
+fn if_the_supervisor_is_killed_tenure_kills_the_tree_itself_and_exits_1() {
+    let dir = TempDir::new("run-supervisor-killed");
+    let (pids, ready) = (dir.join("pids"), dir.join("ready"));
+    let script = format!(
+        "setsid sleep 74 & echo $! >> {p}; echo $$ >> {p}; touch {r}; wait",
+        p = pids.display(),
+        r = ready.display()
+    );
+    let mut runner = Tenure::start(
+        "runner",
+        &["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", &script],
+    );
+    wait_until(Duration::from_secs(10), || ready.exists().then_some(())).expect("the command tree started");
+    let pids: Vec<i32> = std::fs::read_to_string(&pids).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    let supervisor = children_of(runner.pid());
+    assert_eq!(supervisor.len(), 1, "one supervisor under tenure");
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(supervisor[0], libc::SIGKILL) };
+    assert_eq!(runner.exit_code(Duration::from_secs(5)), 1, "{}", runner.log());
+    assert!(runner.log().contains("the supervisor process died"), "{}", runner.log());
+    let log = runner.log();
+    let cgroup = log.split("cgroup=").nth(1).and_then(|rest| rest.split_whitespace().next());
+    if let Some(cgroup) = cgroup {
+        // In a cgroup even the process that left the session is found; without one, only the
+        // command's process group is within tenure's reach.
+        let gone = wait_until(Duration::from_secs(3), || pids.iter().all(|&pid| !is_alive(pid)).then_some(()));
+        assert!(gone.is_some(), "the tree survived its supervisor; log:\n{log}");
+        assert!(!std::path::Path::new(cgroup).exists(), "the cgroup was left behind");
+    }
+}
