@@ -11,7 +11,7 @@ use tenure_apiserver::{ApiServer, ApiServerConfig};
 use crate::logging;
 use crate::options::{parse_duration, LogFormat};
 use crate::signals::TerminationSignals;
-use crate::{exit, CliError};
+use crate::{exit, output, CliError};
 
 /// Serve an in-memory Kubernetes API server (no cluster needed) and write a kubeconfig for it.
 #[derive(Debug, Args)]
@@ -61,7 +61,8 @@ pub async fn apiserver(args: ApiServerArgs) -> Result<u8, CliError> {
             .map_err(|e| CliError::Failed(format!("cannot write the kubeconfig {}: {e}", path.display())))?;
     }
     // The first line of standard output is the URL, for scripts that start the server on port 0.
-    println!("{}", server.url());
+    // A closed standard output must not stop the server.
+    let _ = output::print_line(&server.url().to_string());
     let stop = server.stop_handle();
     tokio::select! {
         termination = signals.recv() => {

@@ -9,6 +9,7 @@ use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 use crate::options::LogFormat;
+use crate::output::LogWriter;
 
 /// The filter used when `RUST_LOG` is unset or unusable: leadership changes, warnings, errors.
 /// kube-rs logs every failed request at ERROR from its client builder, and the ZooKeeper client
@@ -33,7 +34,7 @@ fn filter_for(rust_log: Option<String>) -> (EnvFilter, Option<(String, tracing_s
 /// Installs the global subscriber. Call once, before anything logs.
 pub fn init(format: LogFormat) {
     let (filter, bad_filter) = filter_for(std::env::var("RUST_LOG").ok());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(LogWriter).log_internal_errors(false);
     match format {
         LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
         LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).init(),
