@@ -8,5 +8,9 @@
 #![warn(missing_docs)]
 
 pub mod assignment;
+pub mod config;
+pub mod handoff;
 pub mod record;
 pub mod store;
+
+pub use config::{ConfigError, GroupConfig};
