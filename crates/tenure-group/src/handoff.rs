@@ -222,6 +222,16 @@ pub struct MemberCore {
     reported_mismatch: Option<u32>,
     reported_duplicate: Option<u64>,
     reported_corrupt: bool,
+    /// The last assignment computed, and what it was computed from.
+    assignment_cache: Option<(AssignmentKey, Vec<Option<usize>>)>,
+}
+
+/// What an assignment is a function of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AssignmentKey {
+    table: Version,
+    members: Vec<(String, u32)>,
+    current: Vec<Option<usize>>,
 }
 
 /// Why a [`MemberCore`] could not be created.
@@ -277,6 +287,7 @@ impl MemberCore {
             reported_mismatch: None,
             reported_duplicate: None,
             reported_corrupt: false,
+            assignment_cache: None,
         })
     }
 
@@ -303,6 +314,15 @@ impl MemberCore {
             Some(Held { term, state: Holding::Active | Holding::Draining }) => Some(Term(*term)),
             _ => None,
         }
+    }
+
+    /// Every partition work may still run on at `now` (see [`MemberCore::may_work_on`]).
+    pub fn working(&self, now: MonotonicTime) -> impl Iterator<Item = (u32, Term)> + '_ {
+        let member = self.is_member(now);
+        self.held
+            .iter()
+            .filter(move |(_, h)| member && matches!(h.state, Holding::Active | Holding::Draining))
+            .map(|(p, h)| (*p, Term(h.term)))
     }
 
     /// Every partition this member owns at `now`, with its term.
@@ -636,7 +656,7 @@ impl MemberCore {
         if !self.may_write(&Key::Table, now) {
             return None;
         }
-        let Some(table) = self.table.clone() else {
+        let Some(table) = self.table.as_ref() else {
             let value = Value::Table(PartitionTable::new(self.config.partition_count));
             return Some(self.start_write(now, Key::Table, None, value, WriteKind::CreateTable));
         };
@@ -664,7 +684,19 @@ impl MemberCore {
                 (observed.stored.value.epoch == owner.epoch).then_some(index)
             })
             .collect();
-        let target = assign(table.value.partition_count, &live, &current);
+        let cache_key = AssignmentKey {
+            table: table.version,
+            members: live.iter().map(|m| (m.identity.clone(), m.weight)).collect(),
+            current: current.clone(),
+        };
+        let target = match &self.assignment_cache {
+            Some((key, target)) if *key == cache_key => target.clone(),
+            _ => {
+                let target = assign(table.value.partition_count, &live, &current);
+                self.assignment_cache = Some((cache_key, target.clone()));
+                target
+            }
+        };
         let mine = |p: u32| my_index.is_some() && target.get(p as usize).copied().flatten() == my_index;
 
         // Revoke what should move.
@@ -674,65 +706,60 @@ impl MemberCore {
                 self.events.push_back(GroupEvent::Revoked { partition: *partition, term: Term(held.term) });
             }
         }
-        let mut next = table.value.clone();
         let mut releases = Vec::new();
         let mut claims = Vec::new();
         for (partition, held) in &self.held {
             if held.state == Holding::Drained {
-                let slot = &mut next.slots[*partition as usize];
+                let slot = &table.value.slots[*partition as usize];
                 if slot.owner.as_ref() == Some(&me) && slot.term == held.term {
-                    slot.owner = None;
                     releases.push((*partition, held.term));
                 }
             }
         }
-        for (p, slot) in next.slots.iter_mut().enumerate() {
+        for (p, slot) in table.value.slots.iter().enumerate() {
             let partition = p as u32;
             if self.held.contains_key(&partition) {
                 continue;
             }
-            let orphan = slot.owner.as_ref() == Some(&me);
             if mine(partition) && !self.leaving {
                 let claimable = match &slot.owner {
                     None => true,
                     Some(owner) => self.owner_is_gone(owner, now),
                 };
                 if claimable {
-                    let term = slot.term.saturating_add(1);
-                    *slot = Slot { term, owner: Some(me.clone()) };
-                    claims.push((partition, term));
+                    claims.push((partition, slot.term.saturating_add(1)));
                 }
-            } else if orphan {
+            } else if slot.owner.as_ref() == Some(&me) {
                 // A claim of ours whose reply was lost: nobody works on it; free it.
-                slot.owner = None;
                 releases.push((partition, slot.term));
             }
         }
-        let mut leaving_changed = false;
-        if self.leaving && !releases.is_empty() && self.held.values().all(|h| h.state == Holding::Drained) {
-            next.leaving.insert(me.clone());
-            leaving_changed = true;
-        }
-        // Forget leaving marks of epochs that are over.
-        let stale: Vec<Owner> = next
-            .leaving
-            .iter()
-            .filter(|o| {
-                **o != me
-                    && self.members.get(&o.member).is_some_and(|obs| {
-                        obs.stored.value.epoch != o.epoch || obs.stored.value.state != MemberState::Alive
-                    })
-            })
-            .cloned()
-            .collect();
-        for owner in &stale {
-            next.leaving.remove(owner);
-        }
-        if releases.is_empty() && claims.is_empty() && !leaving_changed {
+        let mark_leaving =
+            self.leaving && !releases.is_empty() && self.held.values().all(|h| h.state == Holding::Drained);
+        if releases.is_empty() && claims.is_empty() {
             return None;
         }
+        let version = table.version;
+        let mut next = table.value.clone();
+        for (partition, _) in &releases {
+            next.slots[*partition as usize].owner = None;
+        }
+        for (partition, term) in &claims {
+            next.slots[*partition as usize] = Slot { term: *term, owner: Some(me.clone()) };
+        }
+        if mark_leaving {
+            next.leaving.insert(me.clone());
+        }
+        // Forget leaving marks of epochs that are over.
+        let members = &self.members;
+        next.leaving.retain(|o| {
+            *o == me
+                || !members.get(&o.member).is_some_and(|obs| {
+                    obs.stored.value.epoch != o.epoch || obs.stored.value.state != MemberState::Alive
+                })
+        });
         let kind = WriteKind::Table { epoch: membership.epoch, claims, releases };
-        Some(self.start_write(now, Key::Table, Some(table.version), Value::Table(next), kind))
+        Some(self.start_write(now, Key::Table, Some(version), Value::Table(next), kind))
     }
 
     /// The reply to [`Action::Read`].
