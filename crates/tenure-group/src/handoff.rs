@@ -89,6 +89,14 @@ pub enum GroupEvent {
         /// The term that ends.
         term: Term,
     },
+    /// A revoked partition that was still draining stays after all (the assignment changed
+    /// back before it was released): the same ownership, under the same term, goes on.
+    Restored {
+        /// The partition.
+        partition: u32,
+        /// Its term, unchanged.
+        term: Term,
+    },
     /// The release of a drained partition is in the store: others may claim it.
     Released {
         /// The partition.
@@ -129,6 +137,7 @@ enum Holding {
     /// Owned: the application works on it.
     Active,
     /// Revoked: the application finishes its work; still counted as working by the checker.
+    /// Back to `Active` if the assignment changes back before the drain ends.
     Draining,
     /// The application stopped: the release may be written.
     Drained,
@@ -699,11 +708,16 @@ impl MemberCore {
         };
         let mine = |p: u32| my_index.is_some() && target.get(p as usize).copied().flatten() == my_index;
 
-        // Revoke what should move.
+        // Revoke what should move; keep what should stay after all and was not released yet.
+        // (Only a draining partition comes back: no release of it was ever sent. A drained one
+        // may have a release in the store whose reply was lost.)
         for (partition, held) in self.held.iter_mut() {
             if held.state == Holding::Active && !mine(*partition) {
                 held.state = Holding::Draining;
                 self.events.push_back(GroupEvent::Revoked { partition: *partition, term: Term(held.term) });
+            } else if held.state == Holding::Draining && mine(*partition) {
+                held.state = Holding::Active;
+                self.events.push_back(GroupEvent::Restored { partition: *partition, term: Term(held.term) });
             }
         }
         let mut releases = Vec::new();

@@ -14,3 +14,7 @@ pub mod record;
 pub mod store;
 
 pub use config::{ConfigError, GroupConfig};
+pub mod driver;
+pub mod stores;
+
+pub use driver::{Assignment, Group, GroupBuilder, GroupError, NotOwner, PartitionGuard};
