@@ -352,17 +352,24 @@ impl<S: GroupStore> Driver<S> {
                 watch = self.store.watch();
                 self.core.on_change(mono);
             }
-            self.handle_events(now);
-            self.finish_drains(now);
+            // Until nothing changes: a revoke may be drained at once (no guards), which lets the
+            // core write the release right away.
+            loop {
+                let mut progressed = self.handle_events(now);
+                progressed |= self.finish_drains(now);
+                while let Some(action) = self.core.poll_action(mono) {
+                    inflight.push(self.start(action));
+                    progressed = true;
+                }
+                progressed |= self.handle_events(now);
+                if !progressed {
+                    break;
+                }
+            }
+            self.publish(now);
             if self.core.has_left() {
-                self.publish(now);
                 return;
             }
-            while let Some(action) = self.core.poll_action(mono) {
-                inflight.push(self.start(action));
-            }
-            self.handle_events(now);
-            self.publish(now);
 
             let mut wake = self.core.next_wakeup(mono).map(|t| self.instant(t));
             for (_, deadline) in self.draining.values() {
@@ -435,8 +442,11 @@ impl<S: GroupStore> Driver<S> {
         }
     }
 
-    fn handle_events(&mut self, now: Instant) {
+    /// Logs the core's events and starts drains; true if there was any.
+    fn handle_events(&mut self, now: Instant) -> bool {
+        let mut any = false;
         while let Some(event) = self.core.poll_event() {
+            any = true;
             match &event {
                 GroupEvent::Revoked { partition, term } => {
                     self.draining.insert(*partition, (*term, now + self.drain_timeout));
@@ -473,10 +483,12 @@ impl<S: GroupStore> Driver<S> {
                 GroupEvent::Left => tracing::info!("left the group"),
             }
         }
+        any
     }
 
-    /// Tells the core about revoked partitions whose guards are gone or whose drain timed out.
-    fn finish_drains(&mut self, now: Instant) {
+    /// Tells the core about revoked partitions whose guards are gone or whose drain timed out;
+    /// true if there was any.
+    fn finish_drains(&mut self, now: Instant) -> bool {
         let mono = self.mono(now);
         let done: Vec<(u32, bool)> = {
             let state = self.shared.state();
@@ -488,6 +500,7 @@ impl<S: GroupStore> Driver<S> {
                 })
                 .collect()
         };
+        let any = !done.is_empty();
         for (partition, idle) in done {
             if !idle {
                 tracing::warn!(partition, "drain timeout: releasing a partition whose guards are still held");
@@ -495,6 +508,7 @@ impl<S: GroupStore> Driver<S> {
             self.draining.remove(&partition);
             self.core.on_drained(mono, partition);
         }
+        any
     }
 
     fn publish(&mut self, now: Instant) {

@@ -179,3 +179,15 @@ async fn at_rest_a_member_writes_once_per_retry_period_whatever_the_partition_co
         assert_eq!(after.writes - before.writes, 60, "{partitions} partitions");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_leave_without_guards_hands_over_without_waiting_for_a_retry_period() {
+    let store = MemoryGroupStore::new();
+    let (a, b) = (join(&store, "a"), join(&store, "b"));
+    assert!(wait_until(Duration::from_secs(10), || settled(&[&a, &b])).await.is_some());
+    let leaving = tokio::spawn(a.leave());
+    let handover = wait_until(Duration::from_secs(5), || (0..PARTITIONS).all(|p| b.guard(p).is_some())).await;
+    // Revoke, drain (nothing to wait for), release, claim: store calls only, no timer (retry 1 s).
+    assert!(handover.expect("no handover") < Duration::from_millis(10), "handover took {handover:?}");
+    leaving.await.unwrap().unwrap();
+}
