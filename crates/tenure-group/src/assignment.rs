@@ -73,7 +73,7 @@ pub fn assign(partition_count: u32, members: &[WeightedMember], current: &[Optio
     let quota = |m: usize| -> (usize, usize) {
         let numerator = u64::from(partition_count) * u64::from(members[m].weight.max(1));
         let floor = numerator / total_weight;
-        let ceil = floor + u64::from(numerator % total_weight != 0);
+        let ceil = numerator.div_ceil(total_weight);
         (floor as usize, ceil as usize)
     };
     let bounds: Vec<(usize, usize)> = (0..members.len()).map(quota).collect();

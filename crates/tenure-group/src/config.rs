@@ -66,8 +66,7 @@ impl GroupConfig {
 
     /// The lease in whole milliseconds, as written into the member record (rounded up).
     pub fn lease_millis(&self) -> u64 {
-        let lease = self.timing.lease_duration;
-        lease.as_millis() as u64 + u64::from(lease.subsec_nanos() % 1_000_000 != 0)
+        u64::try_from(self.timing.lease_duration.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
     }
 }
 

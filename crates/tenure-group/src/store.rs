@@ -17,7 +17,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::pin::Pin;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::Stream;
@@ -84,38 +83,10 @@ pub struct Snapshot {
     pub members: BTreeMap<String, Stored<MemberRecord>>,
 }
 
-/// Why a call to a store failed.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum StoreError {
-    /// Compare-and-swap failed: the record changed (or was deleted) since the given version.
-    #[error("the record changed since it was read (compare-and-swap failed)")]
-    Conflict,
-    /// Create failed because the record exists.
-    #[error("the record already exists")]
-    AlreadyExists,
-    /// The store could not be reached or failed; a write may or may not have been applied.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
-    /// The call did not finish within the call timeout; a write may or may not have been applied.
-    #[error("call timed out after {0:?}")]
-    Timeout(Duration),
-    /// The store holds something that is not a group record where the table must be; nobody
-    /// claims anything until an operator repairs it (members keep renewing).
-    #[error("corrupt record {key}: {reason}")]
-    Corrupt {
-        /// Which record.
-        key: String,
-        /// Why it does not parse.
-        reason: String,
-    },
-}
-
-impl StoreError {
-    /// True when a write certainly did not happen because somebody else's did.
-    pub fn is_conflict(&self) -> bool {
-        matches!(self, StoreError::Conflict | StoreError::AlreadyExists)
-    }
-}
+/// Why a call to a store failed: the election's [`tenure::LockError`], with the same meaning
+/// (`Conflict`, `AlreadyExists`, `Unavailable`, `Timeout`; `Rejected` also for a record that does
+/// not parse where the table must be: nobody claims anything until an operator repairs it).
+pub use tenure::LockError as StoreError;
 
 /// Notifications that something in the group's store changed; the core then reads a snapshot.
 /// A stream that fails or ends is re-opened by the driver after a retry period.

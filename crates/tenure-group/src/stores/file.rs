@@ -17,7 +17,7 @@
 //!   and waits out the leases it sees.
 //!
 //! A record file that does not parse is left out of the snapshot with a warning (a member record)
-//! or makes the read fail with [`StoreError::Corrupt`] (the table): nobody claims anything until it
+//! or makes the read fail with `StoreError::Rejected` (the table): nobody claims anything until it
 //! is repaired, and members keep renewing.
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
@@ -157,10 +157,10 @@ fn read_all(dir: &Path) -> Result<Snapshot, StoreError> {
         Some(Ok(DocumentIn { generation, table: Some(table), .. })) => {
             snapshot.table = Some(Stored { version: Version(generation), value: table });
         }
-        Some(Ok(_)) => {
-            return Err(StoreError::Corrupt { key: table_path.display().to_string(), reason: "no table".into() })
+        Some(Ok(_)) => return Err(StoreError::Rejected(format!("corrupt record {}: no table", table_path.display()))),
+        Some(Err(reason)) => {
+            return Err(StoreError::Rejected(format!("corrupt record {}: {reason}", table_path.display())))
         }
-        Some(Err(reason)) => return Err(StoreError::Corrupt { key: table_path.display().to_string(), reason }),
     }
     let entries = fs::read_dir(dir).map_err(|error| io_error("list", dir, error))?;
     for entry in entries {
@@ -349,7 +349,7 @@ mod tests {
         let snapshot = store.read().await.unwrap();
         assert_eq!(snapshot.members.keys().collect::<Vec<_>>(), vec!["a"]);
         fs::write(store.dir().join(TABLE_FILE), "{").unwrap();
-        assert!(matches!(store.read().await, Err(StoreError::Corrupt { .. })));
+        assert!(matches!(store.read().await, Err(StoreError::Rejected(_))));
         fs::remove_dir_all(store.dir()).unwrap();
     }
 

@@ -140,7 +140,7 @@ impl GroupStore for MemoryGroupClient {
             let mut state = self.store.state();
             self.admit(&mut state, true)?;
             if matches!((key, value), (Key::Table, Value::Member(_)) | (Key::Member(_), Value::Table(_))) {
-                return Err(StoreError::Corrupt { key: key.to_string(), reason: "wrong kind of record".into() });
+                return Err(StoreError::Rejected(format!("{key}: wrong kind of record")));
             }
             let current = state.records.get(key).map(|(version, _)| *version);
             match (expected, current) {
