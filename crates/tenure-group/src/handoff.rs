@@ -992,3 +992,141 @@ impl MemberCore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PARTITIONS: u32 = 4;
+
+    fn timing() -> tenure::Timing {
+        // lease 4 s, renew deadline 2 s, retry 1 s
+        tenure::Timing::from_ttl(Duration::from_secs(4)).unwrap()
+    }
+
+    fn at(millis: u64) -> MonotonicTime {
+        MonotonicTime(Duration::from_millis(millis))
+    }
+
+    /// A tiny synchronous store: applies every action at once.
+    #[derive(Default)]
+    struct Store {
+        records: BTreeMap<Key, (Version, Value)>,
+        next: u64,
+    }
+
+    impl Store {
+        fn apply(&mut self, core: &mut MemberCore, now: MonotonicTime) {
+            while let Some(action) = core.poll_action(now) {
+                match action {
+                    Action::Read => {
+                        let mut snapshot = Snapshot::default();
+                        for (key, (version, value)) in &self.records {
+                            match (key, value) {
+                                (Key::Table, Value::Table(t)) => {
+                                    snapshot.table = Some(Stored { version: *version, value: t.clone() })
+                                }
+                                (Key::Member(id), Value::Member(m)) => {
+                                    snapshot.members.insert(id.clone(), Stored { version: *version, value: m.clone() });
+                                }
+                                _ => unreachable!(),
+                            }
+                        }
+                        core.on_read(now, Ok(snapshot));
+                    }
+                    Action::Write { key, expected, value } => {
+                        let current = self.records.get(&key).map(|(v, _)| *v);
+                        let result = if current == expected {
+                            self.next += 1;
+                            self.records.insert(key.clone(), (Version(self.next), value));
+                            Ok(Version(self.next))
+                        } else {
+                            Err(StoreError::Conflict)
+                        };
+                        core.on_write(now, &key, result);
+                    }
+                }
+            }
+        }
+    }
+
+    fn member(identity: &str) -> MemberCore {
+        let config = GroupConfig { timing: timing(), partition_count: PARTITIONS, weight: 1 };
+        MemberCore::new(identity, identity.len() as u64, config, true).unwrap()
+    }
+
+    #[test]
+    fn a_lone_member_owns_every_partition_and_stops_believing_at_its_renew_deadline() {
+        let mut store = Store::default();
+        let mut a = member("a");
+        store.apply(&mut a, at(0));
+        store.apply(&mut a, at(0));
+        assert_eq!(a.owned(at(0)).len(), PARTITIONS as usize);
+        assert_eq!(a.owns(0, at(0)), Some(Term(1)));
+        // No renew reaches the store: at the renew deadline (2 s) every belief ends by itself.
+        assert!(a.owns(0, at(1_999)).is_some());
+        assert_eq!(a.owns(0, at(2_000)), None);
+        assert_eq!(a.may_work_on(0, at(2_000)), None);
+    }
+
+    #[test]
+    fn a_newcomer_claims_only_after_the_owner_released_and_with_a_higher_term() {
+        let mut store = Store::default();
+        let mut a = member("a");
+        store.apply(&mut a, at(0));
+        store.apply(&mut a, at(0));
+        let mut b = member("b");
+        store.apply(&mut b, at(10));
+        assert!(b.owned(at(10)).is_empty(), "b claimed partitions a still owns");
+        // a sees b, revokes its share, and keeps owning nothing it gave up.
+        a.on_change(at(20));
+        store.apply(&mut a, at(20));
+        let revoked: Vec<u32> = std::iter::from_fn(|| a.poll_event())
+            .filter_map(|e| match e {
+                GroupEvent::Revoked { partition, .. } => Some(partition),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(revoked.len(), 2);
+        b.on_change(at(30));
+        store.apply(&mut b, at(30));
+        assert!(b.owned(at(30)).is_empty(), "b claimed before a drained and released");
+        for p in &revoked {
+            a.on_drained(at(40), *p);
+        }
+        store.apply(&mut a, at(40));
+        b.on_change(at(50));
+        store.apply(&mut b, at(50));
+        for p in &revoked {
+            assert_eq!(b.owns(*p, at(50)), Some(Term(2)), "partition {p}");
+            assert_eq!(a.may_work_on(*p, at(50)), None);
+        }
+    }
+
+    #[test]
+    fn a_crashed_members_partitions_are_claimed_only_after_its_lease_on_the_claimers_clock() {
+        let mut store = Store::default();
+        let mut a = member("a");
+        store.apply(&mut a, at(0));
+        store.apply(&mut a, at(0));
+        let mut b = member("b");
+        store.apply(&mut b, at(0));
+        a.on_change(at(0));
+        store.apply(&mut a, at(0));
+        // a crashes now (no more calls); b renews and watches.
+        let lease = timing().lease_duration.as_millis() as u64;
+        for t in (100..lease).step_by(100) {
+            b.on_change(at(t));
+            store.apply(&mut b, at(t));
+            assert!(b.owned(at(t)).len() <= 2, "b took a's partitions at {t} ms, before a's lease ran out");
+        }
+        store.apply(&mut b, at(lease));
+        b.on_change(at(lease));
+        store.apply(&mut b, at(lease));
+        assert_eq!(b.owned(at(lease)).len(), PARTITIONS as usize);
+        assert!(matches!(
+            store.records.get(&Key::Member("a".into())),
+            Some((_, Value::Member(MemberRecord { state: MemberState::Expired, .. })))
+        ));
+    }
+}
