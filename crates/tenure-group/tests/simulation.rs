@@ -38,7 +38,8 @@
 //!
 //! Replay one schedule with its trace: `TENURE_GROUP_SIM_SEED=<seed> cargo test -p tenure-group
 //! --test simulation randomized_schedules_never -- --nocapture`; `TENURE_GROUP_SIM_SCHEDULES=<n>`
-//! changes the count of each of the two halves (default 5 000 each, 10 000 per run).
+//! changes the count of each of the two halves (default 5 000 each, 10 000 per run),
+//! `TENURE_GROUP_SIM_DRIFT_FRACTION` the clock drift as a fraction of the bound (default 0.9).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
@@ -980,7 +981,9 @@ fn check_schedules(base: u64) {
         return;
     }
     let count = env_u64("TENURE_GROUP_SIM_SCHEDULES").unwrap_or(DEFAULT_SCHEDULES);
-    let summary = run_many(base, count, Params::REAL);
+    let drift_fraction = std::env::var("TENURE_GROUP_SIM_DRIFT_FRACTION").ok().and_then(|v| v.parse().ok());
+    let params = Params { drift_fraction: drift_fraction.unwrap_or(Params::REAL.drift_fraction), ..Params::REAL };
+    let summary = run_many(base, count, params);
     println!(
         "{} schedules, {} events, {} acquisitions, {} failovers checked, longest failover {:.2} leases",
         summary.schedules,
