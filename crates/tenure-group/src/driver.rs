@@ -32,6 +32,9 @@ pub enum GroupError {
     /// The identity or the configuration is invalid.
     #[error(transparent)]
     Invalid(#[from] CoreError),
+    /// `join` was called outside a tokio runtime.
+    #[error("joining a group needs a tokio runtime (call join inside one)")]
+    NoRuntime,
     /// The driver task ended abnormally.
     #[error("the group driver stopped: {0}")]
     DriverStopped(String),
@@ -186,6 +189,7 @@ impl<S: GroupStore> GroupBuilder<S> {
 
     /// Joins the group: starts the driver task (needs a tokio runtime).
     pub fn join(self) -> Result<Group, GroupError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| GroupError::NoRuntime)?;
         let watch = self.store.watch();
         let core = MemberCore::new(self.identity.clone(), rand::random(), self.config, watch.is_some())?;
         let shared = Arc::new(Shared::default());
@@ -208,7 +212,7 @@ impl<S: GroupStore> GroupBuilder<S> {
             drain_timeout: self.drain_timeout,
             draining: BTreeMap::new(),
         };
-        let task = tokio::spawn(driver.run(watch));
+        let task = runtime.spawn(driver.run(watch));
         Ok(Group { identity: self.identity, shared, assignment, commands, task: Some(task) })
     }
 }

@@ -191,3 +191,18 @@ async fn a_leave_without_guards_hands_over_without_waiting_for_a_retry_period() 
     assert!(handover.expect("no handover") < Duration::from_millis(10), "handover took {handover:?}");
     leaving.await.unwrap().unwrap();
 }
+
+#[test]
+fn joining_outside_a_runtime_is_an_error_not_a_panic() {
+    let store = MemoryGroupStore::new();
+    let result = Group::builder("a", store.client("a")).join();
+    assert!(matches!(result, Err(tenure_group::GroupError::NoRuntime)));
+}
+
+#[tokio::test]
+async fn an_empty_identity_or_a_zero_partition_count_is_refused() {
+    let store = MemoryGroupStore::new();
+    assert!(Group::builder("", store.client("x")).join().is_err());
+    assert!(Group::builder("a", store.client("a")).partition_count(0).join().is_err());
+    assert!(Group::builder("a", store.client("a")).weight(0).join().is_err());
+}
