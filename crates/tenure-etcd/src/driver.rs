@@ -19,7 +19,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure::{ElectorCommand, ElectorError, Leadership, Publisher, Role, Term, Timing};
+use tenure::{ElectorCommand, ElectorError, FailureLog, Leadership, Publisher, Role, StatsRecorder, Term, Timing};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
@@ -140,6 +140,8 @@ pub(crate) struct Driver {
     stale_leases: Vec<i64>,
     /// The leader (identity, term) last logged, so that each change is logged once.
     observed: Option<Option<(String, i64)>>,
+    /// Calls that keep failing: one warning, a summary a minute, the recovery.
+    failures: FailureLog,
 }
 
 impl Driver {
@@ -162,7 +164,17 @@ impl Driver {
             commands: Commands { receiver: commands, open: true },
             stale_leases: Vec::new(),
             observed: None,
+            failures: FailureLog::new(),
         }
+    }
+
+    /// How long to wait before a new session after calls kept failing: one retry period,
+    /// doubling with each failure in a row up to [`Timing::max_failure_backoff`], so a cluster
+    /// that stays down is not asked for a lease every retry period.
+    fn failure_backoff(&self) -> Duration {
+        let failures = self.publisher.recorder().stats_snapshot().consecutive_lock_errors;
+        let doublings = u32::try_from(failures.saturating_sub(1)).unwrap_or(u32::MAX).min(16);
+        self.timing.retry_period.saturating_mul(1 << doublings).min(self.timing.max_failure_backoff())
     }
 
     fn call_timeout(&self) -> Duration {
@@ -252,11 +264,12 @@ impl Driver {
         let granted = match self.commands.race(self.conn.grant(limit, ttl_secs)).await {
             Err(reply) => return SessionEnd::Stop(reply, true),
             Ok(Err(error)) => {
-                tracing::warn!(identity = %self.identity, %error, "granting a lease failed; retrying");
-                return SessionEnd::Again(retry);
+                self.failures.failed(self.publisher.recorder(), &self.identity, "granting a lease", &error);
+                return SessionEnd::Again(self.failure_backoff());
             }
             Ok(Ok(granted)) => granted,
         };
+        self.failures.reached(self.publisher.recorder(), &self.identity);
         let lease = granted.id;
         let ttl = Duration::from_secs(u64::try_from(granted.ttl.max(1)).unwrap_or(1));
         let margin = self_fencing_margin(ttl);
@@ -270,6 +283,7 @@ impl Driver {
             self.timing.retry_period,
             limit,
             lease_tx,
+            self.publisher.recorder().clone(),
         )));
 
         // The key, created only if absent (a retried call must not move it in the queue).
@@ -287,7 +301,7 @@ impl Driver {
                 return SessionEnd::Stop(reply, released);
             }
             Ok(Err(error)) => {
-                tracing::warn!(identity = %self.identity, %error, "creating the candidate key failed; retrying");
+                self.failures.failed(self.publisher.recorder(), &self.identity, "creating the candidate key", &error);
                 self.stale_leases.push(lease);
                 return SessionEnd::Again(retry);
             }
@@ -375,7 +389,7 @@ impl Driver {
                         }
                     }
                     Err(error) => {
-                        tracing::warn!(identity = %self.identity, %error, "watch of the election failed; reloading");
+                        self.failures.failed(self.publisher.recorder(), &self.identity, "watching the election", &error);
                         s.watch = None;
                         s.resync_at = Instant::now() + self.timing.retry_period / 4;
                     }
@@ -452,16 +466,17 @@ impl Driver {
         let retry_at = Instant::now() + self.timing.retry_period / 2;
         match done {
             CallDone::Resync(Ok(loaded)) => {
+                self.failures.reached(self.publisher.recorder(), &self.identity);
                 s.keys = loaded.keys;
                 s.loaded = true;
                 s.watch = Some(loaded.watch);
             }
             CallDone::Resync(Err(error)) => {
-                tracing::warn!(identity = %self.identity, %error, "reading the election failed; retrying");
+                self.failures.failed(self.publisher.recorder(), &self.identity, "reading the election", &error);
                 s.resync_at = retry_at;
             }
             CallDone::Claim(Err(error)) => {
-                tracing::warn!(identity = %self.identity, %error, "checking the own key failed; retrying");
+                self.failures.failed(self.publisher.recorder(), &self.identity, "checking the own key", &error);
                 s.watch = None;
                 s.resync_at = retry_at;
             }
@@ -621,12 +636,15 @@ async fn keep_alive(
     interval: Duration,
     limit: Duration,
     state: watch::Sender<LeaseState>,
+    stats: StatsRecorder,
 ) {
     loop {
         let started = Instant::now();
         let mut stream = match conn.keep_alive(limit, lease).await {
             Ok(stream) => stream,
             Err(error) => {
+                stats.record_renew(started, Err(()));
+                stats.record_lock_error();
                 tracing::debug!(lease = format!("{lease:x}"), %error, "opening a keep-alive stream failed");
                 sleep_until(started + interval / 4).await;
                 continue;
@@ -640,12 +658,16 @@ async fn keep_alive(
                     return;
                 }
                 Ok(response) => {
+                    stats.record_renew(sent, Ok(sent.elapsed()));
+                    stats.record_lock_reached();
                     let granted = Duration::from_secs(u64::try_from(response.ttl).unwrap_or(0));
                     // A TTL other than ours (never expected) must not lengthen the deadline.
                     let ttl = ttl.min(granted);
                     state.send_modify(|s| s.valid_until = s.valid_until.max(sent + ttl.saturating_sub(margin)));
                 }
                 Err(error) => {
+                    stats.record_renew(sent, Err(()));
+                    stats.record_lock_error();
                     tracing::debug!(lease = format!("{lease:x}"), %error, "keep-alive failed; reopening");
                     break;
                 }

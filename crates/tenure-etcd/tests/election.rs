@@ -562,3 +562,29 @@ async fn followers_log_each_leader_they_observe_like_the_record_lock_elector() {
     drop(second);
     b.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn keep_alives_count_as_renews_and_an_unreachable_cluster_as_lock_errors_in_the_stats() {
+    let Some(mut cluster) = EtcdCluster::start(1).await else { return };
+    let election = EtcdElection::connect(&cluster.endpoints(), "stats").await.unwrap();
+    let electors = campaign(&election, &["a"]).await;
+    wait_for(&electors[0], Duration::from_secs(5), "leads", |l| l.role == Role::Leader).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while electors[0].stats().renews < 2 {
+        assert!(Instant::now() < deadline, "no renews counted: {:?}", electors[0].stats());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stats = electors[0].stats();
+    assert!(stats.last_renew_latency.is_some() && stats.last_renew_started.is_some(), "{stats:?}");
+
+    cluster.kill(0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = electors[0].stats();
+        if stats.lock_unreachable_since.is_some() && stats.failed_renews >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no failed keep-alive counted: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

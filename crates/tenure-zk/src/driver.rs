@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use tenure::{ElectorCommand, ElectorError, Leadership, Publisher, Role, Term};
+use tenure::{ElectorCommand, ElectorError, FailureLog, Leadership, Publisher, Role, Term};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{sleep_until, timeout, Instant};
 use zookeeper_client as zk;
@@ -80,6 +80,8 @@ struct Driver {
     led_node: Option<String>,
     /// The leader (identity, term) last logged, so that each change is logged once.
     observed: Option<Option<(String, Term)>>,
+    /// Connections that keep failing: one warning, a summary a minute, the recovery.
+    failures: FailureLog,
 }
 
 /// Runs one candidate until shutdown (or until every handle is dropped).
@@ -97,6 +99,7 @@ pub(crate) async fn run(config: Config, publisher: Publisher, commands: mpsc::Re
         spent: None,
         led_node: None,
         observed: None,
+        failures: FailureLog::new(),
     };
     tracing::debug!(identity = %driver.config.identity, path = %driver.config.path, "campaigning on ZooKeeper");
     let (reply, result) = driver.run_sessions().await;
@@ -204,13 +207,18 @@ impl Driver {
             match result {
                 Ok(Ok(client)) => {
                     *backoff = Duration::from_millis(50);
+                    self.failures.reached(self.publisher.recorder(), &self.config.identity);
                     return Ok(client);
                 }
                 Ok(Err(err)) => {
-                    tracing::warn!(servers = %tenure::redact_credentials(&self.config.servers), error = %err, "cannot connect to ZooKeeper")
+                    let servers = tenure::redact_credentials(&self.config.servers);
+                    let what = format!("connecting to ZooKeeper at {servers}");
+                    self.failures.failed(self.publisher.recorder(), &self.config.identity, &what, &err);
                 }
                 Err(_) => {
-                    tracing::warn!(servers = %tenure::redact_credentials(&self.config.servers), "connecting to ZooKeeper timed out")
+                    let servers = tenure::redact_credentials(&self.config.servers);
+                    let what = format!("connecting to ZooKeeper at {servers}");
+                    self.failures.failed(self.publisher.recorder(), &self.config.identity, &what, &"no answer in time");
                 }
             }
             if let Some(reply) = self.pause(*backoff).await {
@@ -397,7 +405,19 @@ impl Driver {
         let started = Instant::now();
         self.next_heartbeat = started + self.heartbeat_interval();
         let path = self.node_path(&node.name);
-        match with_timeout(self.call_limit(), client.check_stat(&path)).await {
+        let answer = with_timeout(self.call_limit(), client.check_stat(&path)).await;
+        let stats = self.publisher.recorder();
+        match &answer {
+            Ok(_) => {
+                stats.record_renew(started, Ok(started.elapsed()));
+                stats.record_lock_reached();
+            }
+            Err(_) => {
+                stats.record_renew(started, Err(()));
+                stats.record_lock_error();
+            }
+        }
+        match answer {
             Ok(Some(_)) if self.extend(started + self.fence_margin()) => None,
             Ok(Some(_)) => {
                 // Answered, but after the deadline: the tenure is over for good.

@@ -37,6 +37,13 @@ async fn three_candidates_elect_exactly_one_leader_and_all_agree() {
     assert_eq!(seen.term, term);
     assert!(seen.node.starts_with("_c_") && seen.node.contains("-latch-"), "node {}", seen.node);
     assert_eq!(electors.iter().filter(|e| e.tenure().is_some()).count(), 1);
+    // The leader's heartbeats count as renews, as on every backend (/metrics, /healthz).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while leader.stats().renews < 2 {
+        assert!(Instant::now() < deadline, "no renews counted: {:?}", leader.stats());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(leader.stats().last_renew_latency.is_some());
 
     for elector in electors {
         elector.shutdown().await.expect("shutdown");

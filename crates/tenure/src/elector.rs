@@ -436,9 +436,9 @@ impl Driver {
                             let identity = self.candidate.identity();
                             match &result {
                                 Err(error) => {
-                                    self.failures.failed(&self.publisher, identity, "reading the lock", error)
+                                    self.failures.failed(self.publisher.recorder(), identity, "reading the lock", error)
                                 }
-                                Ok(_) => self.failures.reached(&self.publisher, identity),
+                                Ok(_) => self.failures.reached(self.publisher.recorder(), identity),
                             }
                             self.candidate.on_read(now, result)
                         }
@@ -451,10 +451,10 @@ impl Driver {
                             let identity = self.candidate.identity();
                             match &result {
                                 Err(error) if !error.is_conflict() => {
-                                    self.failures.failed(&self.publisher, identity, "writing the lock", error)
+                                    self.failures.failed(self.publisher.recorder(), identity, "writing the lock", error)
                                 }
                                 // A conflict is an answer: the store is reachable.
-                                _ => self.failures.reached(&self.publisher, identity),
+                                _ => self.failures.reached(self.publisher.recorder(), identity),
                             }
                             self.candidate.on_write(now, result)
                         }
@@ -463,12 +463,12 @@ impl Driver {
                 Wake::Timer => {}
                 Wake::Change(Some(Ok(stored))) => {
                     self.watch_failures = 0;
-                    self.failures.reached(&self.publisher, self.candidate.identity());
+                    self.failures.reached(self.publisher.recorder(), self.candidate.identity());
                     self.candidate.on_change(now, stored)
                 }
                 Wake::Change(Some(Err(error))) => {
                     let identity = self.candidate.identity();
-                    self.failures.failed(&self.publisher, identity, "watching the lock", &error);
+                    self.failures.failed(self.publisher.recorder(), identity, "watching the lock", &error);
                     self.changes = None;
                     // Back off like the candidate's calls, so a store that stays down is not asked
                     // to open a watch every retry period.

@@ -4,19 +4,19 @@
 //! Why: a permanent error (an unreadable lock file, a read-only file system, an API server that
 //! refuses connections) used to print a warning every second or two forever, burying everything
 //! else in the log while the probes stayed green. The streak itself is published in
-//! [`crate::ElectorStats`] (`consecutive_lock_errors`, `lock_unreachable_since`) by the
-//! [`crate::Publisher`], for `/status`, metrics and probes.
+//! [`crate::ElectorStats`] (`consecutive_lock_errors`, `lock_unreachable_since`) through the
+//! driver's [`StatsRecorder`] ([`crate::Publisher::recorder`]), for `/status`, metrics and probes.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::leadership::Publisher;
+use crate::leadership::StatsRecorder;
 
 /// How often a failure streak is summarised in the log after its first warning.
 pub const SUMMARY_PERIOD: Duration = Duration::from_secs(60);
 
-/// The log side of a failure streak, owned by a driver next to its [`Publisher`].
+/// The log side of a failure streak, owned by a driver next to its [`crate::Publisher`].
 #[derive(Debug, Default)]
 pub struct FailureLog {
     last_warning: Option<Instant>,
@@ -28,11 +28,11 @@ impl FailureLog {
         FailureLog::default()
     }
 
-    /// Records a failed call (`what` failed with `error`) in the publisher's counters and logs it:
+    /// Records a failed call (`what` failed with `error`) in the elector's counters and logs it:
     /// a warning for the first failure of a streak and at most once per [`SUMMARY_PERIOD`] after,
     /// debug otherwise.
-    pub fn failed(&mut self, publisher: &Publisher, identity: &str, what: &str, error: &dyn std::fmt::Display) {
-        let streak = publisher.record_lock_error();
+    pub fn failed(&mut self, stats: &StatsRecorder, identity: &str, what: &str, error: &dyn std::fmt::Display) {
+        let streak = stats.record_lock_error();
         let now = Instant::now();
         let due = self.last_warning.is_none_or(|t| now.duration_since(t) >= SUMMARY_PERIOD);
         if streak == 1 {
@@ -40,7 +40,7 @@ impl FailureLog {
             tracing::warn!(identity, %error, "{what} failed");
         } else if due {
             self.last_warning = Some(now);
-            let since = publisher
+            let since = stats
                 .stats_snapshot()
                 .lock_unreachable_since
                 .map(|t| chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
@@ -57,8 +57,8 @@ impl FailureLog {
     }
 
     /// Records a call that reached the store; logs the end of a failure streak, if one ended.
-    pub fn reached(&mut self, publisher: &Publisher, identity: &str) {
-        if let Some((failed_calls, since)) = publisher.record_lock_reached() {
+    pub fn reached(&mut self, stats: &StatsRecorder, identity: &str) {
+        if let Some((failed_calls, since)) = stats.record_lock_reached() {
             self.last_warning = None;
             let down_for = since.elapsed().unwrap_or_default();
             tracing::info!(

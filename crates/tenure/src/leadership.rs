@@ -263,43 +263,22 @@ impl Tenure {
 #[derive(Debug)]
 pub struct Publisher {
     stats: Arc<Mutex<ElectorStats>>,
+    recorder: StatsRecorder,
     leadership: watch::Sender<Leadership>,
     current: watch::Sender<Option<Arc<TenureShared>>>,
     ending: Vec<Arc<TenureShared>>,
 }
 
-/// The receiving side, held by the [`crate::Elector`] handle.
+/// Records into an elector's counters ([`ElectorStats`]); cheap to clone, so a task beside the
+/// driver (an etcd keep-alive stream, a ZooKeeper heartbeat) counts its renews and failures in
+/// the same place as the driver, and `/status`, `/metrics` and the probes read alike on every
+/// backend.
 #[derive(Debug, Clone)]
-pub struct Subscriber {
+pub struct StatsRecorder {
     stats: Arc<Mutex<ElectorStats>>,
-    leadership: watch::Receiver<Leadership>,
-    current: watch::Receiver<Option<Arc<TenureShared>>>,
 }
 
-impl Publisher {
-    /// A publisher and the subscriber half that handles give to users.
-    pub fn new() -> (Publisher, Subscriber) {
-        let (leadership, leadership_rx) = watch::channel(Leadership::unknown());
-        let (current, current_rx) = watch::channel(None);
-        let stats = Arc::new(Mutex::new(ElectorStats::default()));
-        (
-            Publisher { stats: stats.clone(), leadership, current, ending: Vec::new() },
-            Subscriber { stats, leadership: leadership_rx, current: current_rx },
-        )
-    }
-
-    /// Publishes a snapshot; subscribers wake only if it differs from the last one.
-    pub fn publish(&self, leadership: Leadership) {
-        self.leadership.send_if_modified(|old| {
-            if *old == leadership {
-                false
-            } else {
-                *old = leadership;
-                true
-            }
-        });
-    }
-
+impl StatsRecorder {
     /// Records a renew (or keep-alive) that started at `started`: `Ok(latency)` or a failure.
     pub fn record_renew(&self, started: Instant, outcome: Result<std::time::Duration, ()>) {
         let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
@@ -334,6 +313,61 @@ impl Publisher {
         let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
         let since = stats.lock_unreachable_since.take()?;
         Some((std::mem::take(&mut stats.consecutive_lock_errors), since))
+    }
+}
+
+/// The receiving side, held by the [`crate::Elector`] handle.
+#[derive(Debug, Clone)]
+pub struct Subscriber {
+    stats: Arc<Mutex<ElectorStats>>,
+    leadership: watch::Receiver<Leadership>,
+    current: watch::Receiver<Option<Arc<TenureShared>>>,
+}
+
+impl Publisher {
+    /// A publisher and the subscriber half that handles give to users.
+    pub fn new() -> (Publisher, Subscriber) {
+        let (leadership, leadership_rx) = watch::channel(Leadership::unknown());
+        let (current, current_rx) = watch::channel(None);
+        let stats = Arc::new(Mutex::new(ElectorStats::default()));
+        (
+            Publisher {
+                stats: stats.clone(),
+                recorder: StatsRecorder { stats: stats.clone() },
+                leadership,
+                current,
+                ending: Vec::new(),
+            },
+            Subscriber { stats, leadership: leadership_rx, current: current_rx },
+        )
+    }
+
+    /// Publishes a snapshot; subscribers wake only if it differs from the last one.
+    pub fn publish(&self, leadership: Leadership) {
+        self.leadership.send_if_modified(|old| {
+            if *old == leadership {
+                false
+            } else {
+                *old = leadership;
+                true
+            }
+        });
+    }
+
+    /// The counters' recording side, for tasks that run beside the driver (a keep-alive task)
+    /// and for [`crate::FailureLog`].
+    pub fn recorder(&self) -> &StatsRecorder {
+        &self.recorder
+    }
+
+    /// Records a renew (or keep-alive) that started at `started`: `Ok(latency)` or a failure.
+    pub fn record_renew(&self, started: Instant, outcome: Result<std::time::Duration, ()>) {
+        self.recorder.record_renew(started, outcome)
+    }
+
+    /// Records a failed call to the lock; returns how many calls in a row have failed.
+    pub fn record_lock_error(&self) -> u64 {
+        self.recorder.record_lock_error()
     }
 
     /// Publishes why this instance waits before it may take the lock (`None`: it does not).

@@ -61,7 +61,9 @@ pub use candidate::{Action, AfterRelease, Candidate, Event, StopReason};
 pub use clock::MonotonicTime;
 pub use elector::{Elector, ElectorBuilder, ElectorCommand, ElectorError, ElectorView};
 pub use failure_log::FailureLog;
-pub use leadership::{ElectorStats, Leadership, LockWait, NotLeader, Publisher, Role, Subscriber, Tenure, WaitReason};
+pub use leadership::{
+    ElectorStats, Leadership, LockWait, NotLeader, Publisher, Role, StatsRecorder, Subscriber, Tenure, WaitReason,
+};
 pub use lock::{ChangeStream, LockError, RecordLock, StoredRecord, Version};
 pub use record::{LeaderElectionRecord, RecordError, LEADER_ANNOTATION};
 pub use redact::redact_credentials;
