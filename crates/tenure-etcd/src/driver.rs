@@ -282,8 +282,7 @@ impl Driver {
             margin,
             self.timing.retry_period,
             limit,
-            lease_tx,
-            self.publisher.recorder().clone(),
+            KeepAliveReports { state: lease_tx, stats: self.publisher.recorder().clone() },
         )));
 
         // The key, created only if absent (a retried call must not move it in the queue).
@@ -626,6 +625,12 @@ fn existing_create_revision(response: &crate::proto::etcdserverpb::TxnResponse) 
     })
 }
 
+/// Where the keep-alive task reports: the session's lease state, and the elector's counters.
+struct KeepAliveReports {
+    state: watch::Sender<LeaseState>,
+    stats: StatsRecorder,
+}
+
 /// Keeps `lease` alive every `interval`, one request at a time, and publishes the self-fencing
 /// deadline (start of the last successful keep-alive + TTL - margin) after each success.
 async fn keep_alive(
@@ -635,9 +640,9 @@ async fn keep_alive(
     margin: Duration,
     interval: Duration,
     limit: Duration,
-    state: watch::Sender<LeaseState>,
-    stats: StatsRecorder,
+    reports: KeepAliveReports,
 ) {
+    let KeepAliveReports { state, stats } = reports;
     loop {
         let started = Instant::now();
         let mut stream = match conn.keep_alive(limit, lease).await {
