@@ -48,6 +48,8 @@ pub struct CheckTiming {
 pub struct Tenure {
     /// Who believed it led.
     pub candidate: String,
+    /// In which election.
+    pub election: String,
     /// In which term.
     pub term: u64,
     /// The `[sent, received]` window of every answer that said so.
@@ -167,6 +169,7 @@ pub fn tenures(samples: &[Sample], timing: CheckTiming) -> Vec<Tenure> {
                     }
                     current = Some(Tenure {
                         candidate: candidate.to_owned(),
+                        election: sample.election.clone(),
                         term,
                         windows: vec![(sample.sent, sample.received)],
                         possible_start: last_denial,
@@ -243,6 +246,16 @@ fn check_tenures(tenures: &[Tenure], verdict: &mut Verdict) {
             }
         }
     }
+    let mut elections: Vec<&str> = tenures.iter().map(|t| t.election.as_str()).collect();
+    elections.sort_unstable();
+    elections.dedup();
+    for election in elections {
+        check_terms(tenures.iter().filter(|t| t.election == election), verdict);
+    }
+}
+
+/// Checks that the terms of one election's tenures, in the order they were seen, grow.
+fn check_terms<'a>(tenures: impl Iterator<Item = &'a Tenure>, verdict: &mut Verdict) {
     let mut highest: Option<&Tenure> = None;
     for tenure in tenures {
         if let Some(previous) = highest {
@@ -342,6 +355,7 @@ mod tests {
         while t < to - 1e-9 {
             samples.push(Sample {
                 candidate: candidate.to_owned(),
+                election: "e".to_owned(),
                 sent: t,
                 received: t + 0.005,
                 answer: answer.clone(),
@@ -392,7 +406,13 @@ mod tests {
     #[test]
     fn a_single_leader_answer_inside_another_tenure_is_a_dual_leader() {
         let mut samples = answers("a", 0.0, 2.0, leader(1));
-        samples.push(Sample { candidate: "b".into(), sent: 1.0, received: 1.01, answer: leader(1) });
+        samples.push(Sample {
+            candidate: "b".into(),
+            election: "e".into(),
+            sent: 1.0,
+            received: 1.01,
+            answer: leader(1),
+        });
         let verdict = check(&samples, &[], &[], TIMING);
         assert_eq!(verdict.dual_leaders.len(), 1, "{verdict:?}");
         assert_eq!(verdict.dual_leaders[0].seconds, 0.0);
@@ -422,6 +442,19 @@ mod tests {
         let found: Vec<(String, u64, u64)> =
             verdict.term_regressions.iter().map(|r| (r.candidate.clone(), r.term, r.previous)).collect();
         assert_eq!(found, vec![("b".into(), 5, 5), ("c".into(), 4, 5)]);
+    }
+
+    #[test]
+    fn terms_of_different_elections_are_not_compared() {
+        let mut samples = answers("a", 0.0, 1.0, leader(5));
+        samples.extend(answers("a", 1.0, 1.5, Answer::Follower));
+        let mut other = answers("b", 1.5, 2.0, leader(1));
+        for sample in &mut other {
+            sample.election = "f".into();
+        }
+        samples.extend(other);
+        let verdict = check(&samples, &[], &[], TIMING);
+        assert!(verdict.term_regressions.is_empty(), "{verdict:?}");
     }
 
     #[test]

@@ -15,6 +15,8 @@ use serde::Serialize;
 pub struct Sample {
     /// The candidate's identity.
     pub candidate: String,
+    /// The election it campaigns in: terms are compared within one election only.
+    pub election: String,
     /// When the request was sent.
     pub sent: f64,
     /// When the answer was read (or the request gave up).
