@@ -320,24 +320,33 @@ fn check_witness(lines: &[WitnessLine], verdict: &mut Verdict) {
     }
 }
 
-/// The first proof of a tenure newer than every tenure proved before `at`: (when, term).
-fn next_takeover(starts: &[(f64, u64)], at: f64) -> Option<f64> {
-    let before = starts.iter().filter(|(seen, _)| *seen <= at).map(|(_, term)| *term).max().unwrap_or(0);
-    starts.iter().filter(|(seen, term)| *seen > at && *term > before).map(|(seen, _)| seen - at).reduce(f64::min)
+/// The first proof of a tenure newer than every tenure of the same election proved before
+/// `at`: seconds after `at`. Starts are (when, term, election); `election` `None` compares all.
+fn next_takeover(starts: &[(f64, u64, &str)], at: f64, election: Option<&str>) -> Option<f64> {
+    let same = |e: &str| election.is_none_or(|wanted| wanted == e);
+    let before = starts.iter().filter(|(seen, _, e)| *seen <= at && same(e)).map(|(_, term, _)| *term).max().unwrap_or(0);
+    starts
+        .iter()
+        .filter(|(seen, term, e)| *seen > at && *term > before && same(e))
+        .map(|(seen, _, _)| seen - at)
+        .reduce(f64::min)
 }
 
-/// Judges a whole run. `witness` may be empty (no `tenure run` candidates); then tenure starts
-/// come from the samples, else from the commands' start lines.
+/// Judges a whole run. `witness` may be empty (no `tenure run` candidates); tenure starts come
+/// from the samples and from the commands' start lines.
 pub fn check(samples: &[Sample], witness: &[WitnessLine], faults: &[FaultSpan], timing: CheckTiming) -> Verdict {
     let mut verdict = Verdict::default();
     let tenures = tenures(samples, timing);
     check_tenures(&tenures, &mut verdict);
     check_witness(witness, &mut verdict);
-    let mut starts: Vec<(f64, u64)> = tenures.iter().map(|t| (t.first_seen(), t.term)).collect();
-    starts.extend(witness.iter().filter(|l| l.kind == WitnessKind::Start).map(|l| (l.at, l.term)));
+    let mut starts: Vec<(f64, u64, &str)> = tenures.iter().map(|t| (t.first_seen(), t.term, t.election.as_str())).collect();
+    starts.extend(witness.iter().filter(|l| l.kind == WitnessKind::Start).map(|l| (l.at, l.term, "")));
     verdict.rounds = faults
         .iter()
-        .map(|fault| RoundOutcome { fault: fault.clone(), failover: next_takeover(&starts, fault.start) })
+        .map(|fault| {
+            let election = tenures.iter().find(|t| t.candidate == fault.target).map(|t| t.election.as_str());
+            RoundOutcome { fault: fault.clone(), failover: next_takeover(&starts, fault.start, election) }
+        })
         .collect();
     verdict
 }
@@ -455,6 +464,21 @@ mod tests {
         samples.extend(other);
         let verdict = check(&samples, &[], &[], TIMING);
         assert!(verdict.term_regressions.is_empty(), "{verdict:?}");
+    }
+
+    #[test]
+    fn a_takeover_is_a_newer_term_of_the_faulted_leaders_election() {
+        // Round 1 in election e ends with term 5; round 2's fresh election f starts at term 1.
+        let mut samples = answers("a", 0.0, 1.0, leader(5));
+        let mut second = answers("b", 1.0, 1.5, leader(1));
+        second.extend(answers("c", 2.0, 2.5, leader(2)));
+        for sample in &mut second {
+            sample.election = "f".into();
+        }
+        samples.extend(second);
+        let fault = FaultSpan { kind: "partition".into(), target: "b".into(), start: 1.6, end: 1.6, takeover_expected: true };
+        let verdict = check(&samples, &[], &[fault], TIMING);
+        assert!((verdict.failovers()[0] - 0.405).abs() < 1e-9, "{verdict:?}");
     }
 
     #[test]

@@ -31,7 +31,7 @@ struct Args {
     /// How much to run (sets --rounds unless it is given).
     #[arg(long, value_enum, default_value_t = Preset::Ci)]
     preset: Preset,
-    /// Faults per scenario (backend x fault x mode). [default: 3 for ci, 40 for bench]
+    /// Faults per scenario (backend x fault x mode). [default: 2 for ci, 40 for bench]
     #[arg(long)]
     rounds: Option<usize>,
     /// Backends to test.
@@ -90,7 +90,7 @@ fn run(args: &Args) -> Result<bool, ChaosError> {
         return Err(ChaosError::Io("--candidates must be between 2 and 9".into()));
     }
     let rounds = args.rounds.unwrap_or(match args.preset {
-        Preset::Ci => 3,
+        Preset::Ci => 2,
         Preset::Bench => 40,
     });
     if rounds == 0 || rounds > 10_000 {

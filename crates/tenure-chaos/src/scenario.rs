@@ -6,7 +6,7 @@
 //! another candidate must take over without ever overlapping it.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -23,8 +23,11 @@ use crate::report::Row;
 use crate::stores::{Backend, Store};
 use crate::{interrupted, witness, ChaosError};
 
-/// Where libfaketime lives on Debian (package `faketime`).
-pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+/// Where libfaketime lives on Debian (package `faketime`): `/usr/lib/<multiarch>/faketime/`.
+pub fn libfaketime() -> Option<PathBuf> {
+    let entries = std::fs::read_dir("/usr/lib").ok()?;
+    entries.flatten().map(|e| e.path().join("faketime/libfaketime.so.1")).find(|p| p.is_file())
+}
 /// The clock rate of the leader inside the drift bound: 30 % slow, against a bound of 1/3 for
 /// `--ttl` timings (lease = ttl, renew deadline = ttl/2).
 pub const RATE_INSIDE: f64 = 0.7;
@@ -228,6 +231,17 @@ pub fn run(settings: &Settings, store: &mut Store, fault: Fault, mode: Mode) -> 
     let samples: Vec<Sample> = run.recorder.samples();
     let lines = witness::read(&run.witness_out)?;
     let verdict = check(&samples, &lines, &faults, run.timing);
+    let findings = serde_json::json!({
+        "dual_leaders": verdict.dual_leaders,
+        "term_regressions": verdict.term_regressions,
+        "command_overlaps": verdict.command_overlaps,
+        "possible_overlaps": verdict.possible_overlaps,
+        "rounds": verdict.rounds,
+    });
+    let findings = serde_json::to_string_pretty(&findings).unwrap_or_default();
+    std::fs::write(run.dir.join("verdict.json"), findings).map_err(|e| ChaosError::Io(e.to_string()))?;
+    let samples_text: String = samples.iter().filter_map(|s| serde_json::to_string(s).ok()).map(|l| l + "\n").collect();
+    std::fs::write(run.dir.join("samples.jsonl"), samples_text).map_err(|e| ChaosError::Io(e.to_string()))?;
     let limitation = mode == Mode::Run && fault == Fault::Sigstop;
     let mut row = Row::from_verdict(
         run.store.backend.name(),
@@ -296,10 +310,12 @@ impl Run<'_> {
             command.args([candidate.id.as_str(), &witness::ALIVE_PERIOD_MS.to_string()]);
         }
         if let Some(rate) = candidate.clock_rate {
-            if !Path::new(LIBFAKETIME).exists() {
-                return Err(ChaosError::Missing(format!("{LIBFAKETIME} is missing (Debian package faketime)")));
-            }
-            command.env("LD_PRELOAD", LIBFAKETIME).env("FAKETIME", format!("+0 x{rate}"));
+            let Some(library) = libfaketime() else {
+                return Err(ChaosError::Missing(
+                    "/usr/lib/*/faketime/libfaketime.so.1 (Debian package faketime)".to_owned(),
+                ));
+            };
+            command.env("LD_PRELOAD", library).env("FAKETIME", format!("+0 x{rate}"));
         }
         let log = self.dir.join(format!("{}.log", candidate.id));
         let process = Process::start(&candidate.id, &mut command, &log)?;
