@@ -324,7 +324,8 @@ fn check_witness(lines: &[WitnessLine], verdict: &mut Verdict) {
 /// `at`: seconds after `at`. Starts are (when, term, election); `election` `None` compares all.
 fn next_takeover(starts: &[(f64, u64, &str)], at: f64, election: Option<&str>) -> Option<f64> {
     let same = |e: &str| election.is_none_or(|wanted| wanted == e);
-    let before = starts.iter().filter(|(seen, _, e)| *seen <= at && same(e)).map(|(_, term, _)| *term).max().unwrap_or(0);
+    let before =
+        starts.iter().filter(|(seen, _, e)| *seen <= at && same(e)).map(|(_, term, _)| *term).max().unwrap_or(0);
     starts
         .iter()
         .filter(|(seen, term, e)| *seen > at && *term > before && same(e))
@@ -339,7 +340,8 @@ pub fn check(samples: &[Sample], witness: &[WitnessLine], faults: &[FaultSpan], 
     let tenures = tenures(samples, timing);
     check_tenures(&tenures, &mut verdict);
     check_witness(witness, &mut verdict);
-    let mut starts: Vec<(f64, u64, &str)> = tenures.iter().map(|t| (t.first_seen(), t.term, t.election.as_str())).collect();
+    let mut starts: Vec<(f64, u64, &str)> =
+        tenures.iter().map(|t| (t.first_seen(), t.term, t.election.as_str())).collect();
     starts.extend(witness.iter().filter(|l| l.kind == WitnessKind::Start).map(|l| (l.at, l.term, "")));
     verdict.rounds = faults
         .iter()
@@ -476,7 +478,8 @@ mod tests {
             sample.election = "f".into();
         }
         samples.extend(second);
-        let fault = FaultSpan { kind: "partition".into(), target: "b".into(), start: 1.6, end: 1.6, takeover_expected: true };
+        let fault =
+            FaultSpan { kind: "partition".into(), target: "b".into(), start: 1.6, end: 1.6, takeover_expected: true };
         let verdict = check(&samples, &[], &[fault], TIMING);
         assert!((verdict.failovers()[0] - 0.405).abs() < 1e-9, "{verdict:?}");
     }

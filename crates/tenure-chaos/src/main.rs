@@ -31,7 +31,7 @@ struct Args {
     /// How much to run (sets --rounds unless it is given).
     #[arg(long, value_enum, default_value_t = Preset::Ci)]
     preset: Preset,
-    /// Faults per scenario (backend x fault x mode). [default: 2 for ci, 40 for bench]
+    /// Faults per scenario (backend x fault x mode). [default: 2 for ci, 30 for bench]
     #[arg(long)]
     rounds: Option<usize>,
     /// Backends to test.
@@ -91,7 +91,7 @@ fn run(args: &Args) -> Result<bool, ChaosError> {
     }
     let rounds = args.rounds.unwrap_or(match args.preset {
         Preset::Ci => 2,
-        Preset::Bench => 40,
+        Preset::Bench => 30,
     });
     if rounds == 0 || rounds > 10_000 {
         return Err(ChaosError::Io("--rounds must be between 1 and 10000".into()));

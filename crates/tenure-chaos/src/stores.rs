@@ -124,7 +124,7 @@ impl Store {
     fn launch(&mut self, tenure: &Path) -> Result<(), ChaosError> {
         let log = self.dir.join("store.log");
         match self.backend {
-            Backend::File => return Ok(()),
+            Backend::File => Ok(()),
             Backend::Etcd => {
                 let client = format!("http://127.0.0.1:{}", self.port);
                 let peer = format!("http://127.0.0.1:{}", free_port()?);
