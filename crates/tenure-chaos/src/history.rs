@@ -42,12 +42,18 @@ pub enum Answer {
     Unreachable,
 }
 
-/// Parses the JSON body of `GET /status` into an [`Answer`].
+/// Parses the JSON body of `GET /status` of the candidate `identity` into an [`Answer`].
 ///
 /// A leader without a term or a validity is refused: the checker could not judge it, and a
-/// candidate that says it leads without them is itself a defect worth reporting.
-pub fn parse_status(body: &str) -> Result<Answer, String> {
+/// candidate that says it leads without them is itself a defect worth reporting. So is an answer
+/// from another identity: some other process took the port (a restarted candidate's port can be
+/// taken by anyone on the machine), and its beliefs are not this candidate's.
+pub fn parse_status(body: &str, identity: &str) -> Result<Answer, String> {
     let value: serde_json::Value = serde_json::from_str(body).map_err(|e| format!("status is not JSON: {e}"))?;
+    let answered = value.get("identity").and_then(serde_json::Value::as_str);
+    if answered != Some(identity) {
+        return Err(format!("the answer is from identity {answered:?}, not {identity:?}"));
+    }
     match value.get("isLeader").and_then(serde_json::Value::as_bool) {
         Some(true) => {
             let term = value.get("term").and_then(serde_json::Value::as_u64).ok_or("a leader's status has no term")?;
@@ -134,17 +140,24 @@ mod tests {
 
     #[test]
     fn status_of_a_leader_gives_term_and_validity() {
-        let body = r#"{"leader":"a","isLeader":true,"term":7,"validForSeconds":0.42,"role":"leader"}"#;
-        assert_eq!(parse_status(body), Ok(Answer::Leader { term: 7, valid_for: 0.42 }));
-        assert_eq!(parse_status(r#"{"isLeader":false,"term":7}"#), Ok(Answer::Follower));
+        let body = r#"{"leader":"a","identity":"a","isLeader":true,"term":7,"validForSeconds":0.42,"role":"leader"}"#;
+        assert_eq!(parse_status(body, "a"), Ok(Answer::Leader { term: 7, valid_for: 0.42 }));
+        assert_eq!(parse_status(r#"{"identity":"b","isLeader":false,"term":7}"#, "b"), Ok(Answer::Follower));
     }
 
     #[test]
     fn a_leader_that_cannot_be_judged_is_refused() {
-        assert!(parse_status(r#"{"isLeader":true,"validForSeconds":1.0}"#).is_err());
-        assert!(parse_status(r#"{"isLeader":true,"term":3}"#).is_err());
-        assert!(parse_status("not json").is_err());
-        assert!(parse_status("{}").is_err());
+        assert!(parse_status(r#"{"identity":"a","isLeader":true,"validForSeconds":1.0}"#, "a").is_err());
+        assert!(parse_status(r#"{"identity":"a","isLeader":true,"term":3}"#, "a").is_err());
+        assert!(parse_status("not json", "a").is_err());
+        assert!(parse_status(r#"{"identity":"a"}"#, "a").is_err());
+    }
+
+    #[test]
+    fn an_answer_from_another_process_on_the_port_is_not_taken_as_the_candidates() {
+        let body = r#"{"identity":"someone-else","isLeader":true,"term":7,"validForSeconds":0.42}"#;
+        assert!(parse_status(body, "c1").is_err());
+        assert!(parse_status(r#"{"isLeader":true,"term":7,"validForSeconds":0.42}"#, "c1").is_err());
     }
 
     #[test]

@@ -55,6 +55,7 @@ impl Recorder {
 /// A polling thread for one candidate; stops when dropped.
 pub struct Poller {
     stop: Arc<AtomicBool>,
+    address: Arc<Mutex<SocketAddr>>,
 }
 
 impl Poller {
@@ -62,13 +63,16 @@ impl Poller {
     pub fn start(candidate: &str, election: &str, address: SocketAddr, recorder: Recorder) -> Poller {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let shared_address = Arc::new(Mutex::new(address));
+        let current = shared_address.clone();
         let candidate = candidate.to_owned();
         let election = election.to_owned();
         std::thread::spawn(move || {
             while !flag.load(Ordering::SeqCst) {
                 let sent = now();
+                let address = current.lock().map(|a| *a).unwrap_or(address);
                 let answer = match get_status(address) {
-                    Some(body) => match parse_status(&body) {
+                    Some(body) => match parse_status(&body, &candidate) {
                         Ok(answer) => answer,
                         Err(error) => {
                             if let Ok(mut errors) = recorder.protocol_errors.lock() {
@@ -91,7 +95,14 @@ impl Poller {
                 std::thread::sleep(POLL_INTERVAL.saturating_sub(spent));
             }
         });
-        Poller { stop }
+        Poller { stop, address: shared_address }
+    }
+
+    /// Polls another address from now on (the candidate was restarted on a new port).
+    pub fn set_address(&self, address: SocketAddr) {
+        if let Ok(mut current) = self.address.lock() {
+            *current = address;
+        }
     }
 }
 

@@ -172,7 +172,7 @@ struct Candidate {
     proxy: Option<Proxy>,
     clock_rate: Option<f64>,
     process: Option<Process>,
-    _poller: Option<Poller>,
+    poller: Option<Poller>,
 }
 
 /// A scenario in progress.
@@ -271,7 +271,8 @@ impl Run<'_> {
     fn add(&mut self, id: &str, election: &str, lock: &str, clock_rate: Option<f64>) -> Result<(), ChaosError> {
         let proxy = if self.store.backend.networked() { Some(Proxy::start(&self.store.address)?) } else { None };
         let http = match self.mode {
-            Mode::Elect => Some(SocketAddr::from(([127, 0, 0, 1], free_port()?))),
+            // The port is chosen by `spawn`, afresh at every start.
+            Mode::Elect => Some(SocketAddr::from(([127, 0, 0, 1], 0))),
             Mode::Run => None,
         };
         self.candidates.push(Candidate {
@@ -281,19 +282,27 @@ impl Run<'_> {
             proxy,
             clock_rate,
             process: None,
-            _poller: None,
+            poller: None,
         });
         let index = self.candidates.len() - 1;
         self.spawn(index)?;
-        if let Some(address) = http {
-            self.candidates[index]._poller = Some(Poller::start(id, election, address, self.recorder.clone()));
+        if let Some(address) = self.candidates[index].http {
+            self.candidates[index].poller = Some(Poller::start(id, election, address, self.recorder.clone()));
         }
         Ok(())
     }
 
-    /// (Re)starts candidate `index`'s process.
+    /// (Re)starts candidate `index`'s process, on a fresh HTTP port: the old one may have been
+    /// taken by another process meanwhile.
     fn spawn(&mut self, index: usize) -> Result<(), ChaosError> {
         self.spawned += 1;
+        if self.candidates[index].http.is_some() {
+            let address = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+            self.candidates[index].http = Some(address);
+            if let Some(poller) = self.candidates[index].poller.as_ref() {
+                poller.set_address(address);
+            }
+        }
         let ttl = format!("{}ms", self.lease.as_millis());
         let candidate = &self.candidates[index];
         let via = candidate.proxy.as_ref().map(|p| format!("127.0.0.1:{}", p.port)).unwrap_or_default();
@@ -550,7 +559,7 @@ impl Run<'_> {
     /// Stops the candidates from `first` on (they stay listed for the timeline).
     fn stop_from(&mut self, first: usize) {
         for candidate in &mut self.candidates[first..] {
-            candidate._poller = None;
+            candidate.poller = None;
             if let Some(mut process) = candidate.process.take() {
                 process.kill();
             }
