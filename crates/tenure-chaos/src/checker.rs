@@ -275,16 +275,29 @@ fn check_terms<'a>(tenures: impl Iterator<Item = &'a Tenure>, verdict: &mut Verd
     }
 }
 
-/// One run of a `tenure run` command, from its witness lines.
+/// One run of a `tenure run` command: the times of its witness lines, in order.
 #[derive(Debug, Clone, PartialEq)]
 struct CommandRun {
     candidate: String,
     term: u64,
-    first: f64,
-    last: f64,
+    times: Vec<f64>,
+}
+
+impl CommandRun {
+    fn first(&self) -> f64 {
+        self.times.first().copied().unwrap_or(f64::INFINITY)
+    }
+
+    fn last(&self) -> f64 {
+        self.times.last().copied().unwrap_or(f64::NEG_INFINITY)
+    }
 }
 
 /// Checks the witness lines for commands alive at once; counts fenced writes.
+///
+/// An older run overlaps a newer one when it wrote lines between the newer run's first and last
+/// line. The overlap lasts from the first to the last such line: what the older command did while
+/// the newer one ran. (A frozen command writes nothing, so its frozen time does not count.)
 fn check_witness(lines: &[WitnessLine], verdict: &mut Verdict) {
     let mut runs: Vec<CommandRun> = Vec::new();
     for line in lines {
@@ -292,30 +305,25 @@ fn check_witness(lines: &[WitnessLine], verdict: &mut Verdict) {
             verdict.fenced_writes += 1;
         }
         match runs.iter_mut().find(|r| r.candidate == line.candidate && r.term == line.term) {
-            Some(run) => {
-                run.first = run.first.min(line.at);
-                run.last = run.last.max(line.at);
-            }
-            None => runs.push(CommandRun {
-                candidate: line.candidate.clone(),
-                term: line.term,
-                first: line.at,
-                last: line.at,
-            }),
+            Some(run) => run.times.push(line.at),
+            None => runs.push(CommandRun { candidate: line.candidate.clone(), term: line.term, times: vec![line.at] }),
         }
     }
-    runs.sort_by(|a, b| a.first.total_cmp(&b.first));
-    for (i, a) in runs.iter().enumerate() {
-        for b in &runs[i + 1..] {
-            let (start, end) = (a.first.max(b.first), a.last.min(b.last));
-            if start <= end {
-                verdict.command_overlaps.push(Overlap {
-                    first: (a.candidate.clone(), a.term),
-                    second: (b.candidate.clone(), b.term),
-                    at: start,
-                    seconds: end - start,
-                });
-            }
+    for run in &mut runs {
+        run.times.sort_by(f64::total_cmp);
+    }
+    runs.sort_by(|a, b| a.term.cmp(&b.term).then(a.first().total_cmp(&b.first())));
+    for (i, older) in runs.iter().enumerate() {
+        for newer in &runs[i + 1..] {
+            let mut inside = older.times.iter().filter(|t| newer.first() <= **t && **t <= newer.last());
+            let Some(&from) = inside.next() else { continue };
+            let to = inside.last().copied().unwrap_or(from);
+            verdict.command_overlaps.push(Overlap {
+                first: (older.candidate.clone(), older.term),
+                second: (newer.candidate.clone(), newer.term),
+                at: from,
+                seconds: to - from,
+            });
         }
     }
 }
@@ -508,13 +516,29 @@ mod tests {
             witness(1.0, "a", 1, WitnessKind::Alive, true),
             witness(1.5, "b", 2, WitnessKind::Start, true),
             witness(1.6, "a", 1, WitnessKind::Alive, false),
+            witness(1.7, "a", 1, WitnessKind::Stop, false),
             witness(2.0, "b", 2, WitnessKind::Alive, true),
         ];
         let verdict = check(&[], &lines, &[fault(1.2, true)], TIMING);
         assert_eq!(verdict.command_overlaps.len(), 1, "{verdict:?}");
         assert!((verdict.command_overlaps[0].seconds - 0.1).abs() < 1e-9);
-        assert_eq!(verdict.fenced_writes, 1);
+        assert_eq!(verdict.fenced_writes, 2);
         assert!((verdict.failovers()[0] - 0.3).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_frozen_command_overlaps_only_by_what_it_did_after_it_thawed() {
+        let mut lines =
+            vec![witness(0.0, "a", 1, WitnessKind::Start, true), witness(1.0, "a", 1, WitnessKind::Alive, true)];
+        lines.push(witness(2.0, "b", 2, WitnessKind::Start, true));
+        lines.push(witness(3.0, "a", 1, WitnessKind::Alive, false));
+        lines.push(witness(3.02, "a", 1, WitnessKind::Stop, false));
+        lines.push(witness(4.0, "b", 2, WitnessKind::Alive, true));
+        let verdict = check(&[], &lines, &[], TIMING);
+        assert_eq!(verdict.command_overlaps.len(), 1, "{verdict:?}");
+        let overlap = &verdict.command_overlaps[0];
+        assert_eq!(overlap.at, 3.0);
+        assert!((overlap.seconds - 0.02).abs() < 1e-9, "{overlap:?}");
     }
 
     #[test]
