@@ -317,7 +317,7 @@ fn check_witness(lines: &[WitnessLine], verdict: &mut Verdict) {
         for newer in &runs[i + 1..] {
             let mut inside = older.times.iter().filter(|t| newer.first() <= **t && **t <= newer.last());
             let Some(&from) = inside.next() else { continue };
-            let to = inside.last().copied().unwrap_or(from);
+            let to = inside.next_back().copied().unwrap_or(from);
             verdict.command_overlaps.push(Overlap {
                 first: (older.candidate.clone(), older.term),
                 second: (newer.candidate.clone(), newer.term),
