@@ -28,6 +28,10 @@ pub fn libfaketime() -> Option<PathBuf> {
     let entries = std::fs::read_dir("/usr/lib").ok()?;
     entries.flatten().map(|e| e.path().join("faketime/libfaketime.so.1")).find(|p| p.is_file())
 }
+/// The interpreter of the witness command (not a shim on `PATH`: its start-up is part of every
+/// failover the witness measures).
+const PYTHON: &str = "/usr/bin/python3";
+
 /// The clock rate of the leader inside the drift bound: 30 % slow, against a bound of 1/3 for
 /// `--ttl` timings (lease = ttl, renew deadline = ttl/2).
 pub const RATE_INSIDE: f64 = 0.7;
@@ -197,6 +201,9 @@ pub fn run(settings: &Settings, store: &mut Store, fault: Fault, mode: Mode) -> 
     let label = format!("{}-{}-{}", store.backend.name(), mode.name(), fault.slug());
     let dir = settings.dir.join(&label);
     std::fs::create_dir_all(&dir).map_err(|e| ChaosError::Io(format!("{}: {e}", dir.display())))?;
+    if mode == Mode::Run && !std::path::Path::new(PYTHON).is_file() {
+        return Err(ChaosError::Missing(format!("{PYTHON}, which runs the witness command (Debian package python3)")));
+    }
     let script = witness::install(&dir)?;
     let mut run = Run {
         settings,
@@ -315,7 +322,7 @@ impl Run<'_> {
             command.args(["--http", &address.to_string()]);
         }
         if self.mode == Mode::Run {
-            command.arg("--").arg("/usr/bin/python3").arg(&self.script).arg(&self.witness_out).arg(&self.fence);
+            command.arg("--").arg(PYTHON).arg(&self.script).arg(&self.witness_out).arg(&self.fence);
             command.args([candidate.id.as_str(), &witness::ALIVE_PERIOD_MS.to_string()]);
         }
         if let Some(rate) = candidate.clock_rate {
