@@ -82,6 +82,7 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
     let identity = args.candidate.identity().map_err(CliError::Usage)?;
     let election = &args.election.election;
     let url = args.election.lock_url()?;
+    crate::lock_scope::LockScope::announce(&url, args.election.lock.is_none());
     let cluster = args.election.cluster.options().map_err(CliError::Usage)?;
     if args.leader_label.is_some() && !matches!(url, crate::lock_url::LockUrl::Kube(_)) {
         return Err(CliError::Usage(format!("--leader-label needs a Kubernetes lock, and the lock is {url}")));

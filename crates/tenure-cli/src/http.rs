@@ -17,9 +17,11 @@
 //! | `/healthz`  | liveness, client-go's healthz adaptor meaning ([`probes`]) |
 //! | `/readyz`   | readiness, optionally leader-only ([`probes`]) |
 //! | `/events`   | Server-Sent Events, one per leadership change ([`events`]) |
+//! | `/hold`     | `?term=T`: the application's work holds the tenure; a release waits for it ([`hold`]) |
 //! | `/metrics`  | Prometheus metrics ([`metrics`]) |
 
 mod events;
+mod hold;
 mod metrics;
 mod probes;
 mod snapshots;
@@ -34,7 +36,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
-use tenure::{Elector, ElectorStats, Leadership, Term, Timing};
+use tenure::{Elector, ElectorStats, Leadership, Tenure, Term, Timing};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -65,6 +67,8 @@ pub trait LeadershipView: Send + Sync + 'static {
     fn valid_until(&self) -> Option<Instant>;
     /// Counters of renews, failures and tenures.
     fn stats(&self) -> ElectorStats;
+    /// A guard of the current tenure while this instance leads; a graceful release waits for it.
+    fn tenure(&self) -> Option<Tenure>;
 
     /// True while this instance's tenure is valid on its own clock.
     fn leads_now(&self) -> bool {
@@ -93,6 +97,9 @@ impl LeadershipView for Elector {
     }
     fn stats(&self) -> ElectorStats {
         Elector::stats(self)
+    }
+    fn tenure(&self) -> Option<Tenure> {
+        Elector::tenure(self)
     }
 }
 
@@ -145,6 +152,7 @@ pub fn router(view: Weak<dyn LeadershipView>, settings: ApiSettings) -> Router {
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))
         .route("/events", get(events::events))
+        .route("/hold", get(hold::hold))
         .route("/metrics", get(metrics::metrics))
         .route("/*path", get(leader_name))
         .with_state(api)
@@ -263,6 +271,9 @@ pub(crate) mod tests {
         }
         fn stats(&self) -> ElectorStats {
             *self.stats.lock().unwrap()
+        }
+        fn tenure(&self) -> Option<Tenure> {
+            None
         }
     }
 

@@ -75,6 +75,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let identity = args.candidate.identity().map_err(CliError::Usage)?;
     let election = args.election.election.as_str();
     let url = args.election.lock_url()?;
+    crate::lock_scope::LockScope::announce(&url, args.election.lock.is_none());
     let cluster = args.election.cluster.options().map_err(CliError::Usage)?;
     let campaign = url.campaign(&identity, timing, &cluster).await?;
     let events = campaign.kube.as_ref().map(|lock| lock.record_events(&campaign.elector));
