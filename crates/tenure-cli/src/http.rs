@@ -260,6 +260,9 @@ pub(crate) mod tests {
     pub struct FakeView {
         pub leadership: watch::Sender<Leadership>,
         pub leads: Mutex<bool>,
+        /// The term of this instance's own tenure when it differs from the snapshot's (the
+        /// elector's state moves before the published snapshot does).
+        pub own_term: Mutex<Option<Term>>,
         pub stats: Mutex<ElectorStats>,
     }
 
@@ -268,6 +271,7 @@ pub(crate) mod tests {
             Arc::new(FakeView {
                 leadership: watch::channel(leadership).0,
                 leads: Mutex::new(false),
+                own_term: Mutex::new(None),
                 stats: Mutex::new(ElectorStats::default()),
             })
         }
@@ -287,7 +291,8 @@ pub(crate) mod tests {
             Timing::from_ttl(Duration::from_secs(2)).unwrap()
         }
         fn leading_term(&self) -> Option<Term> {
-            self.leadership().term.filter(|_| *self.leads.lock().unwrap())
+            let term = self.own_term.lock().unwrap().or(self.leadership().term);
+            term.filter(|_| *self.leads.lock().unwrap())
         }
         fn valid_until(&self) -> Option<Instant> {
             self.leads_now().then(|| Instant::now() + Duration::from_secs(1))

@@ -86,7 +86,7 @@
 //!
 //! Replay one schedule with its full trace:
 //! `TENURE_SIM_SEED=<seed> cargo test -p tenure --test simulation -- --nocapture`.
-//! `TENURE_SIM_SCHEDULES=<n>` changes the number of schedules (default 5000), `TENURE_SIM_BASE_SEED`
+//! `TENURE_SIM_SCHEDULES=<n>` changes the number of schedules (default 10000), `TENURE_SIM_BASE_SEED`
 //! the first seed (seeds are `base, base + 1, ...`), `TENURE_SIM_DRIFT_FRACTION` the clock drift as
 //! a fraction of the bound (default 0.9). Seeds replay on the same build (`rand`'s `SmallRng`).
 
@@ -94,6 +94,7 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
 use std::fmt::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -122,7 +123,7 @@ const MAX_SAME_INSTANT_POLLS: u32 = 1000;
 const PHASES: std::ops::RangeInclusive<u32> = 6..=14;
 const TRACE_TAIL: usize = 80;
 const BASE_SEED: u64 = 20_240_000;
-const DEFAULT_SCHEDULES: u64 = 5000;
+const DEFAULT_SCHEDULES: u64 = 10_000;
 /// Wall clock at global time zero (2024-01-01T00:00:00Z), in nanoseconds.
 const WALL_EPOCH: i64 = 1_704_067_200 * 1_000_000_000;
 
@@ -148,11 +149,20 @@ struct Params {
     broken_cas: bool,
     /// Print every trace line as it happens (replay).
     print_trace: bool,
+    /// Keep the trace tail for the failure message. Off on the fast path: describing every
+    /// event costs about a fifth of a schedule, and a failing seed is run again with it on
+    /// (schedules are deterministic), so failures still come with their trace.
+    keep_trace: bool,
 }
 
 impl Params {
-    const REAL: Params =
-        Params { drift_fraction: DRIFT_FRACTION, liveness_bound_of_lease: None, broken_cas: false, print_trace: false };
+    const REAL: Params = Params {
+        drift_fraction: DRIFT_FRACTION,
+        liveness_bound_of_lease: None,
+        broken_cas: false,
+        print_trace: false,
+        keep_trace: false,
+    };
 }
 
 /// Everything about a schedule that is fixed up front, derived from its seed.
@@ -196,7 +206,16 @@ struct Clock {
 
 impl Clock {
     fn local(&self, global: u64) -> u64 {
-        self.offset + u64::try_from(u128::from(global) * u128::from(self.rate_ppb) / 1_000_000_000).unwrap_or(u64::MAX)
+        // floor(global * rate / 1e9) split at whole seconds, exact, in 64 bits while it fits
+        // (a 128-bit division is a library call that showed up in the profile).
+        // Below 2^32 whole seconds and a rate below 2^32 ppb neither product can overflow.
+        let (whole, part) = (global / 1_000_000_000, global % 1_000_000_000);
+        let scaled = if whole < 1 << 32 && self.rate_ppb < 1 << 32 {
+            whole * self.rate_ppb + part * self.rate_ppb / 1_000_000_000
+        } else {
+            u64::try_from(u128::from(global) * u128::from(self.rate_ppb) / 1_000_000_000).unwrap_or(u64::MAX)
+        };
+        self.offset + scaled
     }
 
     /// The earliest global instant at which the clock reads at least `local`.
@@ -337,10 +356,12 @@ impl Ev {
     }
 }
 
+/// An event in the queue. Boxed: the heap moves entries on every push and pop, and a whole `Ev`
+/// (records, results) made those moves the largest cost of a schedule.
 struct Queued {
     at: u64,
     seq: u64,
-    ev: Ev,
+    ev: Box<Ev>,
 }
 
 impl PartialEq for Queued {
@@ -657,10 +678,18 @@ impl World {
 
     fn push(&mut self, at: u64, ev: Ev) {
         self.seq += 1;
-        self.queue.push(Queued { at, seq: self.seq, ev });
+        self.queue.push(Queued { at, seq: self.seq, ev: Box::new(ev) });
+    }
+
+    /// Whether trace lines are kept (callers skip describing what they would log otherwise).
+    fn tracing(&self) -> bool {
+        self.params.keep_trace || self.params.print_trace
     }
 
     fn log(&mut self, node: Option<usize>, what: What) {
+        if !self.tracing() {
+            return;
+        }
         let local = node.filter(|&n| self.nodes[n].proc.is_some()).map(|n| nanos(self.local(n).0));
         let line = TraceLine { at: self.now, node, local, what };
         if self.params.print_trace {
@@ -800,7 +829,7 @@ impl World {
             self.check_availability(false);
             self.check_failover();
             self.check_handover();
-            self.handle(q.ev);
+            self.handle(*q.ev);
             self.check_safety();
             if self.failure.is_some() {
                 break;
@@ -883,7 +912,9 @@ impl World {
                 }
                 let stored = payload.or_else(|| self.current());
                 let now = self.local(node);
-                self.log(Some(node), What::Notified { record: describe_stored(&stored) });
+                if self.tracing() {
+                    self.log(Some(node), What::Notified { record: describe_stored(&stored) });
+                }
                 self.nodes[node].proc.as_mut().expect("alive").cand.on_change(now, stored);
                 self.drive(node);
             }
@@ -941,6 +972,7 @@ impl World {
         let identity = self.nodes[node].identity.clone();
         let proc = self.nodes[node].proc.as_mut().expect("alive");
         let text = match &result {
+            _ if !self.params.keep_trace && !self.params.print_trace => String::new(),
             OpResult::Read(Ok(stored)) => describe_stored(stored),
             OpResult::Read(Err(e)) | OpResult::Write(Err(e)) => format!("{e}"),
             OpResult::Write(Ok(v)) => format!("ok v{v}"),
@@ -1029,7 +1061,9 @@ impl World {
         loop {
             let proc = self.nodes[node].proc.as_mut().expect("alive");
             let Some(event) = proc.cand.poll_event() else { break };
-            self.log(Some(node), What::Core(event.clone()));
+            if self.tracing() {
+                self.log(Some(node), What::Core(event.clone()));
+            }
             let proc = self.nodes[node].proc.as_mut().expect("alive");
             match event {
                 Event::StartedLeading { term } => {
@@ -1087,6 +1121,7 @@ impl World {
         };
         let fate = self.pick_fate(record.is_some());
         let text = match &op {
+            _ if !self.tracing() => String::new(),
             Op::Read => "read".to_string(),
             Op::Create(r) => format!("create {}", describe_record(r)),
             Op::Update { expected, record } => format!("update v{expected} -> {}", describe_record(record)),
@@ -1186,7 +1221,9 @@ impl World {
         let mark = if self.fault_until > self.now { u64::MAX } else { self.disturbances };
         self.last_version += 1;
         let version = self.last_version;
-        self.log(Some(node), What::Applied { req, version, record: describe_record(&record) });
+        if self.tracing() {
+            self.log(Some(node), What::Applied { req, version, record: describe_record(&record) });
+        }
         self.stats.writes_applied += 1;
         let released = record.holder_identity.is_empty();
         self.store = Some((version, record));
@@ -1509,12 +1546,16 @@ impl World {
 
     fn check_safety(&mut self) {
         let renew_deadline = self.sc.timing.renew_deadline;
-        let mut leaders: Vec<(usize, Term)> = Vec::new();
+        // Runs after every event: counts leaders without allocating, lists them only to fail.
+        let mut leaders = 0;
         for node in 0..self.nodes.len() {
             let Some(proc) = self.nodes[node].proc.as_ref() else { continue };
+            if proc.cand.leader_valid_until().is_none() {
+                continue; // not in a tenure at any time: no need to read its clock
+            }
             let now = self.local(node);
             let Some(term) = proc.cand.is_leader(now) else { continue };
-            leaders.push((node, term));
+            leaders += 1;
             if proc.published != Some(term) {
                 let message = format!(
                     "{} believes it leads with term {term} but published {:?}",
@@ -1533,9 +1574,13 @@ impl World {
                 }
             }
         }
-        if leaders.len() > 1 {
-            let names: Vec<String> =
-                leaders.iter().map(|(n, t)| format!("{} (term {t})", self.nodes[*n].identity)).collect();
+        if leaders > 1 {
+            let names: Vec<String> = (0..self.nodes.len())
+                .filter_map(|n| {
+                    let term = self.nodes[n].proc.as_ref()?.cand.is_leader(self.local(n))?;
+                    Some(format!("{} (term {term})", self.nodes[n].identity))
+                })
+                .collect();
             self.fail(FailureKind::Safety, format!("two leaders at once: {}", names.join(", ")));
         }
     }
@@ -1639,6 +1684,15 @@ fn liveness_bounds(sc: &Scenario, params: &Params, slowest_rate: f64) -> (u64, u
 // Running schedules
 
 fn run_one(seed: u64, params: Params) -> Result<Stats, Failure> {
+    let result = run_traced(seed, params);
+    if result.is_err() && !params.keep_trace {
+        // Same seed, same schedule: this time with the trace the failure message shows.
+        return run_traced(seed, Params { keep_trace: true, ..params });
+    }
+    result
+}
+
+fn run_traced(seed: u64, params: Params) -> Result<Stats, Failure> {
     match catch_unwind(AssertUnwindSafe(|| World::new(seed, params).run())) {
         Ok(result) => result,
         Err(panic) => {
@@ -1666,24 +1720,47 @@ struct Summary {
 }
 
 /// Runs `count` schedules from `base`; stops early once `stop_after` failures were found.
+///
+/// Schedules are independent and deterministic per seed, so they are spread over the machine's
+/// cores (`TENURE_SIM_THREADS` overrides the count); failures are reported in seed order.
 fn run_many(base: u64, count: u64, params: Params, stop_after: usize) -> Summary {
     let started = Instant::now();
-    let mut stats = Stats::default();
-    let mut failures = Vec::new();
-    let mut schedules = 0;
-    for seed in base..base + count {
-        schedules += 1;
-        match run_one(seed, params) {
-            Ok(s) => stats.add(&s),
-            Err(f) => {
-                failures.push(f);
-                if failures.len() >= stop_after {
-                    break;
+    let threads = env_u64("TENURE_SIM_THREADS")
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64))
+        .clamp(1, 64);
+    let next = AtomicU64::new(base);
+    let failed = AtomicUsize::new(0);
+    let worker = || {
+        let (mut schedules, mut stats, mut failures) = (0, Stats::default(), Vec::new());
+        while failed.load(AtomicOrdering::Relaxed) < stop_after {
+            let seed = next.fetch_add(1, AtomicOrdering::Relaxed);
+            if seed >= base + count {
+                break;
+            }
+            schedules += 1;
+            match run_one(seed, params) {
+                Ok(s) => stats.add(&s),
+                Err(f) => {
+                    failed.fetch_add(1, AtomicOrdering::Relaxed);
+                    failures.push(f);
                 }
             }
         }
+        (schedules, stats, failures)
+    };
+    let parts: Vec<(u64, Stats, Vec<Failure>)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads).map(|_| scope.spawn(worker)).collect();
+        workers.into_iter().map(|w| w.join().expect("a worker panicked outside a schedule")).collect()
+    });
+    let mut summary = Summary { schedules: 0, stats: Stats::default(), failures: Vec::new(), elapsed: Duration::ZERO };
+    for (schedules, stats, failures) in parts {
+        summary.schedules += schedules;
+        summary.stats.add(&stats);
+        summary.failures.extend(failures);
     }
-    Summary { schedules, stats, failures, elapsed: started.elapsed() }
+    summary.failures.sort_by_key(|f| f.seed);
+    summary.elapsed = started.elapsed();
+    summary
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -1729,7 +1806,7 @@ fn randomized_schedules_keep_safety_terms_and_liveness() {
         real.drift_fraction = text.trim().parse().expect("TENURE_SIM_DRIFT_FRACTION must be a number");
     }
     if let Some(seed) = env_u64("TENURE_SIM_SEED") {
-        let params = Params { print_trace: true, ..real };
+        let params = Params { print_trace: true, keep_trace: true, ..real };
         match run_one(seed, params) {
             Ok(stats) => println!("seed {seed} passed: {stats:?}"),
             Err(failure) => panic!("{}", failure.message),

@@ -99,11 +99,15 @@ impl Status {
         let timing = view.timing();
         let stats = view.stats();
         let now = Instant::now();
+        // One reading of this instance's own tenure for both fields: the published snapshot can
+        // lag the elector by a moment after a takeover, and `isLeader: true` beside the previous
+        // holder's term would hand out a stale fencing token.
+        let leading_term = view.leading_term();
         Status {
-            leader: current_leader(view),
-            is_leader: view.leads_now(),
+            leader: if leading_term.is_some() { Some(view.identity().to_owned()) } else { current_leader(view) },
+            is_leader: leading_term.is_some(),
             identity: view.identity().to_owned(),
-            term: snapshot.leadership.term,
+            term: leading_term.or(snapshot.leadership.term),
             role: snapshot.leadership.role,
             version: snapshot.version,
             lease_duration_seconds: timing.lease_duration.as_secs_f64(),
@@ -208,5 +212,20 @@ mod tests {
         assert_eq!((status["leader"].as_str(), status["version"].as_u64()), (Some("third"), Some(2)));
 
         assert_eq!(get(address, "/status?wait=forever").await.0, 400);
+    }
+
+    #[tokio::test]
+    async fn a_leader_answers_its_own_term_even_before_its_snapshot_is_published() {
+        // Found by tenure-chaos: just after a takeover the elector leads in term 4 while the
+        // published snapshot still names the previous holder's term 3.
+        let view = FakeView::new(held_by("previous"));
+        *view.leads.lock().unwrap() = true;
+        *view.own_term.lock().unwrap() = Some(Term(4));
+        let address = serve_fake(&view, settings()).await;
+        let (_, _, body) = get(address, "/status").await;
+        let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(status["isLeader"], true);
+        assert_eq!(status["term"], 4, "{status}");
+        assert_eq!(status["leader"], "me", "{status}");
     }
 }
