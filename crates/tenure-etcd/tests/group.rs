@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::EtcdCluster;
 use tenure::Timing;
 use tenure_etcd::EtcdGroupStore;
-use tenure_group::{Group, GroupConfig};
+use tenure_group::{checks, Group, GroupConfig};
 
 fn timing() -> Timing {
     Timing::new(Duration::from_secs(1), Duration::from_millis(500), Duration::from_millis(100)).unwrap()
@@ -25,26 +25,8 @@ async fn join(cluster: &EtcdCluster, group: &str, identity: &str, partitions: u3
     (group, store)
 }
 
-/// Polls every millisecond until `done`, checking at every poll that no partition has two owners.
 async fn wait_safely(groups: &[&Group], partitions: u32, limit: Duration, done: impl Fn() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    loop {
-        for p in 0..partitions {
-            let owners = groups.iter().filter(|g| g.guard(p).is_some()).count();
-            assert!(owners <= 1, "partition {p} has {owners} owners");
-        }
-        if done() {
-            return Some(start.elapsed());
-        }
-        if start.elapsed() > limit {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
-fn all_owned_by(groups: &[&Group], partitions: u32) -> bool {
-    (0..partitions).all(|p| groups.iter().filter(|g| g.guard(p).is_some()).count() == 1)
+    checks::wait_safely(groups, partitions, limit, done).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,14 +37,15 @@ async fn etcd_members_share_partitions_hand_over_at_once_on_leave_and_after_the_
     let (b, _) = join(&cluster, "share", "b", P).await;
     let (c, _) = join(&cluster, "share", "c", P).await;
     let all = [&a, &b, &c];
-    let balanced =
-        || all_owned_by(&all, P) && all.iter().all(|g| (5..=6).contains(&g.assignment().borrow().owned.len()));
+    let balanced = || {
+        checks::all_owned_once(&all, P) && all.iter().all(|g| (5..=6).contains(&g.assignment().borrow().owned.len()))
+    };
     assert!(wait_safely(&all, P, Duration::from_secs(20), balanced).await.is_some(), "never settled");
     assert_eq!(a.members(), vec!["a".to_owned(), "b".to_owned(), "c".to_owned()]);
 
     // Graceful leave: the others own everything well before a lease could have run out.
     let leave = tokio::spawn(a.leave());
-    let handover = wait_safely(&[&b, &c], P, Duration::from_secs(20), || all_owned_by(&[&b, &c], P)).await;
+    let handover = wait_safely(&[&b, &c], P, Duration::from_secs(20), || checks::all_owned_once(&[&b, &c], P)).await;
     let handover = handover.expect("no handover after a leave");
     assert!(handover < timing().lease_duration, "a leave waited for a lease: {handover:?}");
     leave.await.unwrap().unwrap();
@@ -70,7 +53,7 @@ async fn etcd_members_share_partitions_hand_over_at_once_on_leave_and_after_the_
     // Crash (the driver stops, nothing is released): the survivor owns everything only after the
     // crashed member's deadline, and within a lease plus round trips.
     drop(c);
-    let failover = wait_safely(&[&b], P, Duration::from_secs(20), || all_owned_by(&[&b], P)).await;
+    let failover = wait_safely(&[&b], P, Duration::from_secs(20), || checks::all_owned_once(&[&b], P)).await;
     let failover = failover.expect("no failover after a crash");
     assert!(failover >= timing().renew_deadline, "took over before the crashed member could have stopped");
     assert!(failover < timing().lease_duration * 3, "failover took {failover:?}");
@@ -81,12 +64,14 @@ async fn a_second_process_with_the_same_identity_owns_nothing_while_the_first_li
     let Some(cluster) = EtcdCluster::start(1).await else { return };
     const P: u32 = 8;
     let (first, _) = join(&cluster, "dup", "same", P).await;
-    assert!(wait_safely(&[&first], P, Duration::from_secs(20), || all_owned_by(&[&first], P)).await.is_some());
+    assert!(wait_safely(&[&first], P, Duration::from_secs(20), || checks::all_owned_once(&[&first], P))
+        .await
+        .is_some());
     let (second, _) = join(&cluster, "dup", "same", P).await;
     // For two leases: never two owners, and the first keeps everything.
     let limit = timing().lease_duration * 2;
     assert!(wait_safely(&[&first, &second], P, limit, || false).await.is_none());
-    assert!(all_owned_by(&[&first], P), "the live first process lost partitions to a duplicate");
+    assert!(checks::all_owned_once(&[&first], P), "the live first process lost partitions to a duplicate");
     assert!(second.assignment().borrow().owned.is_empty());
 }
 
@@ -94,8 +79,9 @@ async fn a_second_process_with_the_same_identity_owns_nothing_while_the_first_li
 async fn requests_per_minute_at_rest(cluster: &EtcdCluster, group: &str, partitions: u32, window: Duration) -> f64 {
     let (a, store_a) = join(cluster, group, "a", partitions).await;
     let (b, _) = join(cluster, group, "b", partitions).await;
-    let settled =
-        || all_owned_by(&[&a, &b], partitions) && a.assignment().borrow().owned.len() == partitions as usize / 2;
+    let settled = || {
+        checks::all_owned_once(&[&a, &b], partitions) && a.assignment().borrow().owned.len() == partitions as usize / 2
+    };
     assert!(wait_safely(&[&a, &b], partitions, Duration::from_secs(20), settled).await.is_some(), "never settled");
     let before = store_a.requests_sent();
     let start = Instant::now();

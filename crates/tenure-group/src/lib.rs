@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod assignment;
+pub mod checks;
 pub mod config;
 pub mod handoff;
 pub mod record;
