@@ -10,6 +10,7 @@
 pub mod assignment;
 pub mod checks;
 pub mod config;
+pub mod conformance;
 pub mod handoff;
 pub mod record;
 pub mod store;
