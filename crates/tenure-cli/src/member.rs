@@ -54,8 +54,8 @@ pub struct MemberArgs {
     #[arg(long, value_name = "ADDR", value_parser = parse_http_address)]
     http: HttpAddress,
 
-    /// Where the group lives: file:///absolute/directory (members on one host) or
-    /// etcd://host:port[,host:port...]/prefix. [default: the per-user directory
+    /// Where the group lives: file:///absolute/directory (members on one host),
+    /// etcd://host:port[,host:port...]/prefix or zk://host:port[,host:port...]/path. [default: the per-user directory
     /// $XDG_RUNTIME_DIR/tenure/GROUP.group]
     #[arg(long, value_name = "URL", value_parser = LockUrlParser)]
     lock: Option<LockUrl>,
@@ -255,8 +255,12 @@ async fn open_store(url: &LockUrl, group: &str) -> Result<Arc<dyn GroupStore>, C
             .await
             .map(|store| Arc::new(store) as Arc<dyn GroupStore>)
             .map_err(|e| CliError::Failed(format!("cannot reach etcd for group {group}: {e}"))),
+        LockUrl::Zk { servers, path } => tenure_zk::ZkGroupStore::connect(servers, path)
+            .await
+            .map(|store| Arc::new(store) as Arc<dyn GroupStore>)
+            .map_err(|e| CliError::Failed(format!("cannot reach ZooKeeper for group {group}: {e}"))),
         other => Err(CliError::Usage(format!(
-            "tenure member supports file:///directory and etcd://host:port/prefix stores, not {other}"
+            "tenure member supports file:///directory, etcd://host:port/prefix and zk://host:port/path stores, not {other}"
         ))),
     }
 }
