@@ -25,7 +25,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::lock_url::{LockUrl, LockUrlParser};
-use crate::options::{parse_duration, parse_election_name, parse_http_address, CandidateOptions, HttpAddress};
+use crate::options::{
+    parse_duration, parse_election_name, parse_http_address, CandidateOptions, ClusterArgs, HttpAddress,
+};
 use crate::signals::TerminationSignals;
 use crate::{http, logging, CliError};
 
@@ -55,7 +57,9 @@ pub struct MemberArgs {
     http: HttpAddress,
 
     /// Where the group lives: file:///absolute/directory (members on one host),
-    /// etcd://host:port[,host:port...]/prefix or zk://host:port[,host:port...]/path. [default: the per-user directory
+    /// etcd://host:port[,host:port...]/prefix, zk://host:port[,host:port...]/path, or
+    /// kube://NAMESPACE/leases/GROUP (a Lease per member labelled tenure.dev/group=GROUP and a
+    /// ConfigMap GROUP-partitions). [default: the per-user directory
     /// $XDG_RUNTIME_DIR/tenure/GROUP.group]
     #[arg(long, value_name = "URL", value_parser = LockUrlParser)]
     lock: Option<LockUrl>,
@@ -75,6 +79,9 @@ pub struct MemberArgs {
 
     #[command(flatten)]
     candidate: CandidateOptions,
+
+    #[command(flatten)]
+    cluster: ClusterArgs,
 }
 
 /// One partition the sidecar holds a guard on.
@@ -245,8 +252,14 @@ impl Sidecar {
     }
 }
 
-/// Opens the group's store named by `url` for `identity`.
-async fn open_store(url: &LockUrl, group: &str) -> Result<Arc<dyn GroupStore>, CliError> {
+/// Opens the group's store named by `url` for `identity` (reaching a Kubernetes cluster with
+/// `cluster`).
+async fn open_store(
+    url: &LockUrl,
+    group: &str,
+    identity: &str,
+    cluster: &tenure_kube::ClusterOptions,
+) -> Result<Arc<dyn GroupStore>, CliError> {
     match url {
         LockUrl::File(dir) => tenure_group::stores::file::FileGroupStore::open(dir)
             .map(|store| Arc::new(store) as Arc<dyn GroupStore>)
@@ -259,8 +272,12 @@ async fn open_store(url: &LockUrl, group: &str) -> Result<Arc<dyn GroupStore>, C
             .await
             .map(|store| Arc::new(store) as Arc<dyn GroupStore>)
             .map_err(|e| CliError::Failed(format!("cannot reach ZooKeeper for group {group}: {e}"))),
+        LockUrl::Kube(reference) if reference.kind == tenure_kube::LockKind::Leases => {
+            let client = cluster.client(identity).await.map_err(|e| CliError::Failed(e.to_string()))?;
+            Ok(Arc::new(tenure_kube::KubeGroupStore::new(client, &reference.namespace, &reference.name)))
+        }
         other => Err(CliError::Usage(format!(
-            "tenure member supports file:///directory, etcd://host:port/prefix and zk://host:port/path stores, not {other}"
+            "tenure member supports file:///directory, etcd://host:port/prefix, zk://host:port/path and kube://NAMESPACE/leases/GROUP stores, not {other}"
         ))),
     }
 }
@@ -289,7 +306,8 @@ pub async fn member(args: MemberArgs) -> Result<u8, CliError> {
     let listener = TcpListener::bind(&args.http.0)
         .await
         .map_err(|e| CliError::Failed(format!("cannot serve HTTP on {}: {e}", args.http.0)))?;
-    let store = open_store(&url, &args.group).await?;
+    let cluster = args.cluster.options().map_err(CliError::Usage)?;
+    let store = open_store(&url, &args.group, &identity, &cluster).await?;
     let group = Group::builder(identity.clone(), store)
         .config(config)
         .drain_timeout(drain_timeout)
