@@ -175,3 +175,21 @@ fn a_killed_member_partitions_are_taken_over_after_its_lease() {
     assert!(took >= RENEW_DEADLINE, "taken over after {took:?}, before the killed member's deadline");
     assert!(took <= LEASE + Duration::from_secs(1), "taken over after {took:?}, more than a lease");
 }
+
+#[test]
+fn a_leaving_member_whose_application_never_releases_hands_over_after_the_drain_timeout() {
+    let dir = TempDir::new("member-drain-timeout");
+    let drain_timeout = Duration::from_millis(1500);
+    let (mut a_process, a) = start_member("a", &dir, "1500ms");
+    let (_b, b) = start_member("b", &dir, "1500ms");
+    settle(&[&a, &b]);
+    let start = Instant::now();
+    a_process.signal(libc::SIGTERM);
+    let moved = wait_until(Duration::from_secs(10), || {
+        assert_single_owners(&[&a, &b]);
+        (owned(&b).len() == PARTITIONS as usize).then(|| start.elapsed())
+    });
+    let moved = moved.expect("the partitions never moved after the drain timeout");
+    assert!(moved >= drain_timeout, "handed over after {moved:?}, before the drain timeout");
+    assert_eq!(a_process.exit_code(Duration::from_secs(10)), 0, "{}", a_process.log());
+}
