@@ -22,6 +22,7 @@ mod http;
 mod lock_scope;
 mod lock_url;
 mod logging;
+mod member;
 mod options;
 mod output;
 mod pod_label;
@@ -96,6 +97,7 @@ enum Command {
     BreakLock(break_lock::BreakLockArgs),
     Demo(demo::DemoArgs),
     Apiserver(apiserver::ApiServerArgs),
+    Member(member::MemberArgs),
     /// Internal: the process between `tenure run` and its command.
     #[command(hide = true)]
     Supervise(supervisor::SuperviseArgs),
@@ -122,6 +124,7 @@ fn main() -> ExitCode {
             Command::BreakLock(args) => break_lock::break_lock(args).await,
             Command::Demo(args) => demo::demo(args).await,
             Command::Apiserver(args) => apiserver::apiserver(args).await,
+            Command::Member(args) => member::member(args).await,
             Command::Supervise(args) => supervisor::supervise(args).await,
         }
     });

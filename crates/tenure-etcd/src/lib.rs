@@ -34,7 +34,10 @@
 
 mod client;
 mod driver;
+pub mod group_store;
 pub mod proto;
+
+pub use group_store::EtcdGroupStore;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -8,7 +8,9 @@
 #![warn(missing_docs)]
 
 pub mod assignment;
+pub mod checks;
 pub mod config;
+pub mod conformance;
 pub mod handoff;
 pub mod record;
 pub mod store;

@@ -6,7 +6,7 @@
 //! - **etcd**: keys `<prefix>/members/<id>` and `<prefix>/table`, the version is the key's
 //!   `mod_revision`, compare-and-swap is a transaction on it, `watch` a prefix watch;
 //! - **ZooKeeper**: nodes under `/<group>`, the version is the node's data version, `setData`
-//!   with a version, `watch` a child and data watch;
+//!   with a version, `watch` one persistent recursive watch;
 //! - **Kubernetes**: a Lease per member (found by a label) and a ConfigMap for the table, the
 //!   version is `resourceVersion`, `watch` a list-watch on the label.
 //!

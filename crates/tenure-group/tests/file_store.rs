@@ -2,11 +2,11 @@
 //! Waits poll the members' state with a bounded deadline; no sleep is used to order events.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tenure::Timing;
 use tenure_group::stores::file::FileGroupStore;
-use tenure_group::{Group, GroupConfig};
+use tenure_group::{checks, Group, GroupConfig};
 
 const PARTITIONS: u32 = 16;
 
@@ -27,26 +27,8 @@ fn join(dir: &PathBuf, identity: &str) -> Group {
         .unwrap()
 }
 
-/// Polls every millisecond until `done`, checking at every poll that no partition has two owners.
 async fn wait_safely(groups: &[&Group], limit: Duration, done: impl Fn() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    loop {
-        for p in 0..PARTITIONS {
-            let owners = groups.iter().filter(|g| g.guard(p).is_some()).count();
-            assert!(owners <= 1, "partition {p} has {owners} owners");
-        }
-        if done() {
-            return Some(start.elapsed());
-        }
-        if start.elapsed() > limit {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
-fn all_owned_by(groups: &[&Group]) -> bool {
-    (0..PARTITIONS).all(|p| groups.iter().filter(|g| g.guard(p).is_some()).count() == 1)
+    checks::wait_safely(groups, PARTITIONS, limit, done).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -54,18 +36,22 @@ async fn members_on_one_host_share_the_partitions_and_hand_over_on_leave_and_cra
     let dir = scratch("share");
     let (a, b, c) = (join(&dir, "a"), join(&dir, "b"), join(&dir, "c"));
     let all = [&a, &b, &c];
-    let balanced = || all_owned_by(&all) && all.iter().all(|g| (5..=6).contains(&g.assignment().borrow().owned.len()));
+    let balanced = || {
+        checks::all_owned_once(&all, PARTITIONS)
+            && all.iter().all(|g| (5..=6).contains(&g.assignment().borrow().owned.len()))
+    };
     assert!(wait_safely(&all, Duration::from_secs(20), balanced).await.is_some(), "never settled");
 
     // Graceful leave: the others own everything without waiting for a lease.
     let leave = tokio::spawn(a.leave());
-    let handover = wait_safely(&[&b, &c], Duration::from_secs(20), || all_owned_by(&[&b, &c])).await;
+    let handover =
+        wait_safely(&[&b, &c], Duration::from_secs(20), || checks::all_owned_once(&[&b, &c], PARTITIONS)).await;
     assert!(handover.is_some(), "no handover after a leave");
     leave.await.unwrap().unwrap();
 
     // Crash (the driver stops, nothing is released): the survivor owns everything after the lease.
     drop(c);
-    let failover = wait_safely(&[&b], Duration::from_secs(20), || all_owned_by(&[&b])).await;
+    let failover = wait_safely(&[&b], Duration::from_secs(20), || checks::all_owned_once(&[&b], PARTITIONS)).await;
     assert!(failover.is_some(), "no failover after a crash");
     assert!(failover.unwrap() >= timing().renew_deadline, "took over before the crashed member could have stopped");
     drop(b);

@@ -48,6 +48,7 @@
 pub mod codec;
 pub mod config;
 pub mod events;
+pub mod group_store;
 pub mod lock;
 pub mod multilock;
 pub mod object;
@@ -56,6 +57,7 @@ pub mod resume;
 pub use codec::RecordObject;
 pub use config::{ClusterOptions, KubeError, KubeLockConfig, KubeLockRef, LockKind};
 pub use events::{EventRecorder, LeadershipEvents};
+pub use group_store::KubeGroupStore;
 pub use lock::KubeLock;
 pub use multilock::{MultiLock, UNKNOWN_LEADER};
 pub use object::ObjectLock;

@@ -42,7 +42,10 @@
 #![warn(missing_docs)]
 
 mod driver;
+pub mod group_store;
 pub mod naming;
+
+pub use group_store::ZkGroupStore;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -216,9 +216,18 @@ pub fn start_elect(id: &str, election: &str, lock_url: &str, ttl: &str) -> (Tenu
 
 /// `GET path`: the status code and the body, whatever the status.
 pub fn get(address: &str, path: &str) -> Option<(u16, String)> {
+    request(address, "GET", path)
+}
+
+/// `POST path` with an empty body: the status code and the body, whatever the status.
+pub fn post(address: &str, path: &str) -> Option<(u16, String)> {
+    request(address, "POST", path)
+}
+
+fn request(address: &str, method: &str, path: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect(address).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").ok()?;
+    write!(stream, "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
     let code = response.get(9..12)?.parse().ok()?;

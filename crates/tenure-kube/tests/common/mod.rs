@@ -71,6 +71,12 @@ impl Cluster {
         Cluster { server, kubeconfig }
     }
 
+    /// A client of this cluster for `identity` (its own connection and user agent).
+    pub async fn client(&self, identity: &str) -> kube::Client {
+        let options = tenure_kube::ClusterOptions { kubeconfig: Some(self.kubeconfig.clone()), ..Default::default() };
+        options.client(identity).await.unwrap()
+    }
+
     /// The configuration of the lock `kube://default/KIND/NAME` on this cluster.
     pub fn lock_config(&self, kind: &str, name: &str) -> KubeLockConfig {
         KubeLockConfig::from_url(&format!("kube://default/{kind}/{name}")).unwrap().kubeconfig(&self.kubeconfig)

@@ -1,0 +1,373 @@
+//! `tenure member`: a group member for applications in any language. The sidecar joins a group
+//! ([`tenure_group`]), holds a [`PartitionGuard`] for every partition it owns, and answers over
+//! HTTP whether a key is this member's now and under which term ([`routes`]).
+//!
+//! The drain rule: when a partition is revoked (a member joined, this one leaves), the sidecar
+//! keeps its guard, so the group does not hand the partition over, until the application
+//! acknowledges with `POST /release?partition=P&term=T` (its work on the partition has stopped) or
+//! the drain timeout passed. From the revoke on, `/owns` answers false for the partition's keys,
+//! so no new work starts; `/events` tells the application which partitions are draining.
+
+mod routes;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use clap::Args;
+use tenure::Term;
+use tenure_group::store::GroupStore;
+use tenure_group::{Assignment, Group, GroupConfig, PartitionGuard};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::lock_url::{LockUrl, LockUrlParser};
+use crate::options::{
+    parse_duration, parse_election_name, parse_http_address, CandidateOptions, ClusterArgs, HttpAddress,
+};
+use crate::signals::TerminationSignals;
+use crate::{http, logging, CliError};
+
+/// Arguments of `tenure member`.
+#[derive(Debug, Args)]
+#[command(
+    about = "Join a group and tell an application which keys it owns (Active/Active sidecar)",
+    long_about = "Join a group and tell an application which keys it owns (Active/Active sidecar).\n\n\
+        The group's key space is cut into partitions shared among the live members. Over --http:\n  \
+        GET  /owns?key=K        200 {\"key\":K,\"owns\":true|false,\"partition\":P,\"term\":T|null}\n  \
+        GET  /assignment        the members, and this member's partitions with their terms and state\n  \
+        GET  /events            Server-Sent Events: the assignment, first the current one, then each change\n  \
+        POST /release?partition=P&term=T  the application stopped work on a draining partition\n\n\
+        Drain rule: a revoked partition is handed over only after the application released it or \
+        --drain-timeout passed; /owns answers false for it from the revoke on. SIGTERM, SIGINT and \
+        SIGHUP leave the group (every partition drains, then moves at once) and exit 0; SIGKILL \
+        leaves the partitions to be taken over after the lease.",
+    after_help = "Example:  tenure member --group my-controller --http 127.0.0.1:4041 --lock file:///run/tenure/groups/my-controller"
+)]
+pub struct MemberArgs {
+    /// The group's name; members with the same name on the same store share its partitions.
+    #[arg(long, value_name = "NAME", value_parser = parse_election_name)]
+    group: String,
+
+    /// Serve the HTTP API on this address (host:port, or :port for all interfaces).
+    #[arg(long, value_name = "ADDR", value_parser = parse_http_address)]
+    http: HttpAddress,
+
+    /// Where the group lives: file:///absolute/directory (members on one host),
+    /// etcd://host:port[,host:port...]/prefix, zk://host:port[,host:port...]/path, or
+    /// kube://NAMESPACE/leases/GROUP (a Lease per member labelled tenure.dev/group=GROUP and a
+    /// ConfigMap GROUP-partitions). [default: the per-user directory
+    /// $XDG_RUNTIME_DIR/tenure/GROUP.group]
+    #[arg(long, value_name = "URL", value_parser = LockUrlParser)]
+    lock: Option<LockUrl>,
+
+    /// The number of partitions, fixed when the group is created (the group's count wins).
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    partitions: u32,
+
+    /// This member's share relative to the others' (1: an equal share).
+    #[arg(long, value_name = "W", default_value_t = 1)]
+    weight: u32,
+
+    /// How long a revoked partition waits for the application's release before it is handed
+    /// over anyway. [default: the renew deadline, TTL/2]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    drain_timeout: Option<Duration>,
+
+    #[command(flatten)]
+    candidate: CandidateOptions,
+
+    #[command(flatten)]
+    cluster: ClusterArgs,
+}
+
+/// One partition the sidecar holds a guard on.
+#[derive(Debug)]
+struct Held {
+    guard: PartitionGuard,
+    /// When the group revoked it; `None` while it is assigned.
+    revoked_at: Option<Instant>,
+}
+
+/// What the HTTP routes see: the held guards and the group's shape, with a version per change.
+#[derive(Debug)]
+pub struct Sidecar {
+    identity: String,
+    drain_timeout: Duration,
+    state: Mutex<SidecarState>,
+    changes: watch::Sender<u64>,
+}
+
+#[derive(Debug, Default)]
+struct SidecarState {
+    partition_count: u32,
+    members: Vec<String>,
+    held: BTreeMap<u32, Held>,
+    version: u64,
+}
+
+/// Why a release request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReleaseError {
+    /// The partition is still assigned to this member under that term: releasing it would stop
+    /// nothing (the group hands over only revoked partitions).
+    #[error("partition {partition} is still assigned to this member under term {term}; release it once /events shows it draining")]
+    StillAssigned {
+        /// The partition.
+        partition: u32,
+        /// Its term.
+        term: Term,
+    },
+}
+
+impl Sidecar {
+    fn state(&self) -> MutexGuard<'_, SidecarState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn changed(&self, state: &mut SidecarState) {
+        state.version += 1;
+        self.changes.send_replace(state.version);
+    }
+
+    /// Follows the group's assignment: takes a guard for each newly owned partition (while the
+    /// group is still joined), marks the others revoked, and keeps them until released.
+    fn follow(&self, group: Option<&Group>, assignment: &Assignment, now: Instant) {
+        let mut state = self.state();
+        let mut changed = state.partition_count != assignment.partition_count || state.members != assignment.members;
+        state.partition_count = assignment.partition_count;
+        state.members.clone_from(&assignment.members);
+        for (&partition, &term) in &assignment.owned {
+            match state.held.get_mut(&partition) {
+                Some(held) if held.guard.term() == term => {
+                    changed |= held.revoked_at.take().is_some();
+                }
+                _ => {
+                    if let Some(guard) = group.and_then(|group| group.guard(partition)).filter(|g| g.term() == term) {
+                        // A guard of an older term is dropped here: that ownership is over.
+                        state.held.insert(partition, Held { guard, revoked_at: None });
+                        changed = true;
+                    }
+                }
+            }
+        }
+        for (partition, held) in state.held.iter_mut() {
+            if held.revoked_at.is_none() && assignment.owned.get(partition) != Some(&held.guard.term()) {
+                tracing::info!(partition, term = %held.guard.term(), "partition revoked; waiting for the application's release");
+                held.revoked_at = Some(now);
+                changed = true;
+            }
+        }
+        if changed {
+            self.changed(&mut state);
+        }
+    }
+
+    /// Drops the guards whose drain timeout passed; returns the next drain deadline.
+    fn expire_drains(&self, now: Instant) -> Option<Instant> {
+        let mut state = self.state();
+        let timeout = self.drain_timeout;
+        let before = state.held.len();
+        state.held.retain(|partition, held| match held.revoked_at {
+            Some(at) if now >= at + timeout => {
+                tracing::warn!(partition, term = %held.guard.term(), "drain timeout: handing the partition over without the application's release");
+                false
+            }
+            _ => true,
+        });
+        if state.held.len() != before {
+            self.changed(&mut state);
+        }
+        state.held.values().filter_map(|held| held.revoked_at).min().map(|at| at + timeout)
+    }
+
+    /// The application's acknowledgement that its work on `partition` under `term` stopped.
+    /// `Ok(true)` if a draining guard was dropped, `Ok(false)` if none was held (already released
+    /// or timed out: nothing to do).
+    pub fn release(&self, partition: u32, term: Term) -> Result<bool, ReleaseError> {
+        let mut state = self.state();
+        match state.held.get(&partition) {
+            Some(held) if held.guard.term() == term && held.revoked_at.is_none() => {
+                Err(ReleaseError::StillAssigned { partition, term })
+            }
+            Some(held) if held.guard.term() == term => {
+                state.held.remove(&partition);
+                tracing::info!(partition, %term, "the application released the partition");
+                self.changed(&mut state);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Whether `key` is this member's now: its partition, and the term if owned (assigned, not
+    /// draining, membership valid on this host's clock).
+    pub fn owns(&self, key: &str) -> (u32, Option<Term>) {
+        let state = self.state();
+        if state.partition_count == 0 {
+            return (0, None);
+        }
+        let partition = tenure_group::assignment::partition_of(key.as_bytes(), state.partition_count);
+        let term = state
+            .held
+            .get(&partition)
+            .filter(|held| held.revoked_at.is_none())
+            .and_then(|held| held.guard.check().ok());
+        (partition, term)
+    }
+
+    /// The assignment as the routes report it.
+    pub fn report(&self) -> routes::AssignmentReport {
+        let state = self.state();
+        let partitions = state
+            .held
+            .iter()
+            .map(|(&partition, held)| routes::PartitionReport {
+                partition,
+                term: held.guard.term().0,
+                state: if held.revoked_at.is_some() {
+                    routes::PartitionState::Draining
+                } else if held.guard.is_valid() {
+                    routes::PartitionState::Owned
+                } else {
+                    routes::PartitionState::Suspended
+                },
+            })
+            .collect();
+        routes::AssignmentReport {
+            member: self.identity.clone(),
+            version: state.version,
+            partition_count: state.partition_count,
+            members: state.members.clone(),
+            partitions,
+        }
+    }
+
+    /// Notifications of changes (the version), for `/events`.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+}
+
+/// Opens the group's store named by `url` for `identity` (reaching a Kubernetes cluster with
+/// `cluster`).
+async fn open_store(
+    url: &LockUrl,
+    group: &str,
+    identity: &str,
+    cluster: &tenure_kube::ClusterOptions,
+) -> Result<Arc<dyn GroupStore>, CliError> {
+    match url {
+        LockUrl::File(dir) => tenure_group::stores::file::FileGroupStore::open(dir)
+            .map(|store| Arc::new(store) as Arc<dyn GroupStore>)
+            .map_err(|e| CliError::Failed(e.to_string())),
+        LockUrl::Etcd { endpoints, election } => tenure_etcd::EtcdGroupStore::connect(endpoints, election)
+            .await
+            .map(|store| Arc::new(store) as Arc<dyn GroupStore>)
+            .map_err(|e| CliError::Failed(format!("cannot reach etcd for group {group}: {e}"))),
+        LockUrl::Zk { servers, path } => tenure_zk::ZkGroupStore::connect(servers, path)
+            .await
+            .map(|store| Arc::new(store) as Arc<dyn GroupStore>)
+            .map_err(|e| CliError::Failed(format!("cannot reach ZooKeeper for group {group}: {e}"))),
+        LockUrl::Kube(reference) if reference.kind == tenure_kube::LockKind::Leases => {
+            let client = cluster.client(identity).await.map_err(|e| CliError::Failed(e.to_string()))?;
+            Ok(Arc::new(tenure_kube::KubeGroupStore::new(client, &reference.namespace, &reference.name)))
+        }
+        other => Err(CliError::Usage(format!(
+            "tenure member supports file:///directory, etcd://host:port/prefix, zk://host:port/path and kube://NAMESPACE/leases/GROUP stores, not {other}"
+        ))),
+    }
+}
+
+/// The default store: a per-user directory beside the default file locks.
+fn default_url(group: &str) -> Result<LockUrl, CliError> {
+    let path: PathBuf = tenure::locks::file::FileLock::default_path(group)
+        .map_err(|e| CliError::Usage(format!("no default directory for group {group}: {e}")))?;
+    Ok(LockUrl::File(path.with_extension("group")))
+}
+
+/// Runs `tenure member` until a termination signal; returns the exit status.
+pub async fn member(args: MemberArgs) -> Result<u8, CliError> {
+    logging::init(args.candidate.log_format);
+    let mut signals =
+        TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
+    let identity = args.candidate.identity().map_err(CliError::Usage)?;
+    let url = match &args.lock {
+        Some(url) => url.clone(),
+        None => default_url(&args.group)?,
+    };
+    let timing = args.candidate.ttl.timing;
+    let drain_timeout = args.drain_timeout.unwrap_or(timing.renew_deadline);
+    let config = GroupConfig { timing, partition_count: args.partitions, weight: args.weight };
+    config.validate().map_err(|e| CliError::Usage(e.to_string()))?;
+    let listener = TcpListener::bind(&args.http.0)
+        .await
+        .map_err(|e| CliError::Failed(format!("cannot serve HTTP on {}: {e}", args.http.0)))?;
+    let cluster = args.cluster.options().map_err(CliError::Usage)?;
+    let store = open_store(&url, &args.group, &identity, &cluster).await?;
+    let group = Group::builder(identity.clone(), store)
+        .config(config)
+        .drain_timeout(drain_timeout)
+        .join()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| args.http.0.clone());
+    tracing::info!(identity, group = args.group, store = %url, partitions = args.partitions, "joined");
+    tracing::info!(address, "serving the group's assignment over HTTP");
+
+    let sidecar = Arc::new(Sidecar {
+        identity,
+        drain_timeout,
+        state: Mutex::new(SidecarState::default()),
+        changes: watch::channel(0).0,
+    });
+    let stop_serving = CancellationToken::new();
+    let server =
+        tokio::spawn(http::serve(listener, routes::router(sidecar.clone()), stop_serving.clone().cancelled_owned()));
+
+    let mut assignment = group.assignment();
+    let termination = loop {
+        sidecar.follow(Some(&group), &assignment.borrow_and_update(), Instant::now());
+        let next_drain = sidecar.expire_drains(Instant::now());
+        tokio::select! {
+            termination = signals.recv() => break termination,
+            changed = assignment.changed() => {
+                if changed.is_err() {
+                    return Err(CliError::Failed("the group driver stopped".into()));
+                }
+            }
+            () = sleep_until(next_drain) => {}
+        }
+    };
+    tracing::info!(signal = termination.name, "leaving the group: draining every partition");
+    let mut leaving = tokio::spawn(group.leave());
+    // The HTTP API keeps answering while the partitions drain, so the application can release.
+    let left = loop {
+        sidecar.follow(None, &assignment.borrow_and_update(), Instant::now());
+        let next_drain = sidecar.expire_drains(Instant::now());
+        tokio::select! {
+            left = &mut leaving => break left,
+            _ = assignment.changed() => {}
+            () = sleep_until(next_drain) => {}
+        }
+    };
+    stop_serving.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
+    match left {
+        Ok(Ok(())) => {
+            tracing::info!("left the group");
+            Ok(crate::exit::SUCCESS)
+        }
+        Ok(Err(error)) => Err(CliError::Failed(format!("leaving the group failed: {error}"))),
+        Err(error) => Err(CliError::Failed(format!("leaving the group failed: {error}"))),
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,146 @@
+//! The scenarios every group store must pass, run against a real server by each backend's
+//! integration tests (etcd, ZooKeeper, Kubernetes), so that all backends are held to the same
+//! specification: members share the partitions, a leave hands over without waiting for a lease,
+//! a crash hands over only after the crashed member's deadline, a duplicate identity owns nothing,
+//! and the requests of a member at rest do not grow with the partition count. Every wait checks
+//! at every poll that no partition has two owners ([`crate::checks`]).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use tenure::Timing;
+
+use crate::checks::{all_owned_once, wait_safely, TwoOwners};
+use crate::Group;
+
+/// A member joined by a backend's test: the group, and a counter of the requests its store sent.
+pub struct Joined {
+    /// The member.
+    pub group: Group,
+    /// Requests sent so far by this member's store.
+    pub requests: Box<dyn Fn() -> u64 + Send + Sync>,
+}
+
+/// How a backend's test joins a member: `(group name, identity, partition count)`, with
+/// [`timing`] as the members' timing.
+pub type Join<'a> = &'a (dyn Fn(&str, &str, u32) -> Pin<Box<dyn Future<Output = Joined> + Send>> + Sync);
+
+/// The timing the scenarios assume: lease 1 s, renew deadline 500 ms, retry 100 ms.
+pub fn timing() -> Timing {
+    Timing::new(Duration::from_secs(1), Duration::from_millis(500), Duration::from_millis(100))
+        .unwrap_or_else(|_| Timing::default())
+}
+
+/// A scenario that failed, and how.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// The safety property broke.
+    #[error(transparent)]
+    TwoOwners(#[from] TwoOwners),
+    /// The group did not reach the expected state within the time allowed.
+    #[error("{0}")]
+    Stuck(String),
+    /// A handover was faster or slower than the rule allows.
+    #[error("{0}")]
+    Timing(String),
+}
+
+/// Times measured by [`share_leave_and_crash`].
+#[derive(Debug, Clone, Copy)]
+pub struct Handovers {
+    /// From `leave()` until the others own every partition.
+    pub leave: Duration,
+    /// From the crash until the survivor owns every partition.
+    pub crash: Duration,
+}
+
+const SETTLE: Duration = Duration::from_secs(20);
+
+/// Three members share 16 partitions evenly; one leaves (the others own everything before a
+/// lease could run out); one crashes (the survivor owns everything after the crashed member's
+/// renew deadline, within three leases).
+pub async fn share_leave_and_crash(join: Join<'_>, name: &str) -> Result<Handovers, ScenarioError> {
+    const P: u32 = 16;
+    let a = join(name, "a", P).await.group;
+    let b = join(name, "b", P).await.group;
+    let c = join(name, "c", P).await.group;
+    let all = [&a, &b, &c];
+    let balanced =
+        || all_owned_once(&all, P) && all.iter().all(|g| (5..=6).contains(&g.assignment().borrow().owned.len()));
+    wait_safely(&all, P, SETTLE, balanced).await?.ok_or_else(|| ScenarioError::Stuck("never settled".into()))?;
+    if a.members() != ["a", "b", "c"] {
+        return Err(ScenarioError::Stuck(format!("members seen: {:?}", a.members())));
+    }
+    let leave = tokio::spawn(a.leave());
+    let leave_took = wait_safely(&[&b, &c], P, SETTLE, || all_owned_once(&[&b, &c], P))
+        .await?
+        .ok_or_else(|| ScenarioError::Stuck("no handover after a leave".into()))?;
+    if leave_took >= timing().lease_duration {
+        return Err(ScenarioError::Timing(format!("a leave waited for a lease: {leave_took:?}")));
+    }
+    if let Ok(Err(error)) = leave.await {
+        return Err(ScenarioError::Stuck(format!("leave failed: {error}")));
+    }
+    drop(c);
+    let crash_took = wait_safely(&[&b], P, SETTLE, || all_owned_once(&[&b], P))
+        .await?
+        .ok_or_else(|| ScenarioError::Stuck("no failover after a crash".into()))?;
+    if crash_took < timing().renew_deadline || crash_took > timing().lease_duration * 3 {
+        return Err(ScenarioError::Timing(format!("failover after {crash_took:?}")));
+    }
+    Ok(Handovers { leave: leave_took, crash: crash_took })
+}
+
+/// A second process with a live member's identity owns nothing for two leases, and the first
+/// keeps every partition.
+pub async fn duplicate_identity_owns_nothing(join: Join<'_>, name: &str) -> Result<(), ScenarioError> {
+    const P: u32 = 8;
+    let first = join(name, "same", P).await.group;
+    wait_safely(&[&first], P, SETTLE, || all_owned_once(&[&first], P))
+        .await?
+        .ok_or_else(|| ScenarioError::Stuck("the first member never owned everything".into()))?;
+    let second = join(name, "same", P).await.group;
+    wait_safely(&[&first, &second], P, timing().lease_duration * 2, || false).await?;
+    if !all_owned_once(&[&first], P) || !second.assignment().borrow().owned.is_empty() {
+        return Err(ScenarioError::Stuck("a duplicate identity took partitions from a live member".into()));
+    }
+    Ok(())
+}
+
+/// Requests per minute of one of two settled members over `window`, with `partitions` partitions.
+async fn requests_per_minute_at_rest(
+    join: Join<'_>,
+    name: &str,
+    partitions: u32,
+    window: Duration,
+) -> Result<f64, ScenarioError> {
+    let a = join(name, "a", partitions).await;
+    let b = join(name, "b", partitions).await.group;
+    let members = [&a.group, &b];
+    let half = partitions as usize / 2;
+    let settled = || all_owned_once(&members, partitions) && a.group.assignment().borrow().owned.len() == half;
+    wait_safely(&members, partitions, SETTLE, settled)
+        .await?
+        .ok_or_else(|| ScenarioError::Stuck("never settled".into()))?;
+    let before = (a.requests)();
+    let start = Instant::now();
+    wait_safely(&members, partitions, window, || false).await?;
+    let sent = (a.requests)() - before;
+    Ok(sent as f64 * 60.0 / start.elapsed().as_secs_f64())
+}
+
+/// The requests per minute of a member at rest with 16 and with 1024 partitions (3 s each);
+/// fails if 64 times the partitions cost more than 1.5 times the requests.
+pub async fn requests_at_rest_do_not_grow_with_partitions(
+    join: Join<'_>,
+    name: &str,
+) -> Result<(f64, f64), ScenarioError> {
+    let window = Duration::from_secs(3);
+    let few = requests_per_minute_at_rest(join, &format!("{name}16"), 16, window).await?;
+    let many = requests_per_minute_at_rest(join, &format!("{name}1024"), 1024, window).await?;
+    if many > few * 1.5 {
+        return Err(ScenarioError::Stuck(format!("{few:.0} requests/min at 16 partitions, {many:.0} at 1024")));
+    }
+    Ok((few, many))
+}

@@ -1,0 +1,242 @@
+//! A [`GroupStore`] on ZooKeeper, so that the replicas of a service can share partitions
+//! ([`tenure_group`]) with the ensemble they already elect on.
+//!
+//! Layout under the group's path `P`: the node `P/table` holds the partition table and
+//! `P/members/<hex of identity>` each member's record, both as JSON (hex, because an identity may
+//! hold a `/`). The version of a record is its node's data version; a create is `create` (which
+//! fails with `NodeExists`), a compare-and-swap is `setData` with the expected version. A read is
+//! two requests whatever the group's size: the member list, then one multi-read of the table
+//! and every member node (a consistent snapshot). Changes come from one persistent recursive
+//! watch on `P` (ZooKeeper 3.6 and later).
+//!
+//! The nodes are persistent, not ephemeral: a dead member's record must stay readable so that the
+//! others end its epoch by compare-and-swap after its lease ran out on their own clocks (the core's
+//! rule, the same on every backend). An ephemeral node deleted at session expiry would let another
+//! member claim while the old owner's client-side deadline may still be running.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tenure_group::record::{MemberRecord, PartitionTable};
+use tenure_group::store::{ChangeStream, GroupStore, Key, Snapshot, StoreError, Stored, Value, Version};
+use zookeeper_client as zk;
+
+use crate::{open_session, validate_path, with_timeout, ZkError};
+
+/// Time limit of one request of the store.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A group's records on a ZooKeeper ensemble, over one session of its own (one per member
+/// process, so its requests are one member's load).
+#[derive(Debug, Clone)]
+pub struct ZkGroupStore {
+    servers: String,
+    path: String,
+    session_timeout: Duration,
+    client: Arc<Mutex<zk::Client>>,
+    requests: Arc<AtomicU64>,
+}
+
+/// The group store's view of a ZooKeeper failure.
+fn store_error(error: ZkError) -> StoreError {
+    match error {
+        ZkError::Timeout(limit) => StoreError::Timeout(limit),
+        ZkError::Request(zk::Error::NoAuth | zk::Error::BadArguments(_) | zk::Error::InvalidAcl) => {
+            StoreError::Rejected(error.to_string())
+        }
+        other => StoreError::Unavailable(other.to_string()),
+    }
+}
+
+fn version_of(stat: &zk::Stat) -> Version {
+    Version(u64::try_from(stat.version).unwrap_or(0))
+}
+
+fn hex(identity: &str) -> String {
+    identity.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+impl ZkGroupStore {
+    /// Opens a session to `servers` ("host:port,host:port") for the group at `path` (absolute;
+    /// created on the first write).
+    pub async fn connect(servers: &str, path: &str) -> Result<ZkGroupStore, ZkError> {
+        validate_path(path)?;
+        let session_timeout = Duration::from_secs(10);
+        let client = open_session(servers, session_timeout).await?;
+        Ok(ZkGroupStore {
+            servers: servers.to_owned(),
+            path: path.to_owned(),
+            session_timeout,
+            client: Arc::new(Mutex::new(client)),
+            requests: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// How many requests this store has sent (reads count two: the member list and the
+    /// multi-read): one member's load on the ensemble.
+    pub fn requests_sent(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// One counted request within the call timeout.
+    async fn call<T>(&self, request: impl std::future::Future<Output = Result<T, zk::Error>>) -> Result<T, ZkError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        with_timeout(CALL_TIMEOUT, request).await
+    }
+
+    /// The node of a record.
+    pub fn node_of(&self, key: &Key) -> String {
+        match key {
+            Key::Table => format!("{}/table", self.path),
+            Key::Member(identity) => format!("{}/members/{}", self.path, hex(identity)),
+        }
+    }
+
+    fn client(&self) -> zk::Client {
+        self.client.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The session, re-opened if it ended (expired during a long partition, closed).
+    async fn session(&self) -> Result<zk::Client, StoreError> {
+        let client = self.client();
+        if !client.state().is_terminated() {
+            return Ok(client);
+        }
+        let fresh = open_session(&self.servers, self.session_timeout).await.map_err(store_error)?;
+        *self.client.lock().unwrap_or_else(|e| e.into_inner()) = fresh.clone();
+        Ok(fresh)
+    }
+}
+
+#[async_trait]
+impl GroupStore for ZkGroupStore {
+    fn describe(&self) -> String {
+        format!("zk path {:?}", self.path)
+    }
+
+    async fn read(&self) -> Result<Snapshot, StoreError> {
+        let client = self.session().await?;
+        let members_path = format!("{}/members", self.path);
+        let names = match self.call(client.list_children(&members_path)).await {
+            Ok(names) => names,
+            Err(ZkError::Request(zk::Error::NoNode)) => Vec::new(),
+            Err(error) => return Err(store_error(error)),
+        };
+        let mut reader = client.new_multi_reader();
+        let table_path = self.node_of(&Key::Table);
+        let bad = |e: zk::Error| StoreError::Rejected(format!("cannot read the group: {e}"));
+        reader.add_get_data(&table_path).map_err(bad)?;
+        for name in &names {
+            reader.add_get_data(&format!("{members_path}/{name}")).map_err(bad)?;
+        }
+        let results = self.call(reader.commit()).await.map_err(store_error)?;
+        let mut snapshot = Snapshot::default();
+        let mut results = results.into_iter();
+        match results.next() {
+            Some(zk::MultiReadResult::Data { data, stat }) => {
+                let table = serde_json::from_slice::<PartitionTable>(&data)
+                    .map_err(|e| StoreError::Rejected(format!("corrupt partition table at {table_path}: {e}")))?;
+                snapshot.table = Some(Stored { version: version_of(&stat), value: table });
+            }
+            Some(zk::MultiReadResult::Error { err: zk::Error::NoNode }) => {}
+            other => return Err(StoreError::Unavailable(format!("unexpected answer for {table_path}: {other:?}"))),
+        }
+        for (name, result) in names.iter().zip(results) {
+            // A member node removed between the two requests is simply absent.
+            let zk::MultiReadResult::Data { data, stat } = result else { continue };
+            match serde_json::from_slice::<MemberRecord>(&data) {
+                Ok(record) if hex(&record.identity) == *name => {
+                    snapshot
+                        .members
+                        .insert(record.identity.clone(), Stored { version: version_of(&stat), value: record });
+                }
+                Ok(record) => {
+                    tracing::warn!(node = %name, identity = %record.identity, "member record under another identity's node; ignored")
+                }
+                Err(error) => tracing::warn!(node = %name, %error, "member record does not parse; ignored"),
+            }
+        }
+        Ok(snapshot)
+    }
+
+    async fn write(&self, key: &Key, expected: Option<Version>, value: &Value) -> Result<Version, StoreError> {
+        let document = match (key, value) {
+            (Key::Table, Value::Table(table)) => serde_json::to_vec(table),
+            (Key::Member(_), Value::Member(record)) => serde_json::to_vec(record),
+            _ => return Err(StoreError::Rejected(format!("{key}: wrong kind of record"))),
+        }
+        .map_err(|error| StoreError::Rejected(format!("{key}: cannot encode: {error}")))?;
+        let client = self.session().await?;
+        let node = self.node_of(key);
+        match expected {
+            None => {
+                let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                let mut created = self.call(client.create(&node, &document, &options)).await;
+                if let Err(ZkError::Request(zk::Error::NoNode)) = created {
+                    let parent = node.rsplit_once('/').map_or(self.path.as_str(), |(parent, _)| parent);
+                    match self.call(client.mkdir(parent, &options)).await {
+                        Ok(()) | Err(ZkError::Request(zk::Error::NodeExists)) => {}
+                        Err(error) => return Err(store_error(error)),
+                    }
+                    created = self.call(client.create(&node, &document, &options)).await;
+                }
+                match created {
+                    Ok((stat, _)) => Ok(version_of(&stat)),
+                    Err(ZkError::Request(zk::Error::NodeExists)) => Err(StoreError::AlreadyExists),
+                    Err(error) => Err(store_error(error)),
+                }
+            }
+            Some(version) => {
+                let version = i32::try_from(version.0).map_err(|_| StoreError::Conflict)?;
+                match self.call(client.set_data(&node, &document, Some(version))).await {
+                    Ok(stat) => Ok(version_of(&stat)),
+                    Err(ZkError::Request(zk::Error::BadVersion | zk::Error::NoNode)) => Err(StoreError::Conflict),
+                    Err(error) => Err(store_error(error)),
+                }
+            }
+        }
+    }
+
+    fn watch(&self) -> Option<ChangeStream> {
+        let store = self.clone();
+        // One persistent recursive watch on the group's path; every event (a node changed, or the
+        // session reconnected, after which events may have been lost) is one notification. A
+        // terminal session state ends the stream; the driver re-opens it on a new session.
+        let stream = futures::stream::unfold(None::<zk::PersistentWatcher>, move |watcher| {
+            let store = store.clone();
+            async move {
+                let mut watcher = match watcher {
+                    Some(watcher) => watcher,
+                    None => {
+                        let client = match store.session().await {
+                            Ok(client) => client,
+                            Err(error) => return Some((Err(error), None)),
+                        };
+                        let mode = zk::AddWatchMode::PersistentRecursive;
+                        match store.call(client.watch(&store.path, mode)).await {
+                            Ok(watcher) => watcher,
+                            Err(error) => return Some((Err(store_error(error)), None)),
+                        }
+                    }
+                };
+                let event = watcher.changed().await;
+                if event.event_type == zk::EventType::Session && event.session_state.is_terminated() {
+                    let reason = format!("ZooKeeper session ended ({:?})", event.session_state);
+                    return Some((Err(StoreError::Unavailable(reason)), None));
+                }
+                Some((Ok(()), Some(watcher)))
+            }
+        });
+        // After an error the stream ends (the driver re-opens it after a retry period).
+        let stream = futures::StreamExt::scan(stream, false, |failed, item| {
+            let next = if *failed { None } else { Some(item) };
+            if let Some(Err(_)) = &next {
+                *failed = true;
+            }
+            futures::future::ready(next)
+        });
+        Some(Box::pin(stream))
+    }
+}
