@@ -46,6 +46,8 @@ pub mod backoff;
 pub mod checkpoint;
 pub mod gate;
 pub mod gc;
+#[cfg(feature = "kube")]
+pub mod kube_watch;
 pub mod metrics;
 
 pub use gate::{Gate, GateHandle, LeaderContext, StopReason};
