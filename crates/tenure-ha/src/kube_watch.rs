@@ -372,12 +372,15 @@ where
         loop {
             let notified = cache.changed.notified();
             let (changes, version) = cache.take_newer_than(after);
-            for change in changes {
+            let mut changes = changes.into_iter();
+            while let Some((key, change)) = changes.next() {
                 if ctx.is_cancelled() {
-                    // Not handled: left for the next leader (the checkpoint is not advanced).
+                    // Not handled: kept for this replica's next tenure, and for the next leader
+                    // the checkpoint is not advanced past them.
+                    cache.put_back(std::iter::once((key, change)).chain(changes));
                     return Ok(());
                 }
-                self.handle(change, ctx.tenure()).await;
+                self.handle(change.1, ctx.tenure()).await;
             }
             if let Some(version) = version {
                 checkpointer.record(self.resource.clone(), version.to_string());
@@ -472,18 +475,28 @@ impl<K: Resource + Clone> WarmCache<K> {
         self.changed.notify_waiters();
     }
 
-    /// The changes newer than `after` (all when `None` or not comparable), oldest first, and the
-    /// version they bring the leader to. Taken changes are forgotten.
-    fn take_newer_than(&self, after: Option<u64>) -> (Vec<Change<K>>, Option<u64>) {
+    /// The changes newer than `after` (all when `None` or not comparable), oldest first, with
+    /// their object keys, and the version they bring the leader to. Taken changes are forgotten.
+    #[allow(clippy::type_complexity)]
+    fn take_newer_than(&self, after: Option<u64>) -> (Vec<(String, (Option<u64>, Change<K>))>, Option<u64>) {
         let mut state = self.state();
-        let mut taken: Vec<(Option<u64>, Change<K>)> = std::mem::take(&mut state.changes)
-            .into_values()
-            .filter(|(version, _)| match (after, version) {
+        let mut taken: Vec<(String, (Option<u64>, Change<K>))> = std::mem::take(&mut state.changes)
+            .into_iter()
+            .filter(|(_, (version, _))| match (after, version) {
                 (Some(after), Some(version)) => *version > after,
                 _ => true,
             })
             .collect();
-        taken.sort_by_key(|(version, _)| *version);
-        (taken.into_iter().map(|(_, change)| change).collect(), state.version)
+        taken.sort_by_key(|(_, (version, _))| *version);
+        (taken, state.version)
+    }
+
+    /// Returns changes a leader took but did not handle, unless the watch has seen a newer change
+    /// of the same object since.
+    fn put_back(&self, changes: impl Iterator<Item = (String, (Option<u64>, Change<K>))>) {
+        let mut state = self.state();
+        for (key, change) in changes {
+            state.changes.entry(key).or_insert(change);
+        }
     }
 }

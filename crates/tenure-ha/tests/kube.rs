@@ -391,8 +391,15 @@ async fn cold_standby_resume_past_the_event_window_relists_counts_and_collects_g
     let resources = CountingResources::default();
     let collector = Arc::new(GarbageCollector::builder(resources.clone(), HashSet::new).build());
     let metrics = WatchMetrics::default();
-    let b = Replica::start_with(&cluster, "replica-b", Standby::Cold, seen.clone(), Some(collector.trigger()), metrics.clone())
-        .await;
+    let b = Replica::start_with(
+        &cluster,
+        "replica-b",
+        Standby::Cold,
+        seen.clone(),
+        Some(collector.trigger()),
+        metrics.clone(),
+    )
+    .await;
     until("replica-b handled the relisted Pods", || seen.by("replica-b").len() == 20).await;
     assert_eq!(metrics.resume_failures.get(), 1, "the failed resume is counted once");
     assert!(!seen.by("replica-b").contains(&"deleted p1".to_owned()), "a relist cannot report the deletion");
