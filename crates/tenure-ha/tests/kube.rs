@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use tenure::{Elector, Term, Timing};
 use tenure_apiserver::resources::find_resource_type;
 use tenure_apiserver::store::DeletePreconditions;
-use tenure_apiserver::{ApiServer, ApiServerConfig};
+use tenure_apiserver::{ApiServer, ApiServerConfig, Verb};
 use tenure_ha::checkpoint::kube::{KubeCheckpointStore, CHECKPOINT_ANNOTATION};
 use tenure_ha::checkpoint::{Checkpoint, CheckpointError, CheckpointStore};
 use tenure_ha::gc::{ExternalResource, ExternalResources, GarbageCollector, GcTrigger};
@@ -154,6 +154,21 @@ async fn concurrent_kube_checkpoint_writers_never_let_the_older_term_win() {
         }
         assert_eq!(new.load().await.unwrap().unwrap().term, Term(2));
     }
+}
+
+#[tokio::test]
+async fn a_steady_leader_writes_its_kube_checkpoint_with_one_request_per_save() {
+    let cluster = Cluster::start(ApiServerConfig::default()).await;
+    let leader = store(&cluster, "leader").await;
+    leader.save(Term(1), &checkpoint_at("1")).await.unwrap();
+    cluster.server.faults().reset_counts();
+    for version in 2..7 {
+        leader.save(Term(1), &checkpoint_at(&version.to_string())).await.unwrap();
+    }
+    let agent = tenure_kube::user_agent("leader");
+    let faults = cluster.server.faults();
+    assert_eq!((faults.request_count(&agent, Verb::Get), faults.request_count(&agent, Verb::Update)), (0, 5));
+    assert_eq!(cluster.checkpointed_pod_version(), Some(6));
 }
 
 #[tokio::test]

@@ -7,12 +7,15 @@
 //! of the election core; instead the [`super::Checkpointer`] writes at most once per renew period,
 //! and only when something changed, to a ConfigMap of its own.
 //!
-//! Every save reads the object, refuses if the stored term is newer ([`super::check_not_superseded`],
-//! invariant C1), and replaces it with the read `resourceVersion` as precondition: a concurrent
-//! writer makes the replace fail with `409 Conflict`, and the save starts over from the read, so
+//! Every save reads the object (or reuses the object as this store last wrote it, so a steady
+//! leader makes one request per save), refuses if the stored term is newer
+//! ([`super::check_not_superseded`], invariant C1), and replaces it with that `resourceVersion` as
+//! precondition: a concurrent writer makes the replace fail with `409 Conflict`, and the save
+//! starts over from a fresh read, so
 //! the term comparison and the write act as one step.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -43,6 +46,10 @@ pub struct KubeCheckpointStore {
     namespace: String,
     name: String,
     controller: String,
+    /// The object as this store last wrote it: the next save replaces it without reading first
+    /// (one request per save); if anyone else wrote since, the replace fails with a conflict and
+    /// the save reads afresh.
+    last_written: Arc<Mutex<Option<ConfigMap>>>,
 }
 
 impl KubeCheckpointStore {
@@ -58,6 +65,7 @@ impl KubeCheckpointStore {
             namespace: namespace.to_owned(),
             name: name.into(),
             controller: controller.into(),
+            last_written: Arc::default(),
         }
     }
 
@@ -65,9 +73,17 @@ impl KubeCheckpointStore {
         CheckpointError::Store { store: self.describe(), reason: error.to_string() }
     }
 
-    /// One attempt: `Ok(true)` when written, `Ok(false)` on a conflict (start over).
+    fn last_written(&self) -> std::sync::MutexGuard<'_, Option<ConfigMap>> {
+        self.last_written.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One attempt: `Ok(true)` when written, `Ok(false)` on a conflict (start over, reading).
     async fn try_save(&self, term: Term, document: &str) -> Result<bool, CheckpointError> {
-        let current = self.api.get_opt(&self.name).await.map_err(|e| self.error(e))?;
+        let cached = self.last_written().take();
+        let current = match cached {
+            Some(object) => Some(object),
+            None => self.api.get_opt(&self.name).await.map_err(|e| self.error(e))?,
+        };
         let result = match current {
             None => {
                 let object = ConfigMap {
@@ -94,7 +110,10 @@ impl KubeCheckpointStore {
             }
         };
         match result {
-            Ok(_) => Ok(true),
+            Ok(written) => {
+                *self.last_written() = Some(written);
+                Ok(true)
+            }
             Err(kube::Error::Api(response)) if response.code == 409 => Ok(false),
             Err(error) => Err(self.error(error)),
         }
