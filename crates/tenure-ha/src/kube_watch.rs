@@ -17,6 +17,11 @@
 //!   memory, without a list request. A follower's own watch that must relist finds deletions by
 //!   comparing the list with its cache, so they still arrive as [`Change::Deleted`].
 //!
+//!   A follower keeps at most one pending change per object, but a deleted object's entry stays
+//!   until the replica next leads: memory grows with the objects deleted during a long standby.
+//!   Versions are compared as numbers (as etcd-backed servers issue them); a version that is not
+//!   a number is always treated as newer, so the change is reconciled rather than skipped.
+//!
 //! A kube-runtime `Controller` fits the same way: run it inside [`crate::Gate`] and stop it with
 //! the context's cancellation (see the crate README); this module is for controllers that must
 //! not miss a deletion across a leader change, which `Controller`'s always-relisting `watcher`
