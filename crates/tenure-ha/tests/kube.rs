@@ -432,3 +432,26 @@ async fn cold_standby_resume_past_the_event_window_relists_counts_and_collects_g
     gc.await.unwrap();
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_standby_with_an_unusable_checkpoint_relists_everything() {
+    let cluster = Cluster::start(ApiServerConfig::default()).await;
+    let configmap = json!({
+        "metadata": {"name": CHECKPOINT, "annotations": {CHECKPOINT_ANNOTATION: "{\"term\": 1, garbage"}},
+    });
+    let configmaps = find_resource_type("", "v1", "configmaps").unwrap();
+    cluster.server.store().create(configmaps, "default", configmap).unwrap();
+    cluster.create_pod("p1");
+    cluster.create_pod("p2");
+
+    let seen = Seen::default();
+    let metrics = WatchMetrics::default();
+    let a = Replica::start_with(&cluster, "replica-a", Standby::Cold, seen.clone(), None, metrics.clone()).await;
+    until("the leader handled every Pod", || seen.by("replica-a").len() == 2).await;
+    let mut handled = seen.by("replica-a");
+    handled.sort();
+    assert_eq!(handled, ["applied p1", "applied p2"]);
+    assert_eq!(metrics.resume_failures.get(), 0, "an unusable checkpoint is absent, not a failed resume");
+    until("the leader replaced it with a usable one", || cluster.checkpointed_pod_version().is_some()).await;
+    a.stop().await;
+}
