@@ -46,12 +46,14 @@ pub mod backoff;
 pub mod checkpoint;
 pub mod gate;
 pub mod gc;
+#[cfg(feature = "kube")]
+pub mod kube_watch;
 pub mod metrics;
 
 pub use gate::{Gate, GateHandle, LeaderContext, StopReason};
 
-/// The README's snippets, compiled and run as doc tests so that they stay true (the etcd one
-/// needs the `etcd` feature, which `scripts/test` enables).
-#[cfg(all(doctest, feature = "etcd"))]
+/// The README's snippets, compiled and run as doc tests so that they stay true (the etcd and
+/// Kubernetes ones need the `etcd` and `kube` features, which `scripts/test` enables).
+#[cfg(all(doctest, feature = "etcd", feature = "kube"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeSnippets;

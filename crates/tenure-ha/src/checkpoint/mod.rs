@@ -18,6 +18,8 @@ mod checkpointer;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod file;
+#[cfg(feature = "kube")]
+pub mod kube;
 pub mod memory;
 
 use std::collections::BTreeMap;
