@@ -38,7 +38,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::controller::{annotated_ip, CRASH_EXIT_CODE, CRASH_LABEL, ELECTION, POOL_PREFIX};
+use crate::controller::{annotated_ip, CRASH_EXIT_CODE, CRASH_LABEL, ELECTION, POOL_PREFIX, RESUME_FAILED_LINE};
 use crate::etcd_server::{EtcdServer, EtcdServerError};
 use crate::pool::IpPool;
 
@@ -73,6 +73,10 @@ pub struct Scenario {
     pub churn_every: Duration,
     /// The random seed of the churn.
     pub seed: u64,
+    /// How long the API server keeps events for resuming watches (`None`: its default, 75 s).
+    /// Shorter than a leader change, every resume fails with `410 Expired` and only the relist
+    /// plus the collector can release the addresses of Pods deleted meanwhile.
+    pub event_window: Option<Duration>,
 }
 
 impl Scenario {
@@ -89,6 +93,7 @@ impl Scenario {
             live_pods: 20,
             churn_every: Duration::from_millis(50),
             seed: 10,
+            event_window: None,
         }
     }
 
@@ -135,6 +140,8 @@ pub struct Report {
     pub orphan_latency_max: Duration,
     /// The bound it is held to: collection period + grace.
     pub orphan_bound: Duration,
+    /// Resumes the API server refused (each followed by a relist), as the replicas reported.
+    pub failed_resumes: usize,
     /// How long the run took.
     pub elapsed: Duration,
 }
@@ -158,6 +165,7 @@ impl Report {
              double allocations: {}\npods with two IPs: {}\nlive resources collected: {}\n\
              missed deletions: {}\nunannotated live pods at the end: {}\n\
              orphans: {} seen, {} collected; latency max {:?} (bound: GC period + grace = {:?})\n\
+             failed resumes (relists): {}\n\
              elapsed: {:?}",
             self.leader_changes,
             self.kills,
@@ -176,6 +184,7 @@ impl Report {
             self.orphans_collected,
             self.orphan_latency_max,
             self.orphan_bound,
+            self.failed_resumes,
             self.elapsed,
         )
     }
@@ -214,14 +223,23 @@ struct Replica {
 pub async fn run(scenario: &Scenario) -> Result<Report, CheckerError> {
     let started = Instant::now();
     let etcd = EtcdServer::start().await?;
-    let apiserver = ApiServer::start(ApiServerConfig::default())
-        .await
-        .map_err(|e| CheckerError::Kube(format!("apiserver: {e}")))?;
+    let mut config = ApiServerConfig::default();
+    if let Some(window) = scenario.event_window {
+        config.event_window = window;
+    }
+    let apiserver = ApiServer::start(config).await.map_err(|e| CheckerError::Kube(format!("apiserver: {e}")))?;
     let election = EtcdElection::connect(&[etcd.endpoint()], ELECTION).await?;
     let pool = IpPool::new(election.clone(), POOL_PREFIX, POOL_BASE, POOL_SIZE);
     let client = kube_client(&apiserver.url())?;
     let pods: Api<Pod> = Api::namespaced(client, "default");
+    let logs = std::env::temp_dir().join(format!(
+        "tenure-ipam-logs-{}-{}",
+        std::process::id(),
+        etcd.endpoint().replace([':', '.'], "-")
+    ));
+    std::fs::create_dir_all(&logs).map_err(|e| CheckerError::Process(format!("{}: {e}", logs.display())))?;
     let mut harness = Harness {
+        logs: logs.clone(),
         scenario: scenario.clone(),
         etcd: etcd.endpoint(),
         url: apiserver.url(),
@@ -231,7 +249,7 @@ pub async fn run(scenario: &Scenario) -> Result<Report, CheckerError> {
     for _ in 0..3 {
         harness.spawn()?;
     }
-    let observer = Arc::new(Mutex::new(Observations::new(scenario.resume)));
+    let observer = Arc::new(Mutex::new(Observations::new()));
     let stop_sampling = CancellationToken::new();
     let sampler =
         tokio::spawn(sample(pods.clone(), pool.clone(), election.clone(), observer.clone(), stop_sampling.clone()));
@@ -303,6 +321,10 @@ pub async fn run(scenario: &Scenario) -> Result<Report, CheckerError> {
     }
     let observations = observer.lock().unwrap_or_else(|e| e.into_inner()).clone();
     observations.finish(&mut report);
+    report.failed_resumes = count_lines(&logs, RESUME_FAILED_LINE);
+    if std::env::var_os("TENURE_IPAM_KEEP_LOGS").is_none() {
+        let _ = std::fs::remove_dir_all(&logs);
+    }
     report.elapsed = started.elapsed();
     apiserver.shutdown().await;
     drop(etcd);
@@ -316,6 +338,8 @@ pub fn kube_client(url: &str) -> Result<Client, CheckerError> {
 }
 
 struct Harness {
+    /// Where each replica's stdout goes.
+    logs: PathBuf,
     scenario: Scenario,
     etcd: String,
     url: String,
@@ -328,6 +352,8 @@ impl Harness {
         self.generation += 1;
         let identity = format!("replica-{}", self.generation);
         let s = &self.scenario;
+        let log = std::fs::File::create(self.logs.join(format!("{identity}.log")))
+            .map_err(|e| CheckerError::Process(format!("{}: {e}", self.logs.display())))?;
         let mut command = Command::new(&s.controller);
         command
             .arg("controller")
@@ -335,10 +361,10 @@ impl Harness {
             .args(["--ttl", &format!("{}s", s.ttl.as_secs())])
             .args(["--gc-period", &format!("{}ms", s.gc_period.as_millis())])
             .args(["--gc-grace", &format!("{}ms", s.gc_grace.as_millis())])
-            .arg("--crash-after-allocate")
+            .args(["--crash-after-allocate", "--exit-with-parent"])
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| CheckerError::Process(e.to_string()))?)
+            .stderr(log)
             .kill_on_drop(true);
         if !s.resume {
             command.arg("--no-resume");
@@ -375,6 +401,16 @@ impl Harness {
         }
         Ok(())
     }
+}
+
+/// How many lines of the replicas' logs in `dir` contain `needle`.
+fn count_lines(dir: &std::path::Path, needle: &str) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
+        .map(|text| text.lines().filter(|line| line.contains(needle)).count())
+        .sum()
 }
 
 fn signal(pid: Pid, signal: Signal) -> Result<(), CheckerError> {
@@ -440,7 +476,6 @@ async fn churn(pods: Api<Pod>, scenario: Scenario, observer: Arc<Mutex<Observati
 /// What the sampler has seen so far.
 #[derive(Debug, Clone)]
 struct Observations {
-    resume: bool,
     samples: usize,
     created: usize,
     deleted: HashSet<String>,
@@ -461,9 +496,8 @@ struct Observations {
 }
 
 impl Observations {
-    fn new(resume: bool) -> Observations {
+    fn new() -> Observations {
         Observations {
-            resume,
             samples: 0,
             created: 0,
             deleted: HashSet::new(),
@@ -583,7 +617,6 @@ impl Observations {
             let from = takeover.map_or(*appeared, |t| t.max(*appeared));
             report.orphan_latency_max = report.orphan_latency_max.max(gone.saturating_duration_since(from));
         }
-        let _ = self.resume;
     }
 }
 
@@ -614,5 +647,95 @@ async fn sample(
             );
         }
         tokio::time::sleep(SAMPLE_EVERY).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::{Allocation, AllocationRecord};
+
+    fn pod(uid: &str, version: &str, ip: Option<&str>) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.uid = Some(uid.into());
+        pod.metadata.resource_version = Some(version.into());
+        if let Some(ip) = ip {
+            pod.annotations_mut().insert(crate::controller::IP_ANNOTATION.into(), ip.into());
+        }
+        pod
+    }
+
+    fn allocation(ip: &str, uid: &str, revision: i64) -> Allocation {
+        Allocation {
+            ip: ip.parse().expect("an address"),
+            record: AllocationRecord { pod_uid: uid.into(), pod_name: uid.into(), term: 1 },
+            create_revision: revision,
+        }
+    }
+
+    #[test]
+    fn two_pods_annotated_with_one_address_are_a_double_allocation() {
+        let mut observations = Observations::new();
+        let pods = [pod("a", "1", Some("10.0.0.1")), pod("b", "2", Some("10.0.0.1"))];
+        observations.record(&pods, &[allocation("10.0.0.1", "a", 5)], &pods, Some(1), Instant::now());
+        assert_eq!(observations.double_allocations.len(), 1, "{:?}", observations.double_allocations);
+    }
+
+    #[test]
+    fn an_allocation_rewritten_for_another_pod_is_a_double_allocation() {
+        let mut observations = Observations::new();
+        observations.record(&[], &[allocation("10.0.0.1", "a", 5)], &[], Some(1), Instant::now());
+        observations.record(&[], &[allocation("10.0.0.1", "b", 5)], &[], Some(1), Instant::now());
+        assert_eq!(observations.double_allocations.len(), 1);
+    }
+
+    #[test]
+    fn a_pod_whose_address_changes_has_two_addresses() {
+        let mut observations = Observations::new();
+        let first = [pod("a", "1", Some("10.0.0.1"))];
+        observations.record(&first, &[allocation("10.0.0.1", "a", 5)], &first, Some(1), Instant::now());
+        let second = [pod("a", "2", Some("10.0.0.2"))];
+        observations.record(&second, &[allocation("10.0.0.2", "a", 6)], &second, Some(1), Instant::now());
+        assert_eq!(observations.pods_with_two_ips.len(), 1);
+    }
+
+    #[test]
+    fn an_address_released_while_its_unchanged_pod_holds_it_is_a_live_resource_collected() {
+        let mut observations = Observations::new();
+        let pods = [pod("a", "1", Some("10.0.0.1"))];
+        observations.record(&pods, &[], &pods, Some(1), Instant::now());
+        assert_eq!(observations.in_use_collected.len(), 1);
+        // A Pod that changed (or went away) between the listings proves nothing.
+        let mut other = Observations::new();
+        other.record(&pods, &[], &[pod("a", "2", Some("10.0.0.1"))], Some(1), Instant::now());
+        other.record(&pods, &[], &[], Some(1), Instant::now());
+        assert!(other.in_use_collected.is_empty(), "{:?}", other.in_use_collected);
+    }
+
+    #[test]
+    fn an_orphan_is_timed_from_the_later_of_its_appearance_and_the_takeover() {
+        let mut observations = Observations::new();
+        let start = Instant::now();
+        let pods = [pod("a", "1", Some("10.0.0.2"))];
+        let both = [allocation("10.0.0.1", "a", 5), allocation("10.0.0.2", "a", 6)];
+        observations.record(&pods, &both, &pods, Some(1), start);
+        observations.record(&pods, &both, &pods, Some(2), start + Duration::from_secs(3));
+        observations.record(&pods, &both[1..], &pods, Some(2), start + Duration::from_secs(4));
+        let mut report = Report::default();
+        observations.finish(&mut report);
+        assert_eq!((report.orphans_seen, report.orphans_collected), (1, 1));
+        assert_eq!(report.orphan_latency_max, Duration::from_secs(1));
+        assert_eq!(report.leader_changes, 1);
+    }
+
+    #[test]
+    fn an_address_still_held_by_a_deleted_pod_is_a_missed_deletion() {
+        let mut observations = Observations::new();
+        observations.deleted.insert("a".into());
+        observations.record(&[], &[allocation("10.0.0.1", "a", 5)], &[], Some(1), Instant::now());
+        let mut report = Report::default();
+        observations.finish(&mut report);
+        assert_eq!(report.missed_deletions.len(), 1);
+        assert!(!observations.settled());
     }
 }

@@ -49,6 +49,10 @@ enum Command {
         /// ipam.tenure.dev/crash-after-allocate (before annotating it).
         #[arg(long)]
         crash_after_allocate: bool,
+        /// Exit when the parent process dies (the checker starts replicas with it, so that a
+        /// killed checker leaves no replicas behind).
+        #[arg(long)]
+        exit_with_parent: bool,
         /// The pool: addresses after this one.
         #[arg(long, default_value = "10.0.0.0")]
         pool_base: Ipv4Addr,
@@ -67,6 +71,10 @@ enum Command {
         /// The churn's random seed.
         #[arg(long, default_value_t = 10)]
         seed: u64,
+        /// The API server's event window (default 75 s); shorter than a leader change makes every
+        /// resume fail, so the relist and the collector must recover the deletions.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        event_window: Option<Duration>,
     },
 }
 
@@ -93,9 +101,16 @@ fn main() -> ExitCode {
             gc_period,
             gc_grace,
             crash_after_allocate,
+            exit_with_parent,
             pool_base,
             pool_size,
         } => {
+            if exit_with_parent {
+                if let Err(error) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL) {
+                    eprintln!("cannot follow the parent's exit: {error}");
+                    return ExitCode::FAILURE;
+                }
+            }
             let config = ControllerConfig {
                 identity,
                 etcd,
@@ -117,7 +132,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Check { no_resume, faults, seed } => {
+        Command::Check { no_resume, faults, seed, event_window } => {
             let exe = match std::env::current_exe() {
                 Ok(exe) => exe,
                 Err(error) => {
@@ -125,7 +140,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let scenario = Scenario { seed, ..Scenario::short(exe, !no_resume, faults) };
+            let scenario = Scenario { seed, event_window, ..Scenario::short(exe, !no_resume, faults) };
             match runtime.block_on(checker::run(&scenario)) {
                 Ok(report) => {
                     println!("resume: {}\n{}", scenario.resume, report.summary());
