@@ -28,7 +28,7 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:2379")]
         etcd: Vec<String>,
         /// The API server URL (e.g. from `tenure apiserver`).
-        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        #[arg(long, default_value = "http://127.0.0.1:6443")]
         apiserver: String,
         /// The namespace whose Pods get addresses.
         #[arg(long, default_value = "default")]
