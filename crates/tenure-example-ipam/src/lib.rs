@@ -1,0 +1,14 @@
+//! A Kuryr-like IP allocator for Pods on the Tenure HA runtime, and its checker.
+//!
+//! Why it exists: it is the end-to-end proof of `tenure-ha` (issue 10). Three replicas campaign on
+//! etcd; the leader watches Pods from the fenced checkpoint, allocates an address per Pod in a
+//! fenced etcd pool, annotates the Pod, releases the address when the Pod is deleted, and collects
+//! orphans. The [`checker`] runs it under Pod churn, leader kills, pauses and graceful stops and
+//! verifies that no address is ever given to two Pods, no deletion is missed, and every orphan
+//! is collected while nothing in use is.
+#![warn(missing_docs)]
+
+pub mod checker;
+pub mod controller;
+pub mod etcd_server;
+pub mod pool;

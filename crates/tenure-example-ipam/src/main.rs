@@ -1,0 +1,167 @@
+//! `tenure-example-ipam controller ...` runs one replica of the allocator; `tenure-example-ipam
+//! check ...` runs the whole scenario (etcd, API server, three replicas, churn and faults) and
+//! prints the checker's numbers.
+
+use std::net::Ipv4Addr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use tenure_example_ipam::checker::{self, Scenario};
+use tenure_example_ipam::controller::{self, ControllerConfig};
+
+#[derive(Parser)]
+#[command(about = "A Kuryr-like Pod IP allocator on the Tenure HA runtime, and its checker")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one replica until SIGTERM.
+    Controller {
+        /// This replica's name in the election.
+        #[arg(long)]
+        identity: String,
+        /// etcd endpoints, host:port, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:2379")]
+        etcd: Vec<String>,
+        /// The API server URL (e.g. from `tenure apiserver`).
+        #[arg(long, default_value = "http://127.0.0.1:6443")]
+        apiserver: String,
+        /// The namespace whose Pods get addresses.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+        /// The election lease.
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+        /// Do not resume from the checkpoint: watch from now, as Kuryr did (misses deletions).
+        #[arg(long)]
+        no_resume: bool,
+        /// How often the orphan collector runs.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        gc_period: Duration,
+        /// The orphan collector's grace period.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        gc_grace: Duration,
+        /// Test hook: exit right after allocating for a Pod labelled
+        /// ipam.tenure.dev/crash-after-allocate (before annotating it).
+        #[arg(long)]
+        crash_after_allocate: bool,
+        /// Exit when the parent process dies (the checker starts replicas with it, so that a
+        /// killed checker leaves no replicas behind).
+        #[arg(long)]
+        exit_with_parent: bool,
+        /// The pool: addresses after this one.
+        #[arg(long, default_value = "10.0.0.0")]
+        pool_base: Ipv4Addr,
+        /// The pool's size.
+        #[arg(long, default_value_t = 1000)]
+        pool_size: u32,
+    },
+    /// Run the checker's scenario and print its numbers; exits 1 if it found a violation.
+    Check {
+        /// Controllers watch from now (Kuryr) instead of resuming from the checkpoint.
+        #[arg(long)]
+        no_resume: bool,
+        /// Faults to inject (one leader change each).
+        #[arg(long, default_value_t = 60)]
+        faults: usize,
+        /// The churn's random seed.
+        #[arg(long, default_value_t = 10)]
+        seed: u64,
+        /// The API server's event window (default 75 s); shorter than a leader change makes every
+        /// resume fail, so the relist and the collector must recover the deletions.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        event_window: Option<Duration>,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match Cli::parse().command {
+        Command::Controller {
+            identity,
+            etcd,
+            apiserver,
+            namespace,
+            ttl,
+            no_resume,
+            gc_period,
+            gc_grace,
+            crash_after_allocate,
+            exit_with_parent,
+            pool_base,
+            pool_size,
+        } => {
+            if exit_with_parent {
+                if let Err(error) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL) {
+                    eprintln!("cannot follow the parent's exit: {error}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            let config = ControllerConfig {
+                identity,
+                etcd,
+                apiserver,
+                namespace,
+                ttl,
+                resume: !no_resume,
+                gc_period,
+                gc_grace,
+                crash_after_allocate,
+                pool_base,
+                pool_size,
+            };
+            match runtime.block_on(controller::run(config)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("controller failed: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Check { no_resume, faults, seed, event_window } => {
+            let exe = match std::env::current_exe() {
+                Ok(exe) => exe,
+                Err(error) => {
+                    eprintln!("cannot find this program: {error}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let scenario = Scenario { seed, event_window, ..Scenario::short(exe, !no_resume, faults) };
+            match runtime.block_on(checker::run(&scenario)) {
+                Ok(report) => {
+                    println!("resume: {}\n{}", scenario.resume, report.summary());
+                    if report.is_clean() {
+                        ExitCode::SUCCESS
+                    } else {
+                        println!(
+                            "violations: {:?} {:?} {:?}\nmissed: {:?}",
+                            report.double_allocations,
+                            report.pods_with_two_ips,
+                            report.in_use_collected,
+                            report.missed_deletions
+                        );
+                        ExitCode::FAILURE
+                    }
+                }
+                Err(error) => {
+                    eprintln!("the run failed: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

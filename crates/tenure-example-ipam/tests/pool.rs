@@ -1,0 +1,49 @@
+//! The pool's fencing on a real etcd: a deposed term can neither allocate nor release.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use tenure_etcd::EtcdElection;
+use tenure_example_ipam::etcd_server::{etcd_installed, EtcdServer};
+use tenure_example_ipam::pool::{IpPool, PoolError};
+use tokio::time::timeout;
+
+const TTL: Duration = Duration::from_secs(2);
+const BOUND: Duration = Duration::from_secs(20);
+
+#[tokio::test]
+async fn a_deposed_leader_can_neither_allocate_nor_release_and_the_new_one_gets_the_next_free_address() {
+    if !etcd_installed() {
+        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "etcd is not installed and CI=true");
+        return;
+    }
+    let etcd = EtcdServer::start().await.expect("etcd starts");
+    let election = EtcdElection::connect(&[etcd.endpoint()], "pool-test").await.expect("connected");
+    let election = election.with_drain_timeout(Duration::from_millis(100));
+    let pool = IpPool::new(election.clone(), "pool-test-ips/", Ipv4Addr::new(10, 0, 0, 0), 2);
+    let a = election.campaign("a", TTL).expect("campaign");
+    let tenure_a = timeout(BOUND, a.acquired()).await.expect("a leads in time").expect("a leads");
+    let first = pool.allocate(tenure_a.term(), "uid-1", "pod-1").await.expect("allocated");
+    assert_eq!(first.ip, Ipv4Addr::new(10, 0, 0, 1));
+
+    let b = election.campaign("b", TTL).expect("campaign");
+    let term_a = tenure_a.term();
+    drop(tenure_a);
+    a.resign().await.expect("resigned");
+    let tenure_b = timeout(BOUND, b.acquired()).await.expect("b leads in time").expect("b leads");
+
+    let late = pool.allocate(term_a, "uid-2", "pod-2").await;
+    assert!(matches!(late, Err(PoolError::Fenced(term)) if term == term_a), "{late:?}");
+    let late = pool.release(term_a, first.ip, first.create_revision).await;
+    assert!(matches!(late, Err(PoolError::Fenced(_))), "{late:?}");
+    let second = pool.allocate(tenure_b.term(), "uid-2", "pod-2").await.expect("allocated");
+    assert_eq!(second.ip, Ipv4Addr::new(10, 0, 0, 2));
+    let exhausted = pool.allocate(tenure_b.term(), "uid-3", "pod-3").await;
+    assert!(matches!(exhausted, Err(PoolError::Exhausted(2))), "{exhausted:?}");
+    assert_eq!(pool.release_pod(tenure_b.term(), "uid-1").await.expect("released"), 1);
+    let owners: Vec<String> = pool.list().await.expect("listed").into_iter().map(|a| a.record.pod_uid).collect();
+    assert_eq!(owners, vec!["uid-2".to_owned()]);
+    drop(tenure_b);
+    b.shutdown().await.expect("shut down");
+    let _ = a.shutdown().await;
+}
