@@ -35,6 +35,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod access;
 mod driver;
 pub mod naming;
 
@@ -43,6 +44,8 @@ use std::time::Duration;
 
 use tenure::{Elector, Timing};
 use zookeeper_client as zk;
+
+pub use crate::access::ZkOptions;
 
 /// Why a ZooKeeper election could not be set up or queried.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +75,20 @@ pub enum ZkError {
     /// A request to ZooKeeper failed.
     #[error("ZooKeeper request failed: {0}")]
     Request(#[from] zk::Error),
+    /// The election path exists and its ACL lets this user create no node in it: with digest
+    /// credentials, a wrong password (ZooKeeper accepts any password and derives another
+    /// identity from it) or a user other than the election's.
+    #[error(
+        "ZooKeeper user {user:?} may not campaign at {path}: its ACL lets only {granted:?} create nodes (wrong password, or another user's election)"
+    )]
+    NotAuthorized {
+        /// The election path.
+        path: String,
+        /// The digest user.
+        user: String,
+        /// Who may create nodes there (`scheme:user`, without digests).
+        granted: Vec<String>,
+    },
     /// A request to ZooKeeper got no answer in time.
     #[error("ZooKeeper request timed out after {0:?}")]
     Timeout(Duration),
@@ -101,6 +118,8 @@ pub struct ZkElection {
     drain_timeout: Duration,
     /// The session for status queries, replaced when it expires.
     client: Arc<Mutex<zk::Client>>,
+    /// Credentials of every session, and the ACL of the nodes created.
+    access: ZkOptions,
 }
 
 impl ZkElection {
@@ -108,17 +127,32 @@ impl ZkElection {
     /// path, created on first campaign if missing). `session_timeout` is what the candidates ask
     /// the server for; the server may clamp it to its own bounds (2 to 20 ticks by default).
     pub async fn connect(servers: &str, path: &str, session_timeout: Duration) -> Result<ZkElection, ZkError> {
+        Self::connect_with(servers, path, session_timeout, ZkOptions::default()).await
+    }
+
+    /// Connects like [`ZkElection::connect`], authenticating every session as `options` say and
+    /// protecting the nodes it creates accordingly (see [`ZkOptions`]). When the election path
+    /// exists and its ACL shuts this user out (a wrong password), fails with
+    /// [`ZkError::NotAuthorized`] here rather than campaigning in vain.
+    pub async fn connect_with(
+        servers: &str,
+        path: &str,
+        session_timeout: Duration,
+        options: ZkOptions,
+    ) -> Result<ZkElection, ZkError> {
         validate_path(path)?;
         if session_timeout < Duration::from_millis(100) {
             return Err(ZkError::SessionTimeout(session_timeout));
         }
-        let client = open_session(servers, session_timeout).await?;
+        let client = open_session(servers, session_timeout, &options).await?;
+        with_timeout_of(session_timeout, options.check_may_campaign(&client, path)).await?;
         Ok(ZkElection {
             servers: servers.to_owned(),
             path: path.to_owned(),
             session_timeout,
             drain_timeout: session_timeout * 2 / 3,
             client: Arc::new(Mutex::new(client)),
+            access: options,
         })
     }
 
@@ -153,6 +187,7 @@ impl ZkElection {
             session_timeout: self.session_timeout,
             drain_timeout: self.drain_timeout,
             identity: identity.clone(),
+            access: self.access.clone(),
         };
         Ok(Elector::from_driver(identity, timing_of(self.session_timeout), move |publisher, commands| {
             driver::run(config, publisher, commands)
@@ -165,7 +200,7 @@ impl ZkElection {
         match self.read_leader().await {
             Err(ZkError::Request(zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::SessionMoved)) => {
                 // The status session ended (a long partition): open a new one and ask again.
-                let client = open_session(&self.servers, self.session_timeout).await?;
+                let client = open_session(&self.servers, self.session_timeout, &self.access).await?;
                 *self.client.lock().unwrap_or_else(|e| e.into_inner()) = client;
                 self.read_leader().await
             }
@@ -214,9 +249,9 @@ pub fn timing_of(session_timeout: Duration) -> Timing {
     }
 }
 
-async fn open_session(servers: &str, session_timeout: Duration) -> Result<zk::Client, ZkError> {
-    zk::Client::connector()
-        .with_session_timeout(session_timeout)
+async fn open_session(servers: &str, session_timeout: Duration, options: &ZkOptions) -> Result<zk::Client, ZkError> {
+    options
+        .connector(session_timeout)
         .connect(servers)
         .await
         .map_err(|source| ZkError::Connect { servers: servers.to_owned(), source })
@@ -252,6 +287,14 @@ async fn with_timeout<T>(
         Ok(result) => result.map_err(ZkError::Request),
         Err(_) => Err(ZkError::Timeout(limit)),
     }
+}
+
+/// `check` within `limit`.
+async fn with_timeout_of<T>(
+    limit: Duration,
+    check: impl std::future::Future<Output = Result<T, ZkError>>,
+) -> Result<T, ZkError> {
+    tokio::time::timeout(limit, check).await.unwrap_or(Err(ZkError::Timeout(limit)))
 }
 
 #[cfg(test)]
