@@ -16,6 +16,7 @@ mod child;
 mod demo;
 mod elect;
 mod http;
+mod lock_access;
 mod lock_url;
 mod logging;
 mod options;

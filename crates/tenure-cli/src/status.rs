@@ -84,8 +84,8 @@ pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
     let url = args.election.lock_url()?;
     let cluster = args.election.cluster.options().map_err(CliError::Usage)?;
     let report = match &url {
-        LockUrl::Zk { servers, path } => zk_status(election, &url, servers, path).await?,
-        LockUrl::Etcd { endpoints, election: name } => etcd_status(election, &url, endpoints, name).await?,
+        LockUrl::Zk { servers, path, .. } => zk_status(election, &url, servers, path).await?,
+        LockUrl::Etcd { endpoints, election: name, .. } => etcd_status(election, &url, endpoints, name).await?,
         _ => record_status(election, &url, &cluster).await?,
     };
     let text = match args.output {

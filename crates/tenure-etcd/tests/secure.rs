@@ -101,17 +101,9 @@ fn tls_settings_that_are_not_pem_are_refused_before_connecting() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Enables etcd's authentication on `cluster`: `root`, and `tenure` with read-write access to
-/// the keys of elections whose names start with `secure`.
+/// Enables etcd's authentication, with the user `tenure` allowed the elections `secure*`.
 fn enable_auth(cluster: &EtcdCluster) {
-    cluster.etcdctl(&["user", "add", "root:rootpw", "--interactive=false"]);
-    cluster.etcdctl(&["user", "grant-role", "root", "root"]);
-    cluster.etcdctl(&["role", "add", "tenure"]);
-    cluster.etcdctl(&["role", "grant-permission", "tenure", "--prefix=true", "readwrite", "secure"]);
-    cluster.etcdctl(&["user", "add", "tenure:s3cret", "--interactive=false"]);
-    cluster.etcdctl(&["user", "grant-role", "tenure", "tenure"]);
-    let enabled = cluster.etcdctl(&["auth", "enable"]);
-    assert!(enabled.contains("Authentication Enabled"), "auth enable said: {enabled}");
+    cluster.enable_auth("tenure", "s3cret", "secure");
 }
 
 #[tokio::test]

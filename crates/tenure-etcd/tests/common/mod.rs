@@ -244,6 +244,19 @@ impl EtcdCluster {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
+    /// Enables etcd's authentication: `root`, and `user` with `password` and read-write access
+    /// to the keys starting with `prefix`.
+    pub fn enable_auth(&self, user: &str, password: &str, prefix: &str) {
+        self.etcdctl(&["user", "add", "root:rootpw", "--interactive=false"]);
+        self.etcdctl(&["user", "grant-role", "root", "root"]);
+        self.etcdctl(&["role", "add", "candidates"]);
+        self.etcdctl(&["role", "grant-permission", "candidates", "--prefix=true", "readwrite", prefix]);
+        self.etcdctl(&["user", "add", &format!("{user}:{password}"), "--interactive=false"]);
+        self.etcdctl(&["user", "grant-role", user, "candidates"]);
+        let enabled = self.etcdctl(&["auth", "enable"]);
+        assert!(enabled.contains("Authentication Enabled"), "auth enable said: {enabled}");
+    }
+
     pub fn endpoints(&self) -> Vec<String> {
         (0..self.members.len()).map(|i| self.endpoint(i)).collect()
     }
