@@ -28,6 +28,8 @@ use crate::ZkError;
 #[derive(Clone, Default)]
 pub struct ZkOptions {
     digest: Option<(String, String)>,
+    #[cfg(feature = "tls")]
+    tls: Option<zk::TlsOptions>,
 }
 
 impl ZkOptions {
@@ -43,6 +45,40 @@ impl ZkOptions {
         self
     }
 
+    /// Talks TLS to every server (ZooKeeper's `secureClientPort`), trusting the CA certificates in
+    /// `ca_pem` and, if given, presenting the client certificate and key `identity` (PEM), for
+    /// servers with `ssl.clientAuth=need`. Only with the crate feature `tls`.
+    #[cfg(feature = "tls")]
+    pub fn with_tls(mut self, ca_pem: &str, identity: Option<(&str, &str)>) -> Result<Self, ZkError> {
+        let tls_error = |e: zk::Error| ZkError::Tls(e.to_string());
+        let mut tls = zk::TlsOptions::new().with_pem_ca(ca_pem).map_err(tls_error)?;
+        if let Some((cert, key)) = identity {
+            tls = tls.with_pem_identity(cert, key).map_err(tls_error)?;
+        }
+        self.tls = Some(tls);
+        Ok(self)
+    }
+
+    /// Whether sessions use TLS.
+    pub fn uses_tls(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
+    /// The connection string for the client: with TLS every server is marked `tcp+tls://`.
+    pub(crate) fn connect_string(&self, servers: &str) -> String {
+        if !self.uses_tls() {
+            return servers.to_owned();
+        }
+        servers
+            .split(',')
+            .map(|server| if server.contains("://") { server.to_owned() } else { format!("tcp+tls://{server}") })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// The digest user, if any (for messages).
     pub fn user(&self) -> Option<&str> {
         self.digest.as_ref().map(|(user, _)| user.as_str())
@@ -51,6 +87,17 @@ impl ZkOptions {
     /// A connector for a new session with `session_timeout`, carrying the credentials.
     pub(crate) fn connector(&self, session_timeout: std::time::Duration) -> zk::Connector {
         let connector = zk::Client::connector().with_session_timeout(session_timeout);
+        #[cfg(feature = "tls")]
+        let connector = match &self.tls {
+            Some(tls) => {
+                // zookeeper-client builds its rustls configuration with the process's default
+                // provider; with its TLS two providers are compiled in (ring, aws-lc-rs), so one
+                // must be chosen. Ring, as tonic and kube use. Already installed: nothing to do.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                connector.with_tls(tls.clone())
+            }
+            None => connector,
+        };
         match &self.digest {
             Some((user, password)) => connector.with_auth("digest", format!("{user}:{password}").as_bytes()),
             None => connector,
@@ -102,7 +149,7 @@ impl ZkOptions {
 impl fmt::Debug for ZkOptions {
     /// Never shows the password.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ZkOptions").field("digest_user", &self.user()).finish()
+        f.debug_struct("ZkOptions").field("digest_user", &self.user()).field("tls", &self.uses_tls()).finish()
     }
 }
 

@@ -89,6 +89,9 @@ pub enum ZkError {
         /// Who may create nodes there (`scheme:user`, without digests).
         granted: Vec<String>,
     },
+    /// The TLS settings are unusable (a CA bundle or client certificate that is not PEM).
+    #[error("ZooKeeper TLS settings: {0}")]
+    Tls(String),
     /// A request to ZooKeeper got no answer in time.
     #[error("ZooKeeper request timed out after {0:?}")]
     Timeout(Duration),
@@ -144,10 +147,11 @@ impl ZkElection {
         if session_timeout < Duration::from_millis(100) {
             return Err(ZkError::SessionTimeout(session_timeout));
         }
-        let client = open_session(servers, session_timeout, &options).await?;
+        let servers = options.connect_string(servers);
+        let client = open_session(&servers, session_timeout, &options).await?;
         with_timeout_of(session_timeout, options.check_may_campaign(&client, path)).await?;
         Ok(ZkElection {
-            servers: servers.to_owned(),
+            servers,
             path: path.to_owned(),
             session_timeout,
             drain_timeout: session_timeout * 2 / 3,
