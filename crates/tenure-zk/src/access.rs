@@ -30,6 +30,9 @@ pub struct ZkOptions {
     digest: Option<(String, String)>,
     #[cfg(feature = "tls")]
     tls: Option<zk::TlsOptions>,
+    /// The PEM the TLS options were made of, to explain a failed handshake.
+    #[cfg(feature = "tls")]
+    tls_pem: Option<(String, Option<(String, String)>)>,
 }
 
 impl ZkOptions {
@@ -56,7 +59,18 @@ impl ZkOptions {
             tls = tls.with_pem_identity(cert, key).map_err(tls_error)?;
         }
         self.tls = Some(tls);
+        self.tls_pem = Some((ca_pem.to_owned(), identity.map(|(c, k)| (c.to_owned(), k.to_owned()))));
         Ok(self)
+    }
+
+    /// Why a TLS handshake with the first of `servers` fails, if it does: zookeeper-client retries
+    /// failed handshakes until the session timeout and then reports only a timeout.
+    #[cfg(feature = "tls")]
+    pub(crate) async fn explain_tls_failure(&self, servers: &str) -> Option<String> {
+        let (ca_pem, identity) = self.tls_pem.clone()?;
+        let server = servers.split(',').next()?.trim_start_matches("tcp+tls://").to_owned();
+        let probe = move || crate::tls_probe::handshake(&server, &ca_pem, identity.as_ref());
+        tokio::task::spawn_blocking(probe).await.ok()?.err()
     }
 
     /// Whether sessions use TLS.

@@ -38,6 +38,8 @@
 mod access;
 mod driver;
 pub mod naming;
+#[cfg(feature = "tls")]
+mod tls_probe;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -92,6 +94,15 @@ pub enum ZkError {
     /// The TLS settings are unusable (a CA bundle or client certificate that is not PEM).
     #[error("ZooKeeper TLS settings: {0}")]
     Tls(String),
+    /// No session could be established over TLS, and a handshake with the first server shows
+    /// why (a server certificate from another CA, a name mismatch, a refused client certificate).
+    #[error("cannot connect to ZooKeeper at {servers}: TLS handshake failed: {reason}")]
+    TlsHandshake {
+        /// The connection string.
+        servers: String,
+        /// What the handshake said.
+        reason: String,
+    },
     /// A request to ZooKeeper got no answer in time.
     #[error("ZooKeeper request timed out after {0:?}")]
     Timeout(Duration),
@@ -148,7 +159,17 @@ impl ZkElection {
             return Err(ZkError::SessionTimeout(session_timeout));
         }
         let servers = options.connect_string(servers);
-        let client = open_session(&servers, session_timeout, &options).await?;
+        let client = match open_session(&servers, session_timeout, &options).await {
+            Ok(client) => client,
+            #[cfg(feature = "tls")]
+            Err(ZkError::Connect { servers, source }) if options.uses_tls() => {
+                return Err(match options.explain_tls_failure(&servers).await {
+                    Some(reason) => ZkError::TlsHandshake { servers, reason },
+                    None => ZkError::Connect { servers, source },
+                });
+            }
+            Err(error) => return Err(error),
+        };
         with_timeout_of(session_timeout, options.check_may_campaign(&client, path)).await?;
         Ok(ZkElection {
             servers,
