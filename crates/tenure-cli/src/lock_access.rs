@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! etcd://[USER@]host:port[,host:port]/NAME[?cacert=CA.pem[&cert=CERT.pem&key=KEY.pem][&servername=NAME][&password-file=PATH]]
-//! zk://[USER@]host:port[,host:port]/PATH[?password-file=PATH]
+//! zk://[USER@]host:port[,host:port]/PATH[?cacert=CA.pem[&cert=CERT.pem&key=KEY.pem]][&password-file=PATH]   (TLS: feature zk-tls)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -111,8 +111,14 @@ impl ClusterAccess {
                     }
                     continue;
                 }
-                ("cacert" | "cert" | "key" | "servername", Backend::Zk) => {
-                    return Err(bad("ZooKeeper over TLS is not supported by this build (see the README)"))
+                ("cacert", Backend::Zk) if cfg!(feature = "zk-tls") => &mut access.ca,
+                ("cert", Backend::Zk) if cfg!(feature = "zk-tls") => &mut cert,
+                ("key", Backend::Zk) if cfg!(feature = "zk-tls") => &mut key,
+                ("servername", Backend::Zk) => {
+                    return Err(bad("the ZooKeeper client checks the certificate against each server's host"))
+                }
+                ("cacert" | "cert" | "key", Backend::Zk) => {
+                    return Err(bad("ZooKeeper over TLS needs tenure built with `--features zk-tls`"))
                 }
                 (_, Backend::Etcd) => {
                     return Err(bad("unknown; etcd locks take cacert, cert, key, servername and password-file"))
@@ -199,9 +205,20 @@ impl ClusterAccess {
         Ok(options)
     }
 
-    /// The ZooKeeper client options (digest credentials).
+    /// The ZooKeeper client options (digest credentials; TLS files with the feature `zk-tls`).
     pub fn zk_options(&self) -> Result<tenure_zk::ZkOptions, AccessError> {
-        let options = tenure_zk::ZkOptions::new();
+        #[allow(unused_mut)]
+        let mut options = tenure_zk::ZkOptions::new();
+        #[cfg(feature = "zk-tls")]
+        if let Some(ca) = &self.ca {
+            let ca = read_text(ca, "CA bundle")?;
+            let identity = match &self.identity {
+                Some((cert, key)) => Some((read_text(cert, "client certificate")?, read_text(key, "client key")?)),
+                None => None,
+            };
+            let identity = identity.as_ref().map(|(cert, key)| (cert.as_str(), key.as_str()));
+            options = options.with_tls(&ca, identity).map_err(|e| AccessError::Tls(e.to_string()))?;
+        }
         Ok(match self.credentials()? {
             Some((user, password)) => options.with_digest(user, password),
             None => options,
@@ -279,7 +296,10 @@ mod tests {
         assert!(parse(None, Some("cacert=/a&cacert=/b"), Backend::Etcd).contains("twice"));
         assert!(parse(None, Some("cacert="), Backend::Etcd).contains("needs a value"));
         assert!(parse(None, Some("tls=1"), Backend::Etcd).contains("unknown"));
-        assert!(parse(None, Some("cacert=/a"), Backend::Zk).contains("not supported"));
+        if !cfg!(feature = "zk-tls") {
+            assert!(parse(None, Some("cacert=/a"), Backend::Zk).contains("--features zk-tls"));
+        }
+        assert!(parse(None, Some("servername=x"), Backend::Zk).contains("each server's host"));
         assert!(parse(None, Some("password-file=/p"), Backend::Zk).contains("needs a user"));
     }
 

@@ -453,6 +453,6 @@ mod tests {
         let error = "etcd://app:hunter2@h:1/x".parse::<LockUrl>().unwrap_err();
         assert!(matches!(error, LockUrlError::BadAccess { source: AccessError::PasswordInUrl, .. }));
         assert!(!error.to_string().contains("hunter2"), "{error}");
-        assert!(matches!("zk://h:1/x?cacert=/ca".parse::<LockUrl>(), Err(LockUrlError::BadAccess { .. })));
+        assert!(matches!("zk://h:1/x?tls=1".parse::<LockUrl>(), Err(LockUrlError::BadAccess { .. })));
     }
 }

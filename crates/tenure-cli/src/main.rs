@@ -89,7 +89,16 @@ enum Command {
     Apiserver(apiserver::ApiServerArgs),
 }
 
+/// Makes ring the process's TLS crypto provider. The Kubernetes client, tonic (etcd) and
+/// zookeeper-client build their rustls configurations with the process default; with the feature
+/// `zk-tls` a second provider (aws-lc-rs) is compiled in and rustls would refuse to guess.
+fn select_crypto_provider() {
+    // Err: one is installed already, which is all that is needed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 fn main() -> ExitCode {
+    select_crypto_provider();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => return ExitCode::from(report_usage_error(&error)),
