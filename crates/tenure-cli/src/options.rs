@@ -19,7 +19,9 @@ pub struct ElectionOptions {
     pub election: String,
 
     /// Where the lock lives: file:///absolute/path, kube://NAMESPACE/KIND/NAME,
-    /// etcd://host:port/name, zk://host:port/path, or memory: (this process only).
+    /// etcd://host:port/name, zk://host:port/path, or memory: (this process only). Secured etcd
+    /// and ZooKeeper: etcd://USER@host:port/name?cacert=CA&cert=CERT&key=KEY&password-file=FILE
+    /// (password also from TENURE_LOCK_PASSWORD; never in the URL), zk://USER@host:port/path.
     /// [default: in a pod, with KUBECONFIG set, or given a Kubernetes flag below, the --lock-type
     /// object named --election in --election-namespace; elsewhere a file named after the election
     /// in the per-user runtime directory (an existing ~/.kube/config alone does not switch)]
