@@ -43,7 +43,7 @@ fn elect_and_status_on_zookeeper_with_a_digest_user_and_a_wrong_password_refused
 #[cfg(feature = "zk-tls")]
 #[test]
 fn elect_on_zookeeper_over_tls() {
-    let Some((server, pki)) = zk_server::tls_server() else { return };
+    let Some((server, pki)) = zk_server::tls_server(false) else { return };
     let url = format!("zk://{}{}?cacert={}", server.servers, zk_server::unique_path("cli-tls"), pki.ca.display());
     let (_one, one_http) = common::start_elect("one", "z", &url, "3s");
     wait_until(Duration::from_secs(15), || (http_leader(&one_http)? == "one").then_some(()))

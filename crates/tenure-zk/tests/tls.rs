@@ -17,7 +17,7 @@ fn pem(path: &std::path::Path) -> String {
 
 #[tokio::test]
 async fn candidates_elect_one_leader_over_tls() {
-    let Some((server, pki)) = tls_server() else { return };
+    let Some((server, pki)) = tls_server(false) else { return };
     let options = ZkOptions::new().with_tls(&pem(&pki.ca), None).unwrap().with_digest("tenure", "s3cret");
     let path = unique_path("tls");
     let election = ZkElection::connect_with(&server.servers, &path, SESSION_TIMEOUT, options).await.unwrap();
@@ -36,13 +36,31 @@ async fn candidates_elect_one_leader_over_tls() {
 
 #[tokio::test]
 async fn a_server_certificate_from_another_ca_is_refused() {
-    let Some((server, pki)) = tls_server() else { return };
+    let Some((server, pki)) = tls_server(false) else { return };
     let options = ZkOptions::new().with_tls(&pem(&pki.other_ca), None).unwrap();
     let started = tokio::time::Instant::now();
     let result = ZkElection::connect_with(&server.servers, &unique_path("tls-ca"), SESSION_TIMEOUT, options).await;
     let error = result.expect_err("a server signed by another CA was trusted");
     assert!(matches!(&error, ZkError::TlsHandshake { reason, .. } if reason.contains("UnknownIssuer")), "{error:?}");
     assert!(started.elapsed() < SESSION_TIMEOUT * 4, "took {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn a_server_that_demands_a_client_certificate_gets_one() {
+    let Some((server, pki)) = tls_server(true) else { return };
+    let identity = (pem(&pki.client_cert), pem(&pki.client_key));
+    let options = ZkOptions::new().with_tls(&pem(&pki.ca), Some((&identity.0, &identity.1))).unwrap();
+    let election =
+        ZkElection::connect_with(&server.servers, &unique_path("tls-cert"), SESSION_TIMEOUT, options).await.unwrap();
+    let a = election.campaign("a").unwrap();
+    wait_until(&[&a], Duration::from_secs(10), "a leads", |s| s[0].role == Role::Leader).await;
+    a.shutdown().await.unwrap();
+
+    let without = ZkOptions::new().with_tls(&pem(&pki.ca), None).unwrap();
+    let error = ZkElection::connect_with(&server.servers, &unique_path("tls-nocert"), SESSION_TIMEOUT, without)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, ZkError::TlsHandshake { .. }), "{error:?}");
 }
 
 #[test]

@@ -118,10 +118,11 @@ fn start_server() -> Result<ZkServer, String> {
 
 /// A server of its own whose clients must use TLS: `servers` names its TLS port only (the plain
 /// port stays open on `port` for the readiness probe). The PKI is generated into its directory.
-pub fn tls_server() -> Option<(ZkServer, certs::TestPki)> {
+/// With `client_auth` the server demands a client certificate signed by the CA.
+pub fn tls_server(client_auth: bool) -> Option<(ZkServer, certs::TestPki)> {
     let dir = std::env::temp_dir().join(format!("tenure-zk-test-{}-pki-{}", std::process::id(), free_port()));
     let pki = certs::TestPki::generate(&dir);
-    match start_server_with(Some(&pki)) {
+    match start_server_with(Some((&pki, client_auth))) {
         Ok(server) => Some((server, pki)),
         Err(why) => {
             if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
@@ -133,7 +134,7 @@ pub fn tls_server() -> Option<(ZkServer, certs::TestPki)> {
     }
 }
 
-fn start_server_with(tls: Option<&certs::TestPki>) -> Result<ZkServer, String> {
+fn start_server_with(tls: Option<(&certs::TestPki, bool)>) -> Result<ZkServer, String> {
     have_zookeeper()?;
     remove_stale_dirs();
     let dir = std::env::temp_dir().join(format!("tenure-zk-test-{}-{}", std::process::id(), free_port()));
@@ -146,7 +147,7 @@ fn start_server_with(tls: Option<&certs::TestPki>) -> Result<ZkServer, String> {
     );
     let mut config = config;
     let mut servers = format!("127.0.0.1:{port}");
-    if let Some(pki) = tls {
+    if let Some((pki, client_auth)) = tls {
         // ZooKeeper's PEM key store wants the key and the certificate in one file.
         let bundle = dir.join("server-bundle.pem");
         let pem = [std::fs::read(&pki.server_key), std::fs::read(&pki.server_cert)]
@@ -160,9 +161,10 @@ fn start_server_with(tls: Option<&certs::TestPki>) -> Result<ZkServer, String> {
             "secureClientPort={secure_port}\nsecureClientPortAddress=127.0.0.1\n\
              serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
              ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
-             ssl.trustStore.location={}\nssl.trustStore.type=PEM\nssl.clientAuth=none\n",
+             ssl.trustStore.location={}\nssl.trustStore.type=PEM\nssl.clientAuth={}\n",
             bundle.display(),
-            pki.ca.display()
+            pki.ca.display(),
+            if client_auth { "need" } else { "none" }
         ));
         servers = format!("127.0.0.1:{secure_port}");
     }
