@@ -492,6 +492,19 @@ mod tests {
         assert_eq!(prefix_end("a\u{7f}"), b"a\x80".to_vec());
     }
 
+    #[test]
+    fn tls_decides_the_scheme_and_an_explicit_scheme_must_agree() {
+        let plain = EtcdOptions::default();
+        let ca = b"-----BEGIN CERTIFICATE-----\nMA==\n-----END CERTIFICATE-----\n".to_vec();
+        let tls = EtcdOptions::default().with_tls(crate::EtcdTls::new(ca).unwrap());
+        assert_eq!(endpoint_uri("h:1", &plain).unwrap(), "http://h:1");
+        assert_eq!(endpoint_uri("h:1", &tls).unwrap(), "https://h:1");
+        assert_eq!(endpoint_uri("https://h:1", &tls).unwrap(), "https://h:1");
+        assert!(matches!(endpoint_uri("http://h:1", &tls), Err(EtcdError::BadEndpoint { .. })));
+        assert!(matches!(endpoint_uri("https://h:1", &plain), Err(EtcdError::BadEndpoint { .. })));
+        assert!(matches!(endpoint_uri("unix://x", &plain), Err(EtcdError::BadEndpoint { .. })));
+    }
+
     #[tokio::test]
     async fn endpoints_are_validated() {
         let plain = EtcdOptions::default();

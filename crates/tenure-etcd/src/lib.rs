@@ -30,6 +30,9 @@
 //! elector.shutdown().await?;      // deletes the key: the next candidate leads at once
 //! # Ok(()) }
 //! ```
+//!
+//! A secured cluster (TLS, client certificates, etcd users) is reached with
+//! [`EtcdElection::connect_with`] and [`EtcdOptions`].
 #![warn(missing_docs)]
 
 mod access;

@@ -33,6 +33,9 @@
 //! elector.shutdown().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! Digest authentication, the ACLs that protect an authenticated election, and (with the crate
+//! feature `tls`) TLS: [`ZkElection::connect_with`] and [`ZkOptions`].
 #![warn(missing_docs)]
 
 mod access;
