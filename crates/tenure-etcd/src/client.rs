@@ -135,9 +135,7 @@ impl Connection {
             Some(auth) => match auth.interceptor(self.name(index), &channel, limit).await {
                 Ok(interceptor) => interceptor,
                 Err(error) => {
-                    if matches!(&error, EtcdError::Rpc { code, .. } if worth_failing_over(*code))
-                        || matches!(error, EtcdError::Timeout(_))
-                    {
+                    if moved_on(&error) {
                         self.failed(index);
                     }
                     return Err(error);
@@ -156,13 +154,15 @@ impl Connection {
     {
         let attempts = async {
             let mut last = None;
-            // One more attempt than endpoints: a refused (expired) token is renewed and the call
-            // repeated once on the same endpoint.
+            // One attempt per endpoint, plus one on the same endpoint after a refused (expired)
+            // token was dropped, so that the call is repeated with a new one.
+            let mut tries_left = self.endpoints.len();
             let mut token_renewed = false;
-            for _ in 0..=self.endpoints.len() {
+            while tries_left > 0 {
+                tries_left -= 1;
                 let (index, channel) = match self.pick_authed(limit).await {
                     Ok(picked) => picked,
-                    Err(error @ (EtcdError::Rpc { .. } | EtcdError::Timeout(_))) if self.endpoints.len() > 1 => {
+                    Err(error) if tries_left > 0 && moved_on(&error) => {
                         last = Some(error);
                         continue;
                     }
@@ -172,10 +172,14 @@ impl Connection {
                 match call(channel).await {
                     Ok(response) => return Ok(response.into_inner()),
                     Err(status) => {
-                        let stale_token =
-                            self.auth.is_some() && crate::access::is_stale_token(status.code(), status.message());
-                        let retry = worth_failing_over(status.code()) || (stale_token && !token_renewed);
-                        token_renewed |= stale_token;
+                        let stale_token = self.auth.is_some()
+                            && !token_renewed
+                            && crate::access::is_stale_token(status.code(), status.message());
+                        if stale_token {
+                            token_renewed = true;
+                            tries_left += 1;
+                        }
+                        let retry = worth_failing_over(status.code()) || stale_token;
                         let error = self.status_error(index, &status);
                         if !retry {
                             return Err(error);
@@ -319,6 +323,12 @@ impl Connection {
             }
         }
     }
+}
+
+/// Whether a failed authentication moved the connection to the next endpoint (a transport
+/// failure or a timeout), so that trying again may reach another member.
+fn moved_on(error: &EtcdError) -> bool {
+    matches!(error, EtcdError::Rpc { code, .. } if worth_failing_over(*code)) || matches!(error, EtcdError::Timeout(_))
 }
 
 /// The URI of `endpoint`: `host:port` gets the scheme the options call for; an explicit scheme
