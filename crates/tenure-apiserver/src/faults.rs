@@ -63,6 +63,9 @@ pub enum InjectedFault {
     },
     /// Never answer (until the client gives up or the server shuts down): a request timeout.
     Hang,
+    /// `410 Expired` as an HTTP error rather than in the stream: how a proxy or another server
+    /// implementation may refuse a watch from a version too old, which clients must handle too.
+    Expired,
 }
 
 /// Which requests a fault applies to.

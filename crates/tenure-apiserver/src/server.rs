@@ -22,7 +22,7 @@ use crate::patch::{self, PatchFormat};
 use crate::resources::ResourceType;
 use crate::routes::{self, ResourcePath, Route};
 use crate::selectors::{FieldSelector, LabelSelector, Selectors};
-use crate::store::{DeletePreconditions, Store};
+use crate::store::{DeletePreconditions, EventWindow, Store};
 use crate::table;
 use crate::watch::{self, WatchRequest};
 
@@ -33,6 +33,9 @@ pub struct ApiServerConfig {
     pub listen: SocketAddr,
     /// How many changes the event log keeps for watches to resume from; older starts get `410 Expired`.
     pub event_log_capacity: usize,
+    /// How long the event log keeps a change: a real API server's watch cache keeps about 75 s, so
+    /// a controller resuming after a longer outage must list again. Older starts get `410 Expired`.
+    pub event_window: Duration,
     /// How often watches that asked for bookmarks get one; zero for never.
     pub bookmark_interval: Duration,
     /// How long a watch without `timeoutSeconds` stays open (the real server picks 30 to 60 minutes).
@@ -43,7 +46,8 @@ impl Default for ApiServerConfig {
     fn default() -> Self {
         ApiServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            event_log_capacity: 10_000,
+            event_log_capacity: EventWindow::default().capacity,
+            event_window: EventWindow::default().max_age,
             bookmark_interval: Duration::from_secs(60),
             default_watch_timeout: Duration::from_secs(1800),
         }
@@ -70,7 +74,10 @@ impl ApiServer {
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         let address = listener.local_addr()?;
         let shared = Arc::new(Shared {
-            store: Arc::new(Store::new(config.event_log_capacity)),
+            store: Arc::new(Store::new(EventWindow {
+                capacity: config.event_log_capacity,
+                max_age: config.event_window,
+            })),
             faults: Faults::default(),
             shutdown: CancellationToken::new(),
             address,
@@ -235,6 +242,11 @@ async fn handle(
         Some(InjectedFault::InternalError) => return error_response(&ApiError::internal("injected internal error")),
         Some(InjectedFault::TooManyRequests { retry_after_seconds }) => {
             return error_response(&ApiError::too_many_requests(retry_after_seconds))
+        }
+        Some(InjectedFault::Expired) => {
+            let requested = query.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
+            let oldest_kept = shared.store.current_resource_version() + 1;
+            return error_response(&ApiError::expired(requested, oldest_kept));
         }
         Some(InjectedFault::Hang) => {
             // Held until the server stops or, for a partitioned client, until the partition heals;

@@ -1,11 +1,14 @@
 //! The in-memory object store: objects as JSON keyed by (resource, namespace, name), one
-//! `resourceVersion` counter across all of them, and a bounded log of changes that watches replay from.
+//! `resourceVersion` counter across all of them, and a log of changes that watches replay from,
+//! bounded by count and by age as a real API server's watch cache is.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use crate::errors::ApiError;
 use crate::resources::{self, ResourceType};
@@ -90,11 +93,38 @@ struct Subscriber {
     sender: mpsc::UnboundedSender<WatchMessage>,
 }
 
+/// How much history watches can resume from: a real API server answers watches from its watch
+/// cache, which keeps a bounded number of events and, by default, about 75 s of them; a client
+/// resuming from an older version gets `410 Expired` and must list again. Keeping the same two
+/// bounds here lets tests and benchmarks exercise both the resume and the relist path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventWindow {
+    /// At most this many changes are kept (at least one is).
+    pub capacity: usize,
+    /// Changes older than this are forgotten (with zero, a resume expires as soon as time moves on
+    /// after the change it needs).
+    pub max_age: Duration,
+}
+
+impl Default for EventWindow {
+    /// 10,000 changes, 75 s: the real watch cache's default age.
+    fn default() -> Self {
+        EventWindow { capacity: 10_000, max_age: Duration::from_secs(75) }
+    }
+}
+
+/// A change in the log and when it was committed (on the monotonic clock, so that virtual time
+/// in tests ages it too).
+struct LogEntry {
+    committed: Instant,
+    change: Arc<Change>,
+}
+
 struct State {
     objects: BTreeMap<ObjectKey, Arc<Value>>,
     last_resource_version: u64,
-    log: VecDeque<Arc<Change>>,
-    log_capacity: usize,
+    log: VecDeque<LogEntry>,
+    window: EventWindow,
     compacted_through: u64,
     subscribers: Vec<Subscriber>,
     closed: bool,
@@ -104,6 +134,20 @@ impl State {
     /// The object at this key, or `404 NotFound`.
     fn existing(&self, resource: &'static ResourceType, namespace: &str, name: &str) -> Result<Arc<Value>, ApiError> {
         self.objects.get(&key(resource, namespace, name)).cloned().ok_or_else(|| ApiError::not_found(resource, name))
+    }
+
+    /// Forgets the changes beyond the window's count or older than its age at `now`; a watch
+    /// from a version at or before the last forgotten one can no longer be served.
+    fn evict(&mut self, now: Instant) {
+        while let Some(oldest) = self.log.front() {
+            let too_many = self.log.len() > self.window.capacity;
+            let too_old = now.saturating_duration_since(oldest.committed) > self.window.max_age;
+            if !too_many && !too_old {
+                break;
+            }
+            self.compacted_through = oldest.change.resource_version;
+            self.log.pop_front();
+        }
     }
 }
 
@@ -186,14 +230,14 @@ fn settle_namespace(resource: &ResourceType, namespace: &str, object: &mut Value
 }
 
 impl Store {
-    /// An empty store (plus the namespaces every cluster has) whose log keeps `log_capacity` changes.
-    pub fn new(log_capacity: usize) -> Self {
+    /// An empty store (plus the namespaces every cluster has) whose log keeps the changes of `window`.
+    pub fn new(window: EventWindow) -> Self {
         let store = Store {
             state: Mutex::new(State {
                 objects: BTreeMap::new(),
                 last_resource_version: 0,
                 log: VecDeque::new(),
-                log_capacity: log_capacity.max(1),
+                window: EventWindow { capacity: window.capacity.max(1), ..window },
                 compacted_through: 0,
                 subscribers: Vec::new(),
                 closed: false,
@@ -471,12 +515,9 @@ impl Store {
             previous,
             encoded: Default::default(),
         });
-        state.log.push_back(change.clone());
-        while state.log.len() > state.log_capacity {
-            if let Some(evicted) = state.log.pop_front() {
-                state.compacted_through = evicted.resource_version;
-            }
-        }
+        let now = Instant::now();
+        state.log.push_back(LogEntry { committed: now, change: change.clone() });
+        state.evict(now);
         state.subscribers.retain(|subscriber| {
             if !std::ptr::eq(subscriber.resource, resource)
                 || subscriber.namespace.as_deref().is_some_and(|n| n != namespace)
@@ -489,7 +530,8 @@ impl Store {
     }
 
     /// Opens a watch on a type (in one namespace, or all with `None`): the messages to send first, and
-    /// a receiver of everything committed afterwards. `410 Expired` if `start` is older than the log keeps.
+    /// a receiver of everything committed afterwards. `410 Expired` if changes after `start` have
+    /// left the event window (by count or by age).
     pub fn watch(
         &self,
         resource: &'static ResourceType,
@@ -526,12 +568,14 @@ impl Store {
                 })
                 .collect(),
             WatchStart::After(version) => {
+                state.evict(Instant::now());
                 if version < state.compacted_through {
                     return Err(ApiError::expired(version, state.compacted_through + 1));
                 }
                 state
                     .log
                     .iter()
+                    .map(|entry| &entry.change)
                     .filter(|change| change.resource_version > version && in_scope(change.resource, &change.namespace))
                     .map(|change| WatchMessage::Change(change.clone()))
                     .collect()
@@ -562,5 +606,67 @@ impl Store {
         let mut state = self.lock();
         state.closed = true;
         state.subscribers.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WINDOW: Duration = Duration::from_secs(75);
+
+    fn store() -> Store {
+        Store::new(EventWindow { capacity: 100, max_age: WINDOW })
+    }
+
+    fn create_namespace(store: &Store, name: &str) -> u64 {
+        store.create(resources::namespaces(), "", json!({"metadata": {"name": name}})).unwrap();
+        store.current_resource_version()
+    }
+
+    fn resume(store: &Store, version: u64) -> Result<Vec<String>, ApiError> {
+        let (first, _changes) = store.watch(resources::namespaces(), None, WatchStart::After(version), false)?;
+        Ok(first
+            .iter()
+            .filter_map(|message| match message {
+                WatchMessage::Change(change) => Some(metadata_str(&change.object, "name").to_string()),
+                WatchMessage::Bookmark(_) => None,
+            })
+            .collect())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resume_within_the_event_window_replays_every_change_after_it() {
+        let store = store();
+        let saved = create_namespace(&store, "a");
+        tokio::time::advance(WINDOW - Duration::from_secs(1)).await;
+        create_namespace(&store, "b");
+        create_namespace(&store, "c");
+        assert_eq!(resume(&store, saved).unwrap(), ["b", "c"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resume_needing_a_change_older_than_the_event_window_expires() {
+        let store = store();
+        let saved = create_namespace(&store, "a");
+        create_namespace(&store, "b");
+        tokio::time::advance(WINDOW + Duration::from_millis(1)).await;
+        let error = resume(&store, saved).unwrap_err();
+        assert_eq!((error.code, error.reason), (410, "Expired"));
+        // Nothing was missed by a client already at the newest version: it resumes.
+        assert_eq!(resume(&store, store.current_resource_version()).unwrap(), Vec::<String>::new());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_event_window_ages_each_change_from_its_own_commit() {
+        let store = store();
+        let before_a = create_namespace(&store, "first");
+        let after_a = create_namespace(&store, "a");
+        tokio::time::advance(Duration::from_secs(30)).await;
+        create_namespace(&store, "b");
+        tokio::time::advance(Duration::from_secs(50)).await;
+        // "a" is 80 s old and gone, "b" is 50 s old and kept.
+        assert_eq!(resume(&store, before_a).unwrap_err().code, 410);
+        assert_eq!(resume(&store, after_a).unwrap(), ["b"]);
     }
 }

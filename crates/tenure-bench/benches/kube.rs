@@ -31,6 +31,7 @@ use rand::Rng;
 use serde_json::json;
 use tenure::{Elector, Timing};
 use tenure_apiserver::{ApiServer, ApiServerConfig, Verb};
+use tenure_bench::kube_client::kube_client;
 use tenure_bench::report::Report;
 use tenure_bench::stats::Summary;
 use tenure_bench::{env_seconds, env_usize, ms};
@@ -45,10 +46,7 @@ struct Candidate {
 }
 
 fn client(server: &ApiServer, agent: &str) -> kube::Client {
-    let mut config = kube::Config::new(server.url().parse().expect("a URL"));
-    config.headers.push((http::header::USER_AGENT, agent.parse().expect("a header value")));
-    config.read_timeout = None;
-    kube::Client::try_from(config).expect("a client")
+    kube_client(&server.url(), agent)
 }
 
 fn start(server: &ApiServer, reference: &KubeLockRef, identity: &str, timing: Timing) -> Candidate {

@@ -1,13 +1,15 @@
 //! What the benchmarks of Tenure share: statistics, the report format (a table for people and a
 //! one-line JSON summary for the README), readings of `/proc`, guards that stop child processes
 //! and remove scratch directories even when a benchmark panics, the location of the `tenure`
-//! binary, and a watcher that timestamps every write to a file lock.
+//! binary, a watcher that timestamps every write to a file lock, and a client of the in-process
+//! Kubernetes API server.
 //!
 //! Why a library: the four benchmarks (`cargo bench -p tenure-bench`) measure different things
 //! but must report them alike and clean up alike; each `benches/*.rs` file only holds its method.
 
 pub mod binary;
 pub mod cluster;
+pub mod kube_client;
 pub mod lock_watch;
 pub mod process;
 pub mod procfs;

@@ -3,14 +3,15 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Args;
 use tenure_apiserver::{ApiServer, ApiServerConfig};
 
 use crate::logging;
-use crate::options::LogFormat;
+use crate::options::{parse_duration, LogFormat};
 use crate::signals::TerminationSignals;
-use crate::{exit, CliError};
+use crate::{exit, output, CliError};
 
 /// Serve an in-memory Kubernetes API server (no cluster needed) and write a kubeconfig for it.
 #[derive(Debug, Args)]
@@ -35,6 +36,12 @@ pub struct ApiServerArgs {
     #[arg(long, value_name = "NAMESPACE", default_value = "default")]
     namespace: String,
 
+    /// How long watches can resume from a past resourceVersion: changes older than this are
+    /// forgotten and a watch that needs them gets 410 Expired (a real API server's watch cache
+    /// keeps about 75 s), so controllers must list again.
+    #[arg(long, value_name = "DURATION", default_value = "75s", value_parser = parse_duration)]
+    event_window: Duration,
+
     /// Log format.
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -45,7 +52,7 @@ pub async fn apiserver(args: ApiServerArgs) -> Result<u8, CliError> {
     logging::init(args.log_format);
     let mut signals =
         TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
-    let config = ApiServerConfig { listen: args.listen, ..ApiServerConfig::default() };
+    let config = ApiServerConfig { listen: args.listen, event_window: args.event_window, ..ApiServerConfig::default() };
     let mut server = ApiServer::start(config)
         .await
         .map_err(|e| CliError::Failed(format!("cannot listen on {}: {e}", args.listen)))?;
@@ -54,7 +61,8 @@ pub async fn apiserver(args: ApiServerArgs) -> Result<u8, CliError> {
             .map_err(|e| CliError::Failed(format!("cannot write the kubeconfig {}: {e}", path.display())))?;
     }
     // The first line of standard output is the URL, for scripts that start the server on port 0.
-    println!("{}", server.url());
+    // A closed standard output must not stop the server.
+    let _ = output::print_line(&server.url().to_string());
     let stop = server.stop_handle();
     tokio::select! {
         termination = signals.recv() => {
@@ -65,5 +73,28 @@ pub async fn apiserver(args: ApiServerArgs) -> Result<u8, CliError> {
         _ = server.stopped() => {
             if stop.is_cancelled() { Ok(exit::SUCCESS) } else { Err(CliError::Failed("the API server stopped".into())) }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Command {
+        #[command(flatten)]
+        args: ApiServerArgs,
+    }
+
+    #[test]
+    fn the_event_window_defaults_to_the_watch_cache_s_75_seconds_and_takes_human_durations() {
+        let default = Command::try_parse_from(["apiserver"]).unwrap().args;
+        assert_eq!(default.event_window, Duration::from_secs(75));
+        let short = Command::try_parse_from(["apiserver", "--event-window", "1500ms"]).unwrap().args;
+        assert_eq!(short.event_window, Duration::from_millis(1500));
+        let error = Command::try_parse_from(["apiserver", "--event-window", "soon"]).unwrap_err();
+        assert!(error.to_string().contains("--event-window"), "{error}");
     }
 }

@@ -19,7 +19,7 @@ use tenure::{LeaderElectionRecord, RecordLock, StoredRecord};
 use crate::lock_url::LockUrl;
 use crate::options::{parse_duration, ElectionOptions};
 use crate::status::open_record_lock;
-use crate::{exit, CliError};
+use crate::{exit, output, CliError};
 
 /// The longest a held record is watched by default before it is judged stale.
 const MAX_DEFAULT_OBSERVE: Duration = Duration::from_secs(60);
@@ -70,12 +70,12 @@ pub async fn break_lock(args: BreakLockArgs) -> Result<u8, CliError> {
     let before = read().await?;
     let what = describe(before.as_ref());
     if matches!(&before, Some(StoredRecord { record: Ok(r), .. }) if r.holder_identity.is_empty()) {
-        println!("{url}: {what}; nothing to break");
+        output::say(&format!("{url}: {what}; nothing to break"));
         return Ok(exit::SUCCESS);
     }
     let observe = args.observe.unwrap_or_else(|| default_observe(before.as_ref()));
-    println!("{url}: {what}");
-    println!("watching it for {} to make sure nobody renews it ...", humantime::format_duration(observe));
+    output::say(&format!("{url}: {what}"));
+    output::say(&format!("watching it for {} to make sure nobody renews it ...", humantime::format_duration(observe)));
     if let Some(changed) = changed_within(lock.as_ref(), before.as_ref(), observe).await? {
         return Err(CliError::Failed(format!(
             "refusing to break the lock: it changed while watched (now {}); a live holder is renewing it",
@@ -100,7 +100,7 @@ pub async fn break_lock(args: BreakLockArgs) -> Result<u8, CliError> {
     };
     match written {
         Ok(_) => {
-            println!("broke the lock: overrode {what}; candidates may take it now (term above {term})");
+            output::say(&format!("broke the lock: overrode {what}; candidates may take it now (term above {term})"));
             Ok(exit::SUCCESS)
         }
         Err(error) if error.is_conflict() => {

@@ -1,10 +1,10 @@
-//! Child processes that must not outlive tenure's permission to run them.
+//! Child processes that must not outlive tenure (the demo's replicas), and how a child's end is
+//! reported (shared with `tenure run`, whose command runs under [`crate::command_tree`]).
 //!
-//! Why this needs care: a command that keeps running after its leadership ended is exactly the
-//! split brain leader election exists to prevent. So each child gets its own process group
-//! (signals reach everything it started, e.g. the `sleep` under `sh -c`), is killed by the kernel
-//! if tenure itself dies (`PR_SET_PDEATHSIG`), and is stopped with SIGTERM, then SIGKILL after a
-//! bounded grace period.
+//! Why this needs care: a replica left running after the demo would keep a lock and a port. So
+//! each child gets its own process group (signals reach everything it started), is killed by
+//! the kernel if tenure itself dies (`PR_SET_PDEATHSIG`), and is stopped with SIGTERM, then
+//! SIGKILL after a bounded grace period.
 
 use std::future::Future;
 use std::io;
@@ -83,20 +83,6 @@ impl SupervisedChild {
                 tracing::warn!(pid = self.pid(), "asked again to stop; killing the command");
             }
         }
-        self.signal_group(Signal::SIGKILL);
-        self.child.wait().await
-    }
-
-    /// Kills whatever the child left running in its process group after it exited, so that
-    /// nothing it started keeps working once the lock is released.
-    pub fn kill_leftovers(&self) {
-        if self.signal_group(Signal::SIGKILL) {
-            tracing::warn!(group = self.pid(), "killed processes the command left running in its process group");
-        }
-    }
-
-    /// Kills the child's group at once and reaps the child; for cleanup paths.
-    pub async fn kill(&mut self) -> io::Result<ExitStatus> {
         self.signal_group(Signal::SIGKILL);
         self.child.wait().await
     }

@@ -23,7 +23,7 @@ use tokio::time::{timeout, Instant};
 use crate::child::{describe_status, SupervisedChild};
 use crate::lock_url::LockUrl;
 use crate::signals::{Termination, TerminationSignals};
-use crate::{exit, CliError};
+use crate::{exit, output, CliError};
 
 /// The `--ttl` of the demo's candidates: lease 2 s, renew deadline 1 s, retry 500 ms.
 const TTL: &str = "2s";
@@ -65,13 +65,13 @@ pub async fn demo(_args: DemoArgs) -> Result<u8, CliError> {
     };
     match &outcome {
         Err(Stop::Failed(message)) => {
-            eprintln!("tenure demo: {message}");
+            output::error_line(&format!("tenure demo: {message}"));
             for replica in &replicas {
                 replica.print_log_tail();
             }
         }
         Err(Stop::Interrupted(termination)) => {
-            println!("\n{} received: stopping the replicas and cleaning up", termination.name);
+            output::say(&format!("\n{} received: stopping the replicas and cleaning up", termination.name));
         }
         Ok(()) => {}
     }
@@ -103,10 +103,10 @@ impl From<String> for Stop {
 async fn script(workspace: &Workspace, replicas: &mut Vec<Replica>) -> Result<(), Stop> {
     let clock = Instant::now();
     let lock_url = LockUrl::File(workspace.lock_path());
-    println!("Tenure demo: three candidates, one leader.");
-    println!("  lock:   {lock_url}");
-    println!("  timing: --ttl {TTL}: lease 2s, renew deadline 1s, renew every 500ms");
-    println!();
+    output::say("Tenure demo: three candidates, one leader.");
+    output::say(&format!("  lock:   {lock_url}"));
+    output::say(&format!("  timing: --ttl {TTL}: lease 2s, renew deadline 1s, renew every 500ms"));
+    output::say("");
 
     let lock = lock_url.open("demo-observer").map_err(|e| format!("cannot open the demo's lock: {e}"))?;
     let history = observe(lock);
@@ -138,7 +138,7 @@ async fn script(workspace: &Workspace, replicas: &mut Vec<Replica>) -> Result<()
     // Crash halfway between two renews (a pause for the show, not for synchronisation), so that
     // the summary shows the lease being counted from the last renew, not from the crash.
     tokio::time::sleep(MID_RENEW).await;
-    println!();
+    output::say("");
     let victim = index_of(replicas, &first_leader)?;
     replicas[victim].child.signal_group(Signal::SIGKILL);
     let killed_at = Instant::now();
@@ -160,7 +160,7 @@ async fn script(workspace: &Workspace, replicas: &mut Vec<Replica>) -> Result<()
     show_agreement(clock, replicas, &second_leader).await?;
 
     // 3. Handover: the leader is stopped gracefully and releases the lock at once.
-    println!();
+    output::say("");
     let stopping = index_of(replicas, &second_leader)?;
     replicas[stopping].child.signal_group(Signal::SIGTERM);
     let terminated_at = Instant::now();
@@ -179,9 +179,9 @@ async fn script(workspace: &Workspace, replicas: &mut Vec<Replica>) -> Result<()
     show_agreement(clock, replicas, &third_leader).await?;
 
     // 4. Summary.
-    println!();
-    println!("Summary");
-    println!("  term {:<4} {first_leader:<10} first election", first.term_text());
+    output::say("");
+    output::say("Summary");
+    output::say(&format!("  term {:<4} {first_leader:<10} first election", first.term_text()));
     let mut failover = format!(
         "  term {:<4} {second_leader:<10} failover after SIGKILL of {first_leader}: {} after the kill",
         after_crash.term_text(),
@@ -195,20 +195,20 @@ async fn script(workspace: &Workspace, replicas: &mut Vec<Replica>) -> Result<()
             humantime::format_duration(LEASE)
         );
     }
-    println!("{failover}");
-    println!(
+    output::say(&failover);
+    output::say(&format!(
         "  term {:<4} {third_leader:<10} handover after SIGTERM of {second_leader}: {}",
         after_handover.term_text(),
         seconds(handover)
-    );
-    println!();
-    println!("A crashed leader is replaced one lease after its last renew; a stopped one at once.");
-    println!("The term grows with every new tenure: it is the fencing token leaders pass to what they write.");
+    ));
+    output::say("");
+    output::say("A crashed leader is replaced one lease after its last renew; a stopped one at once.");
+    output::say("The term grows with every new tenure: it is the fencing token leaders pass to what they write.");
     Ok(())
 }
 
 fn say(clock: Instant, message: &str) {
-    println!("[{:>6.3}s] {message}", clock.elapsed().as_secs_f64());
+    output::say(&format!("[{:>6.3}s] {message}", clock.elapsed().as_secs_f64()));
 }
 
 fn seconds(duration: Duration) -> String {
@@ -375,9 +375,9 @@ impl Replica {
     fn print_log_tail(&self) {
         let Ok(text) = std::fs::read_to_string(&self.log) else { return };
         let lines: Vec<&str> = text.lines().collect();
-        eprintln!("--- last lines of {}'s log:", self.name);
+        output::error_line(&format!("--- last lines of {}'s log:", self.name));
         for line in &lines[lines.len().saturating_sub(5)..] {
-            eprintln!("{line}");
+            output::error_line(line);
         }
     }
 }
@@ -426,7 +426,7 @@ impl Workspace {
 impl Drop for Workspace {
     fn drop(&mut self) {
         if let Err(error) = std::fs::remove_dir_all(&self.path) {
-            eprintln!("tenure demo: could not remove {}: {error}", self.path.display());
+            output::error_line(&format!("tenure demo: could not remove {}: {error}", self.path.display()));
         }
     }
 }

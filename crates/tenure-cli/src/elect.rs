@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::options::{parse_duration, parse_http_address, CandidateOptions, ElectionOptions, HttpAddress};
-use crate::signals::TerminationSignals;
+use crate::signals::{ResignRequests, TerminationSignals};
 use crate::{exit, http, logging, pod_label, CliError};
 
 /// Arguments of `tenure elect`.
@@ -32,10 +32,16 @@ use crate::{exit, http, logging, pod_label, CliError};
         /healthz   500 when leading without a renew for lease + --healthz-timeout, else 200\n  \
         /readyz    200; with --ready-only-when-leader 503 unless leading\n  \
         /events    Server-Sent Events, one per leadership change, the current state first\n  \
-        /metrics   Prometheus metrics (leader_election_master_status{name} and tenure_*)\n\n\
+        /metrics   Prometheus metrics (leader_election_master_status{name} and tenure_*)\n  \
+        (a near miss of these paths, such as /isleader or /statuz, answers 404)\n\n\
         Signals: SIGTERM, SIGINT and SIGHUP release the lock (another candidate takes over at \
         once) and exit with status 0, or 1 if the release could not be written in time (the lease \
-        then runs out by itself). SIGKILL leaves the lock held until the lease runs out.",
+        then runs out by itself). SIGKILL leaves the lock held until the lease runs out.\n\n\
+        SIGUSR1 makes a leader step down and stay a candidate (for maintenance): it releases the \
+        lock, so the next candidate in line leads at once with a higher term. On file and \
+        Kubernetes locks this instance does not take the lock back for one lease unless nobody \
+        else has; on etcd and ZooKeeper it queues up again behind the other candidates. A \
+        follower ignores it.",
     after_help = "Example (sidecar):  tenure elect --election=my-controller --http=0.0.0.0:4040 --ttl=5s"
 )]
 pub struct ElectArgs {
@@ -79,9 +85,12 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
     logging::init(args.candidate.log_format);
     let mut signals =
         TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
+    let mut resigns =
+        ResignRequests::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
     let identity = args.candidate.identity().map_err(CliError::Usage)?;
     let election = &args.election.election;
     let url = args.election.lock_url()?;
+    crate::lock_scope::LockScope::announce(&url, args.election.lock.is_none());
     let cluster = args.election.cluster.options().map_err(CliError::Usage)?;
     if args.leader_label.is_some() && !matches!(url, crate::lock_url::LockUrl::Kube(_)) {
         return Err(CliError::Usage(format!("--leader-label needs a Kubernetes lock, and the lock is {url}")));
@@ -119,17 +128,20 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
         tokio::spawn(http::serve(listener, router, stop_serving.clone().cancelled_owned()))
     });
 
-    let outcome = tokio::select! {
-        termination = signals.recv() => {
-            tracing::info!(signal = termination.name, "stopping: releasing the lock");
-            Ok(())
-        }
-        reason = server_failed(&mut server) => {
-            server = None;
-            Err(CliError::Failed(format!("the HTTP server failed: {reason}")))
-        }
-        () = elector_stopped(elector.subscribe()) => {
-            Err(CliError::Failed("the elector stopped unexpectedly".to_owned()))
+    let outcome = loop {
+        tokio::select! {
+            termination = signals.recv() => {
+                tracing::info!(signal = termination.name, "stopping: releasing the lock");
+                break Ok(());
+            }
+            () = resigns.recv() => resign_on_request(&elector).await,
+            reason = server_failed(&mut server) => {
+                server = None;
+                break Err(CliError::Failed(format!("the HTTP server failed: {reason}")));
+            }
+            () = elector_stopped(elector.subscribe()) => {
+                break Err(CliError::Failed("the elector stopped unexpectedly".to_owned()));
+            }
         }
     };
 
@@ -240,6 +252,20 @@ async fn server_failed(server: &mut Option<JoinHandle<std::io::Result<()>>>) -> 
 }
 
 /// Completes if the elector's task ends on its own (it never should before a shutdown).
+/// SIGUSR1: steps down if leading (the lock is released at once, so another candidate takes over
+/// with a higher term) and stays a candidate.
+pub async fn resign_on_request(elector: &Elector) {
+    match elector.is_leader() {
+        Some(term) => {
+            tracing::info!(term = term.0, "SIGUSR1: stepping down and staying a candidate");
+            if let Err(error) = elector.resign().await {
+                tracing::warn!(%error, "could not step down");
+            }
+        }
+        None => tracing::info!("SIGUSR1: not leading, nothing to step down from"),
+    }
+}
+
 async fn elector_stopped(mut leadership: watch::Receiver<Leadership>) {
     while leadership.changed().await.is_ok() {}
 }

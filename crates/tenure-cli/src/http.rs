@@ -7,7 +7,9 @@
 //! self-fencing check, so they never touch the lock and followers answer with the current holder
 //! the moment it changes.
 //!
-//! Routes (every other `GET` path answers the leader's name, as leader-elector did):
+//! Routes (every other `GET` path answers the leader's name, as leader-elector did, except near
+//! misses of these paths such as `/isleader` or `/statuz`, which answer 404 so that a probe with a
+//! typo fails: [`typos`]):
 //!
 //! | path        | answer |
 //! |-------------|--------|
@@ -26,13 +28,15 @@ mod metrics;
 mod probes;
 mod snapshots;
 mod status;
+mod typos;
 
 use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use axum::extract::{RawQuery, State};
-use axum::http::StatusCode;
+use axum::http::{header, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
@@ -131,7 +135,8 @@ struct Api {
 /// starts the small task that numbers the leadership snapshots (see [`snapshots`]).
 ///
 /// `GET` on any path without a route of its own answers the leader's name, because
-/// leader-elector:0.5 did and clients written for it may poll any path. Other methods get 405.
+/// leader-elector:0.5 did and clients written for it may poll any path, unless the path is a near
+/// miss of an API path (404). Other methods get 405.
 /// The view is held weakly so that the owner can take the elector back for its shutdown while
 /// connections are still open; once it is gone, the answer is "" (unknown), and streams end.
 pub fn router(view: Weak<dyn LeadershipView>, settings: ApiSettings) -> Router {
@@ -154,7 +159,10 @@ pub fn router(view: Weak<dyn LeadershipView>, settings: ApiSettings) -> Router {
         .route("/events", get(events::events))
         .route("/hold", get(hold::hold))
         .route("/metrics", get(metrics::metrics))
-        .route("/*path", get(leader_name))
+        .route("/*path", get(any_other_path))
+        // The router's matcher does not fall back from `/status` to the catch-all for `/status/`
+        // and the like: those arrive here.
+        .fallback(unrouted)
         .with_state(api)
 }
 
@@ -169,6 +177,26 @@ impl Api {
 async fn leader_name(State(api): State<Api>) -> Json<LeaderName> {
     let name = api.read(current_leader).flatten().unwrap_or_default();
     Json(LeaderName { name })
+}
+
+/// A request the routes above did not match: `GET` (and `HEAD`) as [`any_other_path`], other
+/// methods 405, as on every other path.
+async fn unrouted(State(api): State<Api>, method: Method, uri: Uri) -> Response {
+    if method == Method::GET || method == Method::HEAD {
+        any_other_path(State(api), uri).await
+    } else {
+        (StatusCode::METHOD_NOT_ALLOWED, [(header::ALLOW, "GET,HEAD")]).into_response()
+    }
+}
+
+/// `GET` on a path without a route of its own: a near miss of an API path is refused with 404
+/// ([`typos`]), so that a probe with a typo fails; any other path answers the leader's name, as
+/// leader-elector:0.5 did.
+async fn any_other_path(State(api): State<Api>, uri: Uri) -> Response {
+    match typos::refuse_typo(&uri) {
+        Some(refusal) => refusal.into_response(),
+        None => leader_name(State(api)).await.into_response(),
+    }
 }
 
 /// The holder of the lock as last observed, except that this instance never names itself once
@@ -333,6 +361,23 @@ pub(crate) mod tests {
         assert!(head.contains("content-type: application/json"), "{head}");
         view.leadership.send_replace(held_by("replica-b"));
         assert_eq!(get(address, "/anything/at/all").await.2, r#"{"name":"replica-b"}"#);
+    }
+
+    #[tokio::test]
+    async fn a_mistyped_api_path_never_passes_a_probe() {
+        let view = FakeView::new(held_by("other"));
+        let address = serve_fake(&view, settings()).await;
+        assert_eq!(get(address, "/isLeader?strict").await.0, 503);
+        for typo in ["/isleader?strict", "/IsLeader?strict", "/statuz", "/status/", "/healthz/", "/readyz2"] {
+            let (code, _, body) = get(address, typo).await;
+            assert_eq!(code, 404, "{typo}: {body}");
+            let answer: serde_json::Value =
+                serde_json::from_str(&body).unwrap_or_else(|e| panic!("{typo}: {e}: {body:?}"));
+            assert!(answer["hint"].as_str().is_some_and(|hint| hint.starts_with('/')), "{typo}: {body}");
+        }
+        let (_, _, body) = get(address, "/isleader?strict").await;
+        assert!(body.contains(r#""hint":"/isLeader""#), "{body}");
+        assert_eq!(get(address, "/kuryr").await, get(address, "/").await);
     }
 
     #[tokio::test]

@@ -3,6 +3,10 @@
 //! Why an enum behind one `FromStr`: every backend is named by its scheme, so adding one (the
 //! Kubernetes, etcd and ZooKeeper locks of later issues) is one variant and one match arm, and
 //! every subcommand reports a bad `--lock` the same way.
+//!
+//! A URL may carry `user:password@`: wherever it is shown (its `Display`, every error, clap's
+//! message about a bad `--lock`) the password is `***`, so that logs, `/status` and `tenure
+//! status` never repeat it.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -11,7 +15,7 @@ use std::sync::Arc;
 
 use tenure::locks::file::{FileLock, FileLockError};
 use tenure::locks::memory::MemoryStore;
-use tenure::{Elector, RecordLock, Timing};
+use tenure::{redact_credentials, Elector, RecordLock, Timing};
 
 use crate::lock_access::{AccessError, Backend, ClusterAccess};
 
@@ -93,22 +97,23 @@ impl FromStr for LockUrl {
     type Err = LockUrlError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let shown = || redact_credentials(text).into_owned();
         let Some((scheme, rest)) = text.split_once(':') else {
-            return Err(LockUrlError::NotAUrl(text.to_owned()));
+            return Err(LockUrlError::NotAUrl(shown()));
         };
         let scheme = scheme.to_ascii_lowercase();
         if scheme.is_empty() || !scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) {
-            return Err(LockUrlError::NotAUrl(text.to_owned()));
+            return Err(LockUrlError::NotAUrl(shown()));
         }
         match scheme.as_str() {
             "file" => parse_file_url(text),
             "memory" if rest.is_empty() => Ok(LockUrl::Memory),
-            "memory" => Err(LockUrlError::BadMemoryUrl(text.to_owned())),
+            "memory" => Err(LockUrlError::BadMemoryUrl(shown())),
             "zk" => {
                 let (rest, access) = parse_access(&scheme, rest, Backend::Zk)?;
                 parse_cluster_url(&rest)
                     .map(|(servers, path)| LockUrl::Zk { servers, path: format!("/{path}"), access })
-                    .map_err(|reason| LockUrlError::BadClusterUrl { url: text.to_owned(), reason })
+                    .map_err(|reason| LockUrlError::BadClusterUrl { url: shown(), reason })
             }
             "etcd" => {
                 let (rest, access) = parse_access(&scheme, rest, Backend::Etcd)?;
@@ -118,11 +123,11 @@ impl FromStr for LockUrl {
                         election,
                         access,
                     })
-                    .map_err(|reason| LockUrlError::BadClusterUrl { url: text.to_owned(), reason })
+                    .map_err(|reason| LockUrlError::BadClusterUrl { url: shown(), reason })
             }
             "kube" => tenure_kube::KubeLockRef::from_url(&format!("kube:{rest}"))
                 .map(LockUrl::Kube)
-                .map_err(|e| LockUrlError::BadKubeUrl(e.to_string())),
+                .map_err(|e| LockUrlError::BadKubeUrl(redact_credentials(&e.to_string()).into_owned())),
             _ => Err(LockUrlError::UnknownScheme(scheme)),
         }
     }
@@ -138,7 +143,7 @@ fn parse_access(scheme: &str, rest: &str, backend: Backend) -> Result<(String, C
 }
 
 fn parse_file_url(text: &str) -> Result<LockUrl, LockUrlError> {
-    let bad = |reason| LockUrlError::BadFileUrl { url: text.to_owned(), reason };
+    let bad = |reason| LockUrlError::BadFileUrl { url: redact_credentials(text).into_owned(), reason };
     // The url crate would quietly turn `file:relative` into `file:///relative`; insist on the
     // authority form so that what runs is what was written.
     if !text.get(..7).is_some_and(|prefix| prefix.eq_ignore_ascii_case("file://")) {
@@ -193,11 +198,12 @@ impl fmt::Display for LockUrl {
             },
             LockUrl::Memory => f.write_str("memory:"),
             LockUrl::Zk { servers, path, access } => {
-                write!(f, "zk://{}{servers}{path}{}", user_prefix(access), access.query())
+                write!(f, "zk://{}{}{path}{}", user_prefix(access), redact_credentials(servers), access.query())
             }
             LockUrl::Kube(reference) => write!(f, "{reference}"),
             LockUrl::Etcd { endpoints, election, access } => {
-                write!(f, "etcd://{}{}/{election}{}", user_prefix(access), endpoints.join(","), access.query())
+                let endpoints = redact_credentials(&endpoints.join(",")).into_owned();
+                write!(f, "etcd://{}{endpoints}/{election}{}", user_prefix(access), access.query())
             }
         }
     }
@@ -206,6 +212,39 @@ impl fmt::Display for LockUrl {
 /// `USER@` for a URL with a user (never a password: URLs do not hold one).
 fn user_prefix(access: &ClusterAccess) -> String {
     access.user.as_ref().map(|user| format!("{user}@")).unwrap_or_default()
+}
+
+/// Lets clap parse `--lock` with [`LockUrl`]'s own rules.
+impl clap::builder::ValueParserFactory for LockUrl {
+    type Parser = LockUrlParser;
+
+    fn value_parser() -> LockUrlParser {
+        LockUrlParser
+    }
+}
+
+/// The parser of `--lock`. Why not clap's parser for `FromStr` types: its error repeats the
+/// value as given, password included; this one says only what [`LockUrlError`] says (redacted).
+#[derive(Debug, Clone, Copy)]
+pub struct LockUrlParser;
+
+impl clap::builder::TypedValueParser for LockUrlParser {
+    type Value = LockUrl;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<LockUrl, clap::Error> {
+        let arg = arg.map_or_else(|| "--lock <URL>".to_owned(), ToString::to_string);
+        let invalid = |reason: String| {
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("invalid value for '{arg}': {reason}\n"))
+                .with_cmd(cmd)
+        };
+        let text = value.to_str().ok_or_else(|| invalid("the lock URL is not valid UTF-8".to_owned()))?;
+        text.parse().map_err(|error: LockUrlError| invalid(error.to_string()))
+    }
 }
 
 /// Why a lock could not be opened.
@@ -410,6 +449,43 @@ mod tests {
         assert!(matches!("kube://ns/pods/x".parse::<LockUrl>(), Err(LockUrlError::BadKubeUrl(_))));
         assert_eq!("consul://x".parse::<LockUrl>(), Err(LockUrlError::UnknownScheme("consul".into())));
         assert!(matches!("/tmp/x".parse::<LockUrl>(), Err(LockUrlError::NotAUrl(_))));
+    }
+
+    #[test]
+    fn passwords_never_show_in_the_url_or_its_errors() {
+        // A password in an etcd or ZooKeeper URL is refused, without repeating it.
+        for text in [
+            "etcd://admin:s3cret@127.0.0.1:2379,admin:s3cret@127.0.0.2:2379/job",
+            "zk://admin:s3cret@127.0.0.1:2181/a/b",
+            "etcd://admin:s3cret@h:0/x",
+            "zk://admin:s3cret@h:1/",
+        ] {
+            let error = text.parse::<LockUrl>().unwrap_err();
+            assert!(matches!(error, LockUrlError::BadAccess { source: AccessError::PasswordInUrl, .. }), "{error:?}");
+            assert!(!error.to_string().contains("s3cret"), "{error}");
+        }
+        let error = "file://admin:s3cret@host/tmp/x".parse::<LockUrl>().unwrap_err().to_string();
+        assert!(!error.contains("s3cret") && error.contains("admin:***@"), "{error}");
+        let error = "admin:s3cret@h".parse::<LockUrl>().unwrap_err().to_string();
+        assert!(!error.contains("s3cret"), "{error}");
+    }
+
+    #[test]
+    fn a_bad_lock_option_is_reported_without_its_password() {
+        #[derive(clap::Parser, Debug)]
+        struct Args {
+            #[arg(long, value_name = "URL")]
+            lock: Option<LockUrl>,
+        }
+        use clap::Parser as _;
+        let error = Args::try_parse_from(["tenure", "--lock", "etcd://admin:s3cret@h:0/x"]).unwrap_err().to_string();
+        assert!(!error.contains("s3cret"), "{error}");
+        assert!(error.contains("password-file"), "{error}");
+        assert!(error.contains("--lock <URL>"), "{error}");
+        let parsed = Args::try_parse_from(["tenure", "--lock", "etcd://h:1/x"]).unwrap();
+        let expected =
+            LockUrl::Etcd { endpoints: vec!["h:1".into()], election: "x".into(), access: ClusterAccess::default() };
+        assert_eq!(parsed.lock, Some(expected));
     }
 
     #[test]

@@ -13,17 +13,24 @@
 mod apiserver;
 mod break_lock;
 mod child;
+mod command_tree;
+mod containment;
 mod demo;
 mod elect;
+mod fencing;
 mod http;
 mod lock_access;
+mod lock_scope;
 mod lock_url;
 mod logging;
 mod options;
+mod output;
 mod pod_label;
 mod run;
 mod signals;
 mod status;
+mod status_watch;
+mod supervisor;
 
 use std::process::ExitCode;
 
@@ -41,6 +48,9 @@ pub mod exit {
     /// `tenure run` lost leadership and killed its command (BSD `EX_TEMPFAIL`: trying again
     /// later may succeed).
     pub const LOST_LEADERSHIP: u8 = 75;
+    /// `tenure run --timeout` passed before this instance led; the command never ran (as
+    /// `timeout(1)` reports it).
+    pub const TIMED_OUT: u8 = 124;
     /// `tenure run` found its command but could not execute it (as shells report it).
     pub const CANNOT_EXECUTE: u8 = 126;
     /// `tenure run` could not find its command (as shells report it).
@@ -87,6 +97,9 @@ enum Command {
     BreakLock(break_lock::BreakLockArgs),
     Demo(demo::DemoArgs),
     Apiserver(apiserver::ApiServerArgs),
+    /// Internal: the process between `tenure run` and its command.
+    #[command(hide = true)]
+    Supervise(supervisor::SuperviseArgs),
 }
 
 /// Makes ring the process's TLS crypto provider. The Kubernetes client, tonic (etcd) and
@@ -106,7 +119,8 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("tenure: error: cannot start the async runtime: {error}");
+            output::error_line(&format!("tenure: error: cannot start the async runtime: {error}"));
+            output::flush_logs(FINAL_FLUSH);
             return ExitCode::from(exit::FAILURE);
         }
     };
@@ -118,16 +132,23 @@ fn main() -> ExitCode {
             Command::BreakLock(args) => break_lock::break_lock(args).await,
             Command::Demo(args) => demo::demo(args).await,
             Command::Apiserver(args) => apiserver::apiserver(args).await,
+            Command::Supervise(args) => supervisor::supervise(args).await,
         }
     });
-    match outcome {
-        Ok(status) => ExitCode::from(status),
+    let status = match outcome {
+        Ok(status) => status,
         Err(error) => {
-            eprintln!("tenure: error: {error}");
-            ExitCode::from(error.exit_status())
+            output::error_line(&format!("tenure: error: {error}"));
+            error.exit_status()
         }
-    }
+    };
+    output::flush_logs(FINAL_FLUSH);
+    ExitCode::from(status)
 }
+
+/// How long the last log lines may take to reach standard error before tenure exits anyway (a
+/// standard error that nobody reads must not keep tenure alive).
+const FINAL_FLUSH: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Prints help and version as clap does, and usage errors on one line; returns the exit status.
 fn report_usage_error(error: &clap::Error) -> u8 {
@@ -137,7 +158,8 @@ fn report_usage_error(error: &clap::Error) -> u8 {
         let _ = error.print();
         return if error.use_stderr() { exit::USAGE } else { exit::SUCCESS };
     }
-    eprintln!("tenure: {}", one_line(&error.render().to_string()));
+    output::error_line(&format!("tenure: {}", one_line(&error.render().to_string())));
+    output::flush_logs(FINAL_FLUSH);
     exit::USAGE
 }
 

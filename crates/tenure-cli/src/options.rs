@@ -22,9 +22,15 @@ pub struct ElectionOptions {
     /// etcd://host:port/name, zk://host:port/path, or memory: (this process only). Secured etcd
     /// and ZooKeeper: etcd://USER@host:port/name?cacert=CA&cert=CERT&key=KEY&password-file=FILE
     /// (password also from TENURE_LOCK_PASSWORD; never in the URL), zk://USER@host:port/path.
+    /// A file lock serves one user on one host: the default file is private to the user who runs
+    /// tenure (another user's candidates with the same --election elect a leader of their own),
+    /// and any file lock's files are private to the user who creates them (a missing directory is
+    /// created with mode 0700), so other users' candidates never lead on it. The lock file and its
+    /// scope are logged at start.
     /// [default: in a pod, with KUBECONFIG set, or given a Kubernetes flag below, the --lock-type
-    /// object named --election in --election-namespace; elsewhere a file named after the election
-    /// in the per-user runtime directory (an existing ~/.kube/config alone does not switch)]
+    /// object named --election in --election-namespace; elsewhere the per-user file
+    /// $XDG_RUNTIME_DIR/tenure/ELECTION.json, or TMPDIR/tenure-UID/ELECTION.json without a usable
+    /// XDG_RUNTIME_DIR (an existing ~/.kube/config alone does not switch)]
     #[arg(long, value_name = "URL")]
     pub lock: Option<LockUrl>,
 
@@ -148,7 +154,8 @@ pub struct CandidateOptions {
     pub id: Option<String>,
 
     /// Lease time, as in leader-elector: the lease lasts TTL, the leader gives up if it cannot
-    /// renew within TTL/2, and renews every TTL/4. Examples: 10s, 1500ms, 1m.
+    /// renew within TTL/2, and renews every TTL/4. Examples: 10s, 1500ms, 1m. The default is
+    /// leader-elector:0.5's; the library's default (Timing::default) is client-go's 15 s lease.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_ttl)]
     pub ttl: Ttl,
 

@@ -2,15 +2,19 @@
 //! `etcdctl lock`, for anyone with a job that must run on one host at a time.
 
 use std::ffi::OsString;
+use std::future::Future;
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use clap::Args;
-use tenure::{Elector, Timing};
-use tokio::process::Command;
+use tenure::{Elector, Tenure};
+use tokio::time::{sleep_until, Instant};
 
-use crate::child::{describe_status, exit_code_of, SupervisedChild};
+use crate::child::{describe_status, exit_code_of};
+use crate::command_tree::{CommandTree, Containment, StartError, TreeOptions};
+use crate::fencing::{self, checked_grace, tenure_kill_bound, CommandControl, KillReason};
 use crate::options::{parse_duration, CandidateOptions, ElectionOptions};
-use crate::signals::{Termination, TerminationSignals};
+use crate::signals::{ResignRequests, Termination, TerminationSignals};
 use crate::{exit, logging, CliError};
 
 /// Arguments of `tenure run`.
@@ -19,21 +23,50 @@ use crate::{exit, logging, CliError};
     about = "Run a command only while this instance leads the election",
     long_about = "Run a command only while this instance leads the election.\n\n\
         Waits until this instance leads, then starts CMD with TENURE_TERM (the fencing term of this \
-        tenure: pass it to what the command writes, and have it refuse lower terms) and \
-        TENURE_ELECTION in its environment. CMD runs in its own process group (so it should not \
-        read from the terminal), and the kernel kills it if tenure itself dies.\n\n\
-        When CMD exits, the lock is released and tenure exits with CMD's status (its exit code, or \
-        128 + the signal that killed it). If CMD cannot be started: 127 (not found) or 126.\n\n\
+        tenure: pass it to what the command writes, and have it refuse lower terms), TENURE_ELECTION, \
+        TENURE_IDENTITY and TENURE_LOCK in its environment. CMD should not read from the terminal.\n\n\
+        When CMD exits, whatever it left running is killed, the lock is released and tenure exits \
+        with CMD's status (its exit code, or 128 + the signal that killed it). If CMD cannot be \
+        started: 127 (not found) or 126.\n\n\
         Losing leadership (the lock could not be renewed within the renew deadline, or another \
-        holder took it): CMD's process group gets SIGTERM, then SIGKILL after the grace period, \
-        and tenure exits with status 75. It does not campaign again: a command killed in the \
-        middle of its work must not silently start over; let your supervisor decide. If tenure \
-        itself is paused (SIGSTOP, a frozen VM), CMD keeps running unsupervised meanwhile: that is \
-        what TENURE_TERM is for.\n\n\
-        Signals: SIGTERM, SIGINT and SIGHUP are passed on to CMD's process group as SIGTERM; after \
-        the grace period (or at a second signal) it gets SIGKILL. Then the lock is released and \
-        tenure exits with CMD's status. Stopped before it leads, tenure exits with 128 + the \
-        signal without running CMD.",
+        holder took it): CMD gets SIGTERM, then SIGKILL after the grace period, and tenure exits \
+        with status 75. It does not campaign again unless --campaign-again is given: a command \
+        killed in the middle of its work must not silently start over; let your supervisor \
+        decide.\n\n\
+        SIGUSR1 makes a leading instance step down without exiting (maintenance): CMD is stopped \
+        as on a loss, the lock is released so the next candidate in line leads at once with a \
+        higher term, and this instance stays a candidate and runs CMD again (with its new \
+        TENURE_TERM) when it leads again. On file and Kubernetes locks it does not take the lock \
+        back for one lease unless nobody else has; on etcd and ZooKeeper it queues up behind the \
+        other candidates.\n\n\
+        Exit statuses: CMD's own; 75 when leadership was lost; 124 when --timeout passed before \
+        leading; 126 or 127 when CMD cannot be started; 128 + n when stopped by signal n before \
+        leading; 1 on other failures, 2 on usage errors.\n\n\
+        The bound: with V the self-fencing deadline (the start of the last successful renew + the \
+        renew deadline; TTL/2 with --ttl), SIGTERM comes at V at the latest, even when the store \
+        hangs, and SIGKILL at the latest at V + 3/4 (lease - renew deadline) (V + 3/8 TTL with \
+        --ttl), whichever of that and the grace period ends first. No other candidate may lead \
+        before V + (lease - renew deadline); the last quarter of that margin is left for the \
+        kill itself and for clocks that run at different rates on different hosts. Where the \
+        backend fences sooner than --ttl says (a ZooKeeper server that grants a shorter session), \
+        the bound shrinks in proportion.\n\n\
+        What is killed: CMD runs under a small supervisor process (tenure itself, re-executed), \
+        in a new cgroup (v2) below tenure's own when one can be created there (the cgroup is \
+        writable and the kernel has cgroup.kill, Linux 5.14+), so that processes that call setsid \
+        or detach are killed too; otherwise in a process group of its own, with the supervisor as \
+        a child subreaper, so that every process CMD starts remains its descendant and is killed \
+        with it. The supervisor kills the whole tree when tenure dies, even by SIGKILL. Not \
+        covered: processes started outside the tree on CMD's behalf (systemd-run, a container \
+        runtime, ssh to another host); without a cgroup, a process that escapes by being \
+        re-parented in the instant between two kill rounds; processes stuck in the kernel \
+        (uninterruptible I/O), which die only when the I/O ends; and a supervisor that is itself \
+        killed by SIGKILL (then only CMD's own process is killed, by the kernel). If tenure is \
+        paused (SIGSTOP, a frozen VM), CMD keeps running unsupervised meanwhile: that is what \
+        TENURE_TERM is for.\n\n\
+        Signals: SIGTERM, SIGINT and SIGHUP are passed on to CMD as SIGTERM; after the grace \
+        period (or at a second signal) it gets SIGKILL. Then the lock is released and tenure exits \
+        with CMD's status. Stopped before it leads, tenure exits with 128 + the signal without \
+        running CMD.",
     after_help = "Example:  tenure run --election nightly-backup --ttl 10s -- /usr/local/bin/backup --full"
 )]
 pub struct RunArgs {
@@ -43,10 +76,26 @@ pub struct RunArgs {
     #[command(flatten)]
     candidate: CandidateOptions,
 
-    /// How long CMD gets to exit after SIGTERM before it is killed. Must be shorter than the
-    /// renew deadline (TTL/2). [default: half the renew deadline, TTL/4]
+    /// How long CMD gets to exit after SIGTERM before it is killed. At most 3/4 of (lease - renew
+    /// deadline), i.e. 3/8 TTL with --ttl: SIGKILL must come before another instance may lead.
+    /// [default: half of (lease - renew deadline), TTL/4]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     grace: Option<Duration>,
+
+    /// Do not put CMD in a cgroup even where one can be created: contain it by its process group
+    /// and the supervisor's descendants only (for hosts where another tool manages cgroups).
+    #[arg(long)]
+    no_cgroup: bool,
+
+    /// Give up waiting for leadership after DURATION: exit with status 124 without running CMD.
+    /// Applies to each wait (also after --campaign-again or SIGUSR1). [default: wait forever]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    timeout: Option<Duration>,
+
+    /// After losing leadership (and stopping CMD), campaign again and run CMD anew when leading
+    /// again, instead of exiting with status 75. For commands that are safe to restart.
+    #[arg(long)]
+    campaign_again: bool,
 
     /// The command to run while leading, and its arguments (after --).
     #[arg(last = true, required = true, value_name = "CMD", value_parser = clap::value_parser!(OsString))]
@@ -56,139 +105,291 @@ pub struct RunArgs {
 /// How the command's run ended.
 enum Ending {
     /// The command exited by itself.
-    Exited(std::process::ExitStatus),
-    /// Leadership ended while the command ran.
+    Exited,
+    /// Leadership ended (or lapsed on this instance's clock) while the command ran.
     LostLeadership,
     /// Tenure was asked to stop.
     Terminated(Termination),
+    /// The operator asked the leader to step down (SIGUSR1).
+    Resign,
+}
+
+/// What comes after one tenure.
+enum Next {
+    /// Release the lock and exit with this status.
+    Exit(u8),
+    /// Stay a candidate and run the command again when leading again.
+    CampaignAgain,
+}
+
+/// What a wait for leadership gave.
+enum Waited {
+    /// This instance leads.
+    Leading(Tenure),
+    /// A termination signal came first.
+    Stopped(Termination),
+    /// `--timeout` passed first.
+    TimedOut,
+}
+
+/// What a run needs beside the elector: its settings and the signals it answers.
+struct Runner {
+    args: RunArgs,
+    identity: String,
+    lock: String,
+    grace: Duration,
+    requests: SignalRequests,
 }
 
 /// Runs `tenure run`; returns the exit status.
 pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     logging::init(args.candidate.log_format);
-    let mut signals =
-        TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
+    let install_failed = |e: std::io::Error| CliError::Failed(format!("cannot install signal handlers: {e}"));
+    let signals = TerminationSignals::install().map_err(install_failed)?;
+    let resigns = ResignRequests::install().map_err(install_failed)?;
     let timing = args.candidate.ttl.timing;
-    let grace = checked_grace(args.grace, &timing)?;
-    let (program, program_args) =
-        args.command.split_first().ok_or_else(|| CliError::Usage("no command given after --".to_owned()))?;
+    checked_grace(args.grace, &timing)?;
+    if args.command.is_empty() {
+        return Err(CliError::Usage("no command given after --".to_owned()));
+    }
     let identity = args.candidate.identity().map_err(CliError::Usage)?;
-    let election = args.election.election.as_str();
     let url = args.election.lock_url()?;
+    crate::lock_scope::LockScope::announce(&url, args.election.lock.is_none());
     let cluster = args.election.cluster.options().map_err(CliError::Usage)?;
     let campaign = url.campaign(&identity, timing, &cluster).await?;
     let events = campaign.kube.as_ref().map(|lock| lock.record_events(&campaign.elector));
     let elector = campaign.elector;
-    tracing::info!(identity, election, lock = %url, "waiting for leadership before starting the command");
+    // The timing in force may differ from the one asked for (a backend's session rules).
+    let timing = *elector.timing();
+    let grace = match checked_grace(args.grace, &timing) {
+        Ok(grace) => grace,
+        Err(error) => {
+            release(elector, events).await;
+            return Err(error);
+        }
+    };
+    let requests = SignalRequests { signals, resigns };
+    let mut runner = Runner { args, identity, lock: url.to_string(), grace, requests };
+    let outcome = loop {
+        match runner.one_tenure(&elector).await {
+            Ok(Next::CampaignAgain) => continue,
+            Ok(Next::Exit(status)) => break Ok(status),
+            Err(error) => break Err(error),
+        }
+    };
+    release(elector, events).await;
+    outcome
+}
 
-    let tenure = loop {
-        let tenure = tokio::select! {
-            tenure = elector.acquired() => tenure.map_err(|e| CliError::Failed(e.to_string()))?,
-            termination = signals.recv() => {
+impl Runner {
+    /// Waits for leadership, runs the command while leading and stops it when the tenure ends.
+    async fn one_tenure(&mut self, elector: &Elector) -> Result<Next, CliError> {
+        let election = self.args.election.election.clone();
+        tracing::info!(
+            identity = self.identity,
+            election,
+            lock = self.lock,
+            "waiting for leadership before starting the command"
+        );
+        let tenure = match self.wait_for_leadership(elector).await? {
+            Waited::Leading(tenure) => tenure,
+            Waited::Stopped(termination) => {
                 tracing::info!(signal = termination.name, "stopped before leading; the command never ran");
-                release(elector, events).await;
-                return Ok(termination.exit_status());
+                return Ok(Next::Exit(termination.exit_status()));
+            }
+            Waited::TimedOut => {
+                tracing::error!(exit_status = exit::TIMED_OUT, "not leading within --timeout; the command never ran");
+                return Ok(Next::Exit(exit::TIMED_OUT));
             }
         };
-        // The tenure may have lapsed between its start and now; nothing has run yet, so waiting
-        // for the next one is harmless.
-        if tenure.is_valid() {
-            break tenure;
-        }
-    };
-    let term = tenure.term();
-    let mut command = Command::new(program);
-    command.args(program_args).env("TENURE_TERM", term.to_string()).env("TENURE_ELECTION", election);
-    let mut child = match SupervisedChild::spawn(&mut command) {
-        Ok(child) => child,
-        Err(error) => {
-            let status =
-                if error.kind() == std::io::ErrorKind::NotFound { exit::NOT_FOUND } else { exit::CANNOT_EXECUTE };
-            tracing::error!(command = %program.to_string_lossy(), %error, "cannot start the command");
-            drop(tenure);
-            release(elector, events).await;
-            return Ok(status);
-        }
-    };
-    tracing::info!(term = term.0, pid = child.pid(), command = %program.to_string_lossy(), "leading; started the command");
-
-    let ending = tokio::select! {
-        status = child.wait() => match status {
-            Ok(status) => Ending::Exited(status),
+        let term = tenure.term();
+        let bound = tenure_kill_bound(elector.timing(), tenure.valid_until().saturating_duration_since(Instant::now()));
+        let program = self.args.command[0].to_string_lossy().into_owned();
+        let options = TreeOptions {
+            no_cgroup: self.args.no_cgroup,
+            environment: vec![
+                ("TENURE_TERM".to_owned(), term.to_string()),
+                ("TENURE_ELECTION".to_owned(), election),
+                ("TENURE_IDENTITY".to_owned(), self.identity.clone()),
+                ("TENURE_LOCK".to_owned(), self.lock.clone()),
+            ],
+        };
+        let mut tree = match CommandTree::start(&self.args.command, &options).await {
+            Ok(tree) => tree,
             Err(error) => {
-                tracing::error!(%error, "cannot wait for the command; killing it");
-                let _ = child.kill().await;
-                drop(tenure);
-                release(elector, events).await;
+                let status = match &error {
+                    StartError::NotFound(_) => exit::NOT_FOUND,
+                    StartError::CannotExecute(_) => exit::CANNOT_EXECUTE,
+                    StartError::Supervisor(_) => exit::FAILURE,
+                };
+                tracing::error!(command = program, %error, "cannot start the command");
+                return Ok(Next::Exit(status));
+            }
+        };
+        match tree.containment() {
+            Containment::Cgroup(path) => {
+                tracing::info!(term = term.0, pid = tree.pid(), command = program, cgroup = %path.display(), kill_within = %humantime::format_duration(bound), "leading; started the command");
+            }
+            Containment::ProcessGroup(why) => {
+                tracing::info!(term = term.0, pid = tree.pid(), command = program, no_cgroup = %why, kill_within = %humantime::format_duration(bound), "leading; started the command in its own process group");
+            }
+        }
+
+        let (ending, status) = match supervise(&mut tree, &tenure, self.grace, bound, &mut self.requests).await {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                tracing::error!(%error, "lost track of the command");
                 return Err(CliError::Failed(format!("lost track of the command: {error}")));
             }
-        },
-        () = tenure.ended() => Ending::LostLeadership,
-        termination = signals.recv() => Ending::Terminated(termination),
-    };
-
-    let status = match ending {
-        Ending::Exited(status) => {
+        };
+        if let Ending::Exited = ending {
             tracing::info!(outcome = describe_status(status), "the command ended; releasing the lock");
-            child.kill_leftovers();
-            Ok(status)
-        }
-        Ending::LostLeadership => {
-            tracing::error!(term = term.0, grace = %humantime::format_duration(grace), "lost leadership; stopping the command");
-            child.stop(grace, hurry(&mut signals)).await
-        }
-        Ending::Terminated(termination) => {
-            tracing::info!(signal = termination.name, grace = %humantime::format_duration(grace), "stopping the command");
-            child.stop(grace, hurry(&mut signals)).await
-        }
-    };
-    drop(tenure);
-    release(elector, events).await;
-    let status = status.map_err(|e| CliError::Failed(format!("lost track of the command: {e}")))?;
-    match ending {
-        Ending::LostLeadership => {
-            tracing::error!(
-                outcome = describe_status(status),
-                exit_status = exit::LOST_LEADERSHIP,
-                "the command was stopped because leadership was lost; not restarting it"
-            );
-            Ok(exit::LOST_LEADERSHIP)
-        }
-        Ending::Exited(_) | Ending::Terminated(_) => {
-            if matches!(ending, Ending::Terminated(_)) {
-                tracing::info!(outcome = describe_status(status), "the command stopped");
+            if tree.leftovers() > 0 {
+                tracing::warn!(processes = tree.leftovers(), "killed processes the command left running");
             }
-            Ok(exit_code_of(status))
+        }
+        // The tenure's guard goes before the lock is released or resigned: a release waits for it.
+        drop(tenure);
+        match ending {
+            Ending::Exited => Ok(Next::Exit(exit_code_of(status))),
+            Ending::Terminated(_) => {
+                tracing::info!(outcome = describe_status(status), "the command stopped");
+                Ok(Next::Exit(exit_code_of(status)))
+            }
+            Ending::LostLeadership if self.args.campaign_again => {
+                tracing::warn!(
+                    outcome = describe_status(status),
+                    "the command was stopped because leadership was lost; campaigning again (--campaign-again)"
+                );
+                Ok(Next::CampaignAgain)
+            }
+            Ending::LostLeadership => {
+                tracing::error!(
+                    outcome = describe_status(status),
+                    exit_status = exit::LOST_LEADERSHIP,
+                    "the command was stopped because leadership was lost; not restarting it"
+                );
+                Ok(Next::Exit(exit::LOST_LEADERSHIP))
+            }
+            Ending::Resign => {
+                tracing::info!(
+                    outcome = describe_status(status),
+                    "the command stopped; stepping down and staying a candidate"
+                );
+                if let Err(error) = elector.resign().await {
+                    tracing::warn!(%error, "could not step down");
+                }
+                Ok(Next::CampaignAgain)
+            }
+        }
+    }
+
+    /// Waits until this instance leads, a termination signal comes, or `--timeout` passes.
+    /// SIGUSR1 while waiting has nothing to step down from.
+    async fn wait_for_leadership(&mut self, elector: &Elector) -> Result<Waited, CliError> {
+        let give_up = self.args.timeout.map(|timeout| Instant::now() + timeout);
+        loop {
+            let tenure = tokio::select! {
+                tenure = elector.acquired() => tenure.map_err(|e| CliError::Failed(e.to_string()))?,
+                request = self.requests.next() => match request {
+                    Request::Stop(termination) => return Ok(Waited::Stopped(termination)),
+                    Request::Resign => {
+                        tracing::info!("SIGUSR1: not leading, nothing to step down from");
+                        continue;
+                    }
+                },
+                () = until(give_up) => return Ok(Waited::TimedOut),
+            };
+            // The tenure may have lapsed between its start and now; nothing has run yet, so
+            // waiting for the next one is harmless.
+            if tenure.is_valid() {
+                return Ok(Waited::Leading(tenure));
+            }
         }
     }
 }
 
-/// The grace period between SIGTERM and SIGKILL, checked against self-fencing.
-///
-/// Why the bound: when renewals stop succeeding, this instance stops believing it leads at
-/// `R + renew_deadline`, where `R` is the start of its last successful renew, and sends SIGTERM
-/// at once. No other candidate may take the lock before `R + lease_duration`, because each
-/// counts the lease from when it saw that renew, which is after `R`. The command is certainly
-/// dead at `R + renew_deadline + grace`, so it never overlaps another leader when
-/// `grace < lease_duration - renew_deadline`. With the `--ttl` mapping that margin equals the
-/// renew deadline (TTL/2). The default, half of it, leaves the other half for clock-rate
-/// differences between hosts, signal delivery and scheduling delays.
-fn checked_grace(grace: Option<Duration>, timing: &Timing) -> Result<Duration, CliError> {
-    let margin = timing.lease_duration.saturating_sub(timing.renew_deadline).min(timing.renew_deadline);
-    let grace = grace.unwrap_or(margin / 2);
-    if grace >= margin {
-        return Err(CliError::Usage(format!(
-            "--grace {} must be shorter than the renew deadline ({}): the command must be dead before another instance may lead",
-            humantime::format_duration(grace),
-            humantime::format_duration(margin),
-        )));
+/// Completes at `instant`, never if there is none.
+async fn until(instant: Option<Instant>) {
+    match instant {
+        Some(instant) => sleep_until(instant).await,
+        None => std::future::pending().await,
     }
-    Ok(grace)
 }
 
-/// Completes at the next termination signal: a second request to stop means "now".
-async fn hurry(signals: &mut TerminationSignals) {
-    signals.recv().await;
+/// A request from outside while tenure runs.
+enum Request {
+    /// Stop (SIGTERM, SIGINT, SIGHUP).
+    Stop(Termination),
+    /// Step down and stay a candidate (SIGUSR1).
+    Resign,
+}
+
+/// Where requests come from: signals in tenure, a script in tests.
+trait Requests {
+    /// The next request.
+    fn next(&mut self) -> impl Future<Output = Request>;
+}
+
+/// The requests a running `tenure run` answers: termination signals and SIGUSR1.
+struct SignalRequests {
+    signals: TerminationSignals,
+    resigns: ResignRequests,
+}
+
+impl Requests for SignalRequests {
+    async fn next(&mut self) -> Request {
+        tokio::select! {
+            termination = self.signals.recv() => Request::Stop(termination),
+            () = self.resigns.recv() => Request::Resign,
+        }
+    }
+}
+
+/// Runs the command until it exits, its tenure is over (ended, or past its self-fencing
+/// deadline on this clock however late the elector says so), or a request comes; then stops it
+/// (SIGTERM, SIGKILL at the first of the grace period, the kill deadline `bound` after the
+/// self-fencing deadline, and a second request to stop). Returns why and the command's status.
+async fn supervise<C: CommandControl>(
+    command: &mut C,
+    tenure: &Tenure,
+    grace: Duration,
+    bound: Duration,
+    requests: &mut impl Requests,
+) -> std::io::Result<(Ending, ExitStatus)> {
+    let ending = tokio::select! {
+        status = command.wait() => {
+            let status = status?;
+            return Ok((Ending::Exited, status));
+        }
+        () = fencing::lapsed(tenure) => Ending::LostLeadership,
+        request = requests.next() => match request {
+            Request::Stop(termination) => Ending::Terminated(termination),
+            Request::Resign => Ending::Resign,
+        },
+    };
+    let term = tenure.term().0;
+    let grace_text = humantime::format_duration(grace);
+    match ending {
+        Ending::LostLeadership => tracing::error!(term, grace = %grace_text, "lost leadership; stopping the command"),
+        Ending::Terminated(termination) => {
+            tracing::info!(signal = termination.name, grace = %grace_text, "stopping the command")
+        }
+        _ => tracing::info!(term, grace = %grace_text, "SIGUSR1: stepping down; stopping the command"),
+    }
+    let hurry = async { while !matches!(requests.next().await, Request::Stop(_)) {} };
+    let (status, killed) = fencing::stop(command, grace, fencing::kill_deadline(tenure, bound), hurry).await?;
+    match killed {
+        Some(KillReason::Grace) => {
+            tracing::warn!(grace = %grace_text, "the command did not stop within the grace period; it was killed")
+        }
+        Some(KillReason::Deadline) => {
+            tracing::warn!("the command was killed before the end of its grace period: another instance may lead soon")
+        }
+        Some(KillReason::Hurry) => tracing::warn!("asked again to stop; the command was killed"),
+        None => {}
+    }
+    Ok((ending, status))
 }
 
 /// Releases the lock (if held) and stops the elector, logging a failed release; then lets the
@@ -205,12 +406,33 @@ async fn release(elector: Elector, events: Option<tenure_kube::LeadershipEvents>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fencing::tests::{silent_tenure, ttl_2s, Stubborn};
+    use crate::fencing::{checked_grace, kill_bound};
 
-    #[test]
-    fn grace_defaults_to_half_the_renew_deadline_and_must_stay_below_it() {
-        let timing = Timing::from_ttl(Duration::from_secs(10)).unwrap();
-        assert_eq!(checked_grace(None, &timing).unwrap(), Duration::from_millis(2500));
-        assert_eq!(checked_grace(Some(Duration::from_millis(4999)), &timing).unwrap(), Duration::from_millis(4999));
-        assert!(matches!(checked_grace(Some(Duration::from_secs(5)), &timing), Err(CliError::Usage(_))));
+    /// Nobody asks anything.
+    struct Silence;
+
+    impl Requests for Silence {
+        async fn next(&mut self) -> Request {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lapse_the_elector_never_reports_stops_the_command_at_the_deadline_and_kills_it_in_time() {
+        let timing = ttl_2s();
+        let bound = kill_bound(&timing);
+        let grace = checked_grace(Some(bound), &timing).unwrap();
+        // The elector is stuck (a store call that hangs): it never ends the tenure.
+        let (publisher, tenure) = silent_tenure(timing.renew_deadline);
+        let fence = tenure.valid_until();
+        let mut command = Stubborn::default();
+        let (ending, _) = supervise(&mut command, &tenure, grace, bound, &mut Silence).await.unwrap();
+        assert!(matches!(ending, Ending::LostLeadership));
+        assert_eq!(command.terminated_at, Some(fence), "SIGTERM at the self-fencing deadline");
+        let others_may_lead = fence + (timing.lease_duration - timing.renew_deadline);
+        let killed = command.killed_at.expect("killed");
+        assert!(killed <= fence + bound && killed < others_may_lead, "SIGKILL {:?} after the deadline", killed - fence);
+        drop(publisher);
     }
 }

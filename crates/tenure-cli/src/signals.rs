@@ -52,3 +52,24 @@ impl TerminationSignals {
         }
     }
 }
+
+/// SIGUSR1, the operator's request that a leader step down without stopping (maintenance, a
+/// rebalance): the instance resigns and stays a candidate.
+///
+/// Why a signal: it works the same for `elect` and `run`, needs no port or credentials, and
+/// `kill -USR1` is what an operator has at hand on any host or in `kubectl exec`.
+pub struct ResignRequests {
+    usr1: Signal,
+}
+
+impl ResignRequests {
+    /// Installs the handler; from now on SIGUSR1 no longer kills the process.
+    pub fn install() -> io::Result<Self> {
+        Ok(ResignRequests { usr1: signal(SignalKind::user_defined1())? })
+    }
+
+    /// Waits for the next request.
+    pub async fn recv(&mut self) {
+        self.usr1.recv().await;
+    }
+}

@@ -3,16 +3,17 @@
 //! Why it exists: operators need to see the state of an election without joining it, and
 //! scripts need the same in JSON. It reads the record once and writes nothing.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
-use tenure::{LeaderElectionRecord, StoredRecord};
+use tenure::{LeaderElectionRecord, RecordLock, StoredRecord};
 
 use crate::lock_url::LockUrl;
-use crate::options::ElectionOptions;
-use crate::{exit, CliError};
+use crate::options::{parse_duration, ElectionOptions};
+use crate::{exit, output, CliError};
 
 /// How long one read of the store may take before the store counts as unreachable.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -25,7 +26,14 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
         counted by leaderTransitions), when it acquired and last renewed the lock, and its lease. \
         Reads the lock once and changes nothing.\n\n\
         Exit status: 0 when the lock could be read (held, free, absent or unreadable content), \
-        1 when the store could not be reached."
+        1 when the store could not be reached.\n\n\
+        With --watch, follows the election without joining it (like etcdctl elect -l): prints one \
+        line (one JSON object with --output json) now and one at every change of state, leader or \
+        term, until stopped by SIGINT or SIGTERM (exit status 0). File and Kubernetes locks \
+        notify it of each change; etcd and ZooKeeper are read every --interval. A store that \
+        cannot be reached is reported once per outage on standard error, and the watch goes on. \
+        A Kubernetes multi-lock whose two objects name different holders (for a moment during a \
+        handover) is printed as leader unknown."
 )]
 pub struct StatusArgs {
     #[command(flatten)]
@@ -34,6 +42,15 @@ pub struct StatusArgs {
     /// Output format.
     #[arg(long, short, value_name = "FORMAT", value_enum, default_value_t = OutputFormat::Text)]
     output: OutputFormat,
+
+    /// Keep following the election and print each change.
+    #[arg(long, short)]
+    watch: bool,
+
+    /// With --watch, how often to read the lock when the store does not notify changes (etcd,
+    /// ZooKeeper), or in case a notification was missed.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    interval: Duration,
 }
 
 /// How `status` prints.
@@ -48,7 +65,7 @@ enum OutputFormat {
 /// The state of a lock as `status` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-enum LockState {
+pub enum LockState {
     /// A holder is named in the record.
     Held,
     /// The record exists but names no holder (released).
@@ -62,12 +79,12 @@ enum LockState {
 /// What `status --output json` prints; the field names follow the record's.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-struct StatusReport {
+pub struct StatusReport {
     election: String,
     lock: String,
-    state: LockState,
-    leader: Option<String>,
-    term: Option<i64>,
+    pub(crate) state: LockState,
+    pub(crate) leader: Option<String>,
+    pub(crate) term: Option<i64>,
     acquire_time: Option<String>,
     renew_time: Option<String>,
     lease_duration_seconds: Option<i64>,
@@ -83,40 +100,78 @@ pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
     let election = args.election.election.clone();
     let url = args.election.lock_url()?;
     let cluster = args.election.cluster.options().map_err(CliError::Usage)?;
-    let report = match &url {
-        LockUrl::Zk { servers, path, .. } => zk_status(election, &url, servers, path).await?,
-        LockUrl::Etcd { endpoints, election: name, .. } => etcd_status(election, &url, endpoints, name).await?,
-        _ => record_status(election, &url, &cluster).await?,
-    };
+    let source = Source::open(&url, &cluster).await?;
+    if args.watch {
+        return crate::status_watch::watch(&source, &election, &url, args.output == OutputFormat::Json, args.interval)
+            .await;
+    }
+    let report = source.read(&election, &url).await?;
     let text = match args.output {
         OutputFormat::Text => report.to_text(Utc::now()),
         OutputFormat::Json => serde_json::to_string_pretty(&report)
             .map_err(|e| CliError::Failed(format!("cannot format the status: {e}")))?,
     };
-    println!("{text}");
+    output::print_line(&text)
+        .map_err(|e| CliError::Failed(format!("cannot write the status to standard output: {e}")))?;
     Ok(exit::SUCCESS)
 }
 
-/// The status of a ZooKeeper election: the lowest latch node's holder and term.
-async fn zk_status(election: String, url: &LockUrl, servers: &str, path: &str) -> Result<StatusReport, CliError> {
-    let zk = url.zk_election(servers, path, tenure_zk::timing_of(READ_TIMEOUT)).await?;
-    let leader = ask_leader(url, zk.leader()).await?.map(|l| (l.identity, l.term, l.node));
-    Ok(StatusReport::native(election, url, leader))
+/// Where `status` reads the election, opened once so that `--watch` can read it again and again
+/// over the same connection.
+pub enum Source {
+    /// A record lock (file, Kubernetes object, memory).
+    Record(Arc<dyn RecordLock>),
+    /// An etcd election: the oldest candidate key leads.
+    Etcd(tenure_etcd::EtcdElection),
+    /// A ZooKeeper election: the lowest latch node leads.
+    Zk(tenure_zk::ZkElection),
 }
 
-/// The status of an etcd election: the oldest candidate key's holder and term.
-async fn etcd_status(
-    election: String,
-    url: &LockUrl,
-    endpoints: &[String],
-    name: &str,
-) -> Result<StatusReport, CliError> {
-    let etcd = url.etcd_election(endpoints, name).await?;
-    let leader = ask_leader(url, etcd.leader()).await?.map(|l| (l.identity, l.term, l.key));
-    Ok(StatusReport::native(election, url, leader))
+impl Source {
+    /// Connects to (or opens) the lock of `url`; writes nothing.
+    pub async fn open(url: &LockUrl, cluster: &tenure_kube::ClusterOptions) -> Result<Source, CliError> {
+        Ok(match url {
+            LockUrl::Zk { servers, path, .. } => {
+                Source::Zk(url.zk_election(servers, path, tenure_zk::timing_of(READ_TIMEOUT)).await?)
+            }
+            LockUrl::Etcd { endpoints, election, .. } => Source::Etcd(url.etcd_election(endpoints, election).await?),
+            _ => Source::Record(open_record_lock(url, cluster, "tenure-status").await?),
+        })
+    }
+
+    /// Reads who holds the lock now, within the read timeout.
+    pub async fn read(&self, election: &str, url: &LockUrl) -> Result<StatusReport, CliError> {
+        let election = election.to_owned();
+        match self {
+            Source::Zk(zk) => {
+                let leader = ask_leader(url, zk.leader()).await?.map(|l| (l.identity, l.term, l.node));
+                Ok(StatusReport::native(election, url, leader))
+            }
+            Source::Etcd(etcd) => {
+                let leader = ask_leader(url, etcd.leader()).await?.map(|l| (l.identity, l.term, l.key));
+                Ok(StatusReport::native(election, url, leader))
+            }
+            Source::Record(lock) => {
+                let stored = match tokio::time::timeout(READ_TIMEOUT, lock.get()).await {
+                    Ok(Ok(stored)) => stored,
+                    Ok(Err(error)) => return Err(CliError::Failed(format!("cannot read the lock {url}: {error}"))),
+                    Err(_) => return Err(CliError::Failed(no_answer(url))),
+                };
+                Ok(StatusReport::new(election, url.to_string(), stored))
+            }
+        }
+    }
+
+    /// Notifications of changes, where the store pushes them (file and Kubernetes locks).
+    pub fn changes(&self) -> Option<tenure::ChangeStream> {
+        match self {
+            Source::Record(lock) => lock.watch(),
+            Source::Etcd(_) | Source::Zk(_) => None,
+        }
+    }
 }
 
-/// Asks a native backend who leads, within the read timeout.
+/// Asks the store, within the read timeout.
 async fn ask_leader<T, E: std::fmt::Display>(
     url: &LockUrl,
     query: impl std::future::Future<Output = Result<T, E>>,
@@ -136,31 +191,11 @@ pub async fn open_record_lock(
     url: &LockUrl,
     cluster: &tenure_kube::ClusterOptions,
     client: &str,
-) -> Result<std::sync::Arc<dyn tenure::RecordLock>, CliError> {
+) -> Result<Arc<dyn RecordLock>, CliError> {
     Ok(match url {
         LockUrl::Kube(reference) => url.kube_lock(reference, cluster, client).await?.record_lock(),
         _ => url.open(client)?,
     })
-}
-
-/// The status of a record lock: the record as stored.
-async fn record_status(
-    election: String,
-    url: &LockUrl,
-    cluster: &tenure_kube::ClusterOptions,
-) -> Result<StatusReport, CliError> {
-    let lock = open_record_lock(url, cluster, "tenure-status").await?;
-    let stored = match tokio::time::timeout(READ_TIMEOUT, lock.get()).await {
-        Ok(Ok(stored)) => stored,
-        Ok(Err(error)) => return Err(CliError::Failed(format!("cannot read the lock {url}: {error}"))),
-        Err(_) => {
-            return Err(CliError::Failed(format!(
-                "cannot read the lock {url}: no answer within {}",
-                humantime::format_duration(READ_TIMEOUT)
-            )))
-        }
-    };
-    Ok(StatusReport::new(election, url.to_string(), stored))
 }
 
 impl StatusReport {

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{file_url, http_get, http_leader, run_to_end, wait_until, TempDir, Tenure};
+use common::{file_url, get, http_get, http_leader, run_to_end, start_elect, wait_until, TempDir, Tenure};
 
 const LEASE: Duration = Duration::from_secs(2);
 const RETRY: Duration = Duration::from_millis(500);
@@ -206,4 +206,24 @@ fn the_leader_elector_sidecar_command_line_of_the_kuryr_manifest_is_accepted() {
     wait_until(Duration::from_secs(5), || (http_leader(&address)? == "kuryr-0").then_some(())).expect("kuryr-0 leads");
     tenure.signal(libc::SIGTERM);
     assert_eq!(tenure.exit_code(Duration::from_secs(5)), 0, "{}", tenure.log());
+}
+
+#[test]
+fn sigusr1_makes_the_leader_step_down_and_stay_a_candidate() {
+    let dir = TempDir::new("elect-resign");
+    let lock_url = file_url(&dir.join("lock"));
+    let (mut a, a_address) = start_elect("a", "e", &lock_url, "2s");
+    wait_until(Duration::from_secs(5), || (http_leader(&a_address)? == "a").then_some(())).expect("a leads");
+    let (mut b, b_address) = start_elect("b", "e", &lock_url, "2s");
+    wait_until(Duration::from_secs(5), || (http_leader(&b_address)? == "a").then_some(())).expect("b follows a");
+    a.signal(libc::SIGUSR1);
+    wait_until(Duration::from_secs(5), || (http_leader(&a_address)? == "b").then_some(()))
+        .unwrap_or_else(|| panic!("b did not take over; a:\n{}\nb:\n{}", a.log(), b.log()));
+    let status: serde_json::Value = serde_json::from_str(&get(&b_address, "/status").unwrap().1).unwrap();
+    assert_eq!(status["term"], 2, "{status}");
+    assert!(a.is_running(), "a stopped instead of staying a candidate");
+    for elector in [&mut b, &mut a] {
+        elector.signal(libc::SIGTERM);
+        assert_eq!(elector.exit_code(Duration::from_secs(5)), 0, "{}", elector.log());
+    }
 }

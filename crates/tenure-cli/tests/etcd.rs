@@ -105,3 +105,10 @@ async fn run_on_etcd_passes_the_term_and_the_exit_status() {
     let term: u64 = stdout.trim().strip_prefix("term=").and_then(|t| t.parse().ok()).expect("a numeric term");
     assert!(term > 0);
 }
+
+#[tokio::test]
+async fn status_watch_on_etcd_prints_the_handover() {
+    let Some(cluster) = EtcdCluster::start(1).await else { return };
+    let url = format!("etcd://{}/cli-watch", cluster.endpoint(0));
+    common::assert_watch_follows_a_handover("e", &url);
+}

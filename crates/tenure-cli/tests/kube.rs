@@ -356,3 +356,24 @@ fn the_deploy_manifests_apply_and_the_example_sidecar_args_elect() {
     let (ok, lease) = cluster.kubectl(&["get", "lease", "kuryr-controller", "-n", "kube-system"]);
     assert!(ok && lease.contains("pod-x"), "{lease}");
 }
+
+#[test]
+fn status_watch_on_kubernetes_prints_the_handover_as_it_is_pushed() {
+    let cluster = Cluster::start("kube-watch");
+    // A long interval: the changes must arrive through the API server's watch, not by polling.
+    let mut command = Command::new(TENURE);
+    command
+        .args(["status", "--election=kuryr-controller", "--election-namespace=kube-system", "--watch"])
+        .args(["--interval", "1h", "--output", "json"])
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .env_remove("KUBERNETES_SERVICE_HOST");
+    let watch = Tenure::start_with("watch", &mut command);
+    let (mut one, one_http) = cluster.elect("one", &[]);
+    wait_until(Duration::from_secs(10), || is_leader(&one_http).then_some(())).expect("one leads");
+    let (_two, two_http) = cluster.elect("two", &[]);
+    wait_until(Duration::from_secs(10), || (http_leader(&two_http)? == "one").then_some(())).expect("two follows");
+    common::wait_for_watched_leaders(&watch, &["one"]);
+    one.signal(libc::SIGTERM);
+    common::wait_for_watched_leaders(&watch, &["one", "two"]);
+    assert_eq!(one.exit_code(Duration::from_secs(5)), 0);
+}

@@ -23,14 +23,27 @@ fn exit_status_of_the_command_is_passed_on() {
 }
 
 #[test]
-fn command_gets_the_term_and_election_in_its_environment() {
+fn command_gets_the_term_election_identity_and_lock_in_its_environment() {
     let dir = TempDir::new("run-env");
     let out = dir.join("env");
-    let script = format!("echo \"$TENURE_TERM $TENURE_ELECTION\" > {}", out.display());
-    let (code, _, stderr) =
-        run_to_end(&["run", "--election", "nightly", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", &script]);
+    let script = format!("echo \"$TENURE_TERM $TENURE_ELECTION $TENURE_IDENTITY $TENURE_LOCK\" > {}", out.display());
+    let (code, _, stderr) = run_to_end(&[
+        "run",
+        "--election",
+        "nightly",
+        "--lock",
+        "memory:",
+        "--id",
+        "host-a",
+        "--ttl",
+        "2s",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(std::fs::read_to_string(out).unwrap(), "1 nightly\n");
+    assert_eq!(std::fs::read_to_string(out).unwrap(), "1 nightly host-a memory:\n");
 }
 
 #[test]
@@ -89,6 +102,72 @@ fn nothing_the_command_started_survives_it() {
     assert!(gone.is_some(), "the background sleep {pid} outlived the command");
 }
 
+#[test]
+fn tenure_exits_only_once_what_the_command_left_behind_is_dead_even_after_setsid() {
+    let dir = TempDir::new("run-setsid-leftovers");
+    let pid_file = dir.join("pid");
+    // A daemon-like leftover: a new session, re-parented when the shell exits.
+    let script = format!("setsid sleep 30 & echo $! > {}", pid_file.display());
+    let (code, _, stderr) =
+        run_to_end(&["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", &script]);
+    assert_eq!(code, 0, "{stderr}");
+    let pid: i32 = std::fs::read_to_string(pid_file).unwrap().trim().parse().unwrap();
+    assert!(!is_alive(pid), "the detached sleep {pid} outlived tenure");
+    assert!(stderr.contains("killed processes the command left running"), "{stderr}");
+}
+
+/// Starts `tenure run` (with `extra` flags) on a command tree with every way out of a process
+/// group (a `setsid` child, a double fork, a plain background child), waits until all of it
+/// runs, kills tenure with SIGKILL, and checks that none of the tree survives for long: its
+/// lease (4 s) has not even run out when the check ends.
+fn assert_sigkill_of_tenure_kills_the_tree(label: &str, extra: &[&str]) -> String {
+    let dir = TempDir::new(label);
+    let (pids, ready) = (dir.join("pids"), dir.join("ready"));
+    let script = format!(
+        "setsid sleep 71 & echo $! >> {p}; (setsid sleep 72 & echo $! >> {p}); sleep 73 & echo $! >> {p}; \
+         echo $$ >> {p}; touch {r}; wait",
+        p = pids.display(),
+        r = ready.display()
+    );
+    let lock_url = file_url(&dir.join("lock"));
+    let mut args = vec!["run", "--election", "e", "--lock", &lock_url, "--ttl", "4s"];
+    args.extend(extra);
+    args.extend(["--", "sh", "-c", &script]);
+    let mut runner = Tenure::start("runner", &args);
+    wait_until(Duration::from_secs(10), || ready.exists().then_some(())).expect("the command tree started");
+    let pids: Vec<i32> = std::fs::read_to_string(&pids).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 4);
+    runner.signal(libc::SIGKILL);
+    runner.wait_exit(Duration::from_secs(5)).expect("tenure died");
+    let gone = wait_until(Duration::from_secs(3), || pids.iter().all(|&pid| !is_alive(pid)).then_some(()));
+    let survivors: Vec<i32> = pids.iter().copied().filter(|&pid| is_alive(pid)).collect();
+    assert!(gone.is_some(), "{survivors:?} of {pids:?} survived tenure; log:\n{}", runner.log());
+    runner.log()
+}
+
+#[test]
+fn killing_tenure_with_sigkill_kills_the_whole_command_tree_in_its_cgroup() {
+    let log = assert_sigkill_of_tenure_kills_the_tree("run-kill9-cgroup", &[]);
+    // Where a cgroup could be made, it is removed once empty.
+    if let Some(path) = log.split("cgroup=").nth(1).and_then(|rest| rest.split_whitespace().next()) {
+        let path = std::path::PathBuf::from(path.trim_matches('"'));
+        wait_until(Duration::from_secs(3), || (!path.exists()).then_some(()))
+            .unwrap_or_else(|| panic!("{} was left behind", path.display()));
+    }
+}
+
+#[test]
+fn killing_tenure_with_sigkill_kills_the_whole_command_tree_without_a_cgroup() {
+    let log = assert_sigkill_of_tenure_kills_the_tree("run-kill9-group", &["--no-cgroup"]);
+    assert!(log.contains("disabled by --no-cgroup"), "{log}");
+}
+
+/// True while `pid` runs (a zombie or a reused-and-gone pid counts as dead).
+fn is_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    (unsafe { libc::kill(pid, 0) } == 0) && !is_zombie(pid)
+}
+
 fn is_zombie(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|stat| stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
@@ -115,6 +194,28 @@ fn a_command_killed_by_the_forwarded_sigterm_exits_143() {
     tenure.wait_for_log("leading; started the command", Duration::from_secs(10));
     tenure.signal(libc::SIGTERM);
     assert_eq!(tenure.exit_code(Duration::from_secs(5)), 128 + libc::SIGTERM, "{}", tenure.log());
+}
+
+/// `tenure elect` as "holder" on `lock_url`, once it leads.
+fn start_holder(lock_url: &str) -> Tenure {
+    let holder =
+        Tenure::start("holder", &["elect", "--election", "e", "--lock", lock_url, "--id", "holder", "--ttl", "2s"]);
+    holder.wait_for_log("started leading", Duration::from_secs(5));
+    holder
+}
+
+/// Another writer takes the lock over behind the runner's back (as a misconfigured or client-go
+/// candidate with a shorter lease could): compare-and-swap through the library, then silence.
+fn take_the_lock_behind_the_runners_back(lock_path: &std::path::Path) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let lock = FileLock::open(lock_path).unwrap();
+        let stored = lock.get().await.unwrap().expect("the runner's record");
+        let mut record = stored.record.unwrap();
+        record.holder_identity = "intruder".into();
+        record.leader_transitions += 1;
+        lock.update(&stored.version, &record).await.unwrap();
+    });
 }
 
 fn file_lock_args<'a>(lock_url: &'a str, id: &'a str) -> Vec<&'a str> {
@@ -148,9 +249,7 @@ fn stopped_before_leading_exits_with_the_signal_status_without_running_the_comma
     let dir = TempDir::new("run-waiting");
     let lock_url = file_url(&dir.join("lock"));
     let marker = dir.join("ran");
-    let mut holder =
-        Tenure::start("holder", &["elect", "--election", "e", "--lock", &lock_url, "--id", "holder", "--ttl", "2s"]);
-    holder.wait_for_log("started leading", Duration::from_secs(5));
+    let mut holder = start_holder(&lock_url);
     let mut args = file_lock_args(&lock_url, "waiter");
     let script = format!("touch {}", marker.display());
     args.extend(["sh", "-c", &script]);
@@ -180,19 +279,159 @@ fn losing_the_lock_stops_the_command_and_exits_75() {
     let mut runner = Tenure::start("runner", &args);
     wait_until(Duration::from_secs(10), || ready.exists().then_some(())).expect("the command started");
 
-    // Another writer takes the lock over behind the runner's back (as a misconfigured or
-    // client-go candidate with a shorter lease could): compare-and-swap through the library.
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    runtime.block_on(async {
-        let lock = FileLock::open(&lock_path).unwrap();
-        let stored = lock.get().await.unwrap().expect("the runner's record");
-        let mut record = stored.record.unwrap();
-        record.holder_identity = "intruder".into();
-        record.leader_transitions += 1;
-        lock.update(&stored.version, &record).await.unwrap();
-    });
+    take_the_lock_behind_the_runners_back(&lock_path);
 
     assert_eq!(runner.exit_code(Duration::from_secs(5)), EXIT_LOST_LEADERSHIP, "{}", runner.log());
     assert!(terminated.exists(), "the command was not sent SIGTERM");
     assert!(runner.log().contains("lost leadership"), "{}", runner.log());
+}
+
+#[test]
+fn timeout_gives_up_waiting_for_leadership_with_124_without_running_the_command() {
+    let dir = TempDir::new("run-timeout");
+    let lock_url = file_url(&dir.join("lock"));
+    let marker = dir.join("ran");
+    let mut holder = start_holder(&lock_url);
+    let mut args = file_lock_args(&lock_url, "waiter");
+    let script = format!("touch {}", marker.display());
+    args.splice(1..1, ["--timeout", "300ms"]);
+    args.extend(["sh", "-c", &script]);
+    let (code, _, stderr) = run_to_end(&args);
+    assert_eq!(code, 124, "{stderr}");
+    assert!(stderr.contains("not leading within --timeout"), "{stderr}");
+    assert!(!marker.exists(), "the command ran without leadership");
+    holder.signal(libc::SIGTERM);
+    assert_eq!(holder.exit_code(Duration::from_secs(5)), 0);
+}
+
+/// A command that appends `start TERM` to `journal` when it starts and `stop TERM` when it gets
+/// SIGTERM.
+fn journaling_script(journal: &std::path::Path) -> String {
+    format!(
+        "trap 'echo stop $TENURE_TERM >> {j}; exit 0' TERM; echo start $TENURE_TERM >> {j}; while :; do sleep 0.05; done",
+        j = journal.display()
+    )
+}
+
+fn journal_lines(journal: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(journal).unwrap_or_default().lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn campaign_again_runs_the_command_anew_with_a_higher_term_after_a_loss() {
+    let dir = TempDir::new("run-again");
+    let lock_path = dir.join("lock");
+    let lock_url = file_url(&lock_path);
+    let journal = dir.join("journal");
+    let script = journaling_script(&journal);
+    let mut args = file_lock_args(&lock_url, "runner");
+    args.splice(1..1, ["--campaign-again"]);
+    args.extend(["sh", "-c", &script]);
+    let mut runner = Tenure::start("runner", &args);
+    wait_until(Duration::from_secs(10), || (journal_lines(&journal).len() == 1).then_some(())).expect("started");
+
+    // The intruder never renews: once its lease has run out, the runner leads again.
+    take_the_lock_behind_the_runners_back(&lock_path);
+
+    wait_until(Duration::from_secs(10), || (journal_lines(&journal).len() >= 3).then_some(()))
+        .unwrap_or_else(|| panic!("not run again; log:\n{}", runner.log()));
+    assert_eq!(journal_lines(&journal), ["start 1", "stop 1", "start 3"], "{}", runner.log());
+    assert!(runner.is_running());
+    runner.signal(libc::SIGTERM);
+    assert_eq!(runner.exit_code(Duration::from_secs(5)), 0, "{}", runner.log());
+}
+
+#[test]
+fn sigusr1_hands_the_command_over_to_the_next_candidate_and_stays_a_candidate() {
+    let dir = TempDir::new("run-resign");
+    let lock_url = file_url(&dir.join("lock"));
+    let journal = dir.join("journal");
+    let script = journaling_script(&journal);
+    let start = |id: &str| {
+        let mut args = file_lock_args(&lock_url, id);
+        args.extend(["sh", "-c", &script]);
+        Tenure::start(id, &args)
+    };
+    let mut a = start("a");
+    wait_until(Duration::from_secs(10), || (journal_lines(&journal).len() == 1).then_some(())).expect("a runs");
+    let mut b = start("b");
+    b.wait_for_log("leader=\"a\"", Duration::from_secs(5));
+    a.signal(libc::SIGUSR1);
+    wait_until(Duration::from_secs(5), || (journal_lines(&journal).len() >= 3).then_some(()))
+        .unwrap_or_else(|| panic!("no handover; a:\n{}\nb:\n{}", a.log(), b.log()));
+    assert_eq!(journal_lines(&journal), ["start 1", "stop 1", "start 2"]);
+    b.wait_for_log("leading; started the command", Duration::from_secs(1));
+    assert!(a.is_running(), "a exited instead of staying a candidate:\n{}", a.log());
+    // b's command handles SIGTERM with exit 0; a, waiting, exits as stopped before leading.
+    for (runner, expected) in [(&mut b, 0), (&mut a, 128 + libc::SIGTERM)] {
+        runner.signal(libc::SIGTERM);
+        assert_eq!(runner.exit_code(Duration::from_secs(5)), expected, "{}", runner.log());
+    }
+}
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|stat| stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<i32>().ok())
+                == Some(pid)
+        })
+        .collect()
+}
+
+#[test]
+fn sigterm_to_every_process_at_once_as_systemd_sends_it_still_gives_the_command_its_grace() {
+    let dir = TempDir::new("run-systemd-stop");
+    let ready = dir.join("ready");
+    let script = format!("trap 'exit 3' TERM; touch {}; while :; do sleep 0.05; done", ready.display());
+    let mut runner = Tenure::start(
+        "runner",
+        &["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", &script],
+    );
+    wait_until(Duration::from_secs(10), || ready.exists().then_some(())).expect("the command started");
+    let supervisor = children_of(runner.pid());
+    assert_eq!(supervisor.len(), 1, "one supervisor under tenure");
+    let command = children_of(supervisor[0]);
+    for pid in [runner.pid(), supervisor[0]].into_iter().chain(command) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    assert_eq!(runner.exit_code(Duration::from_secs(5)), 3, "{}", runner.log());
+}
+
+#[test]
+fn if_the_supervisor_is_killed_tenure_kills_the_tree_itself_and_exits_1() {
+    let dir = TempDir::new("run-supervisor-killed");
+    let (pids, ready) = (dir.join("pids"), dir.join("ready"));
+    let script = format!(
+        "setsid sleep 74 & echo $! >> {p}; echo $$ >> {p}; touch {r}; wait",
+        p = pids.display(),
+        r = ready.display()
+    );
+    let mut runner = Tenure::start(
+        "runner",
+        &["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", &script],
+    );
+    wait_until(Duration::from_secs(10), || ready.exists().then_some(())).expect("the command tree started");
+    let pids: Vec<i32> = std::fs::read_to_string(&pids).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    let supervisor = children_of(runner.pid());
+    assert_eq!(supervisor.len(), 1, "one supervisor under tenure");
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(supervisor[0], libc::SIGKILL) };
+    assert_eq!(runner.exit_code(Duration::from_secs(5)), 1, "{}", runner.log());
+    assert!(runner.log().contains("the supervisor process died"), "{}", runner.log());
+    let log = runner.log();
+    let cgroup = log.split("cgroup=").nth(1).and_then(|rest| rest.split_whitespace().next());
+    if let Some(cgroup) = cgroup {
+        // In a cgroup even the process that left the session is found; without one, only the
+        // command's process group is within tenure's reach.
+        let gone = wait_until(Duration::from_secs(3), || pids.iter().all(|&pid| !is_alive(pid)).then_some(()));
+        assert!(gone.is_some(), "the tree survived its supervisor; log:\n{log}");
+        assert!(!std::path::Path::new(cgroup).exists(), "the cgroup was left behind");
+    }
 }

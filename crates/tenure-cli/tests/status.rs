@@ -4,7 +4,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{file_url, http_leader, run_to_end, wait_until, TempDir, Tenure};
+use common::{
+    file_url, http_leader, run_to_end, start_elect, wait_for_watched_leaders, wait_until, watch_election, watched,
+    TempDir, Tenure,
+};
 
 #[test]
 fn a_lock_nobody_took_says_so_and_exits_zero() {
@@ -82,4 +85,26 @@ fn an_unreachable_store_exits_one_with_a_one_line_error() {
     assert_eq!(code, 1, "stdout: {stdout} stderr: {stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
     assert!(stderr.starts_with("tenure: error: "), "{stderr}");
+}
+
+#[test]
+fn watch_prints_every_change_of_leader_until_stopped() {
+    let dir = TempDir::new("status-watch");
+    let lock_url = file_url(&dir.join("lock"));
+    let mut watch = watch_election("e", &lock_url);
+    wait_until(Duration::from_secs(10), || (!watched(&watch).is_empty()).then_some(())).expect("a first line");
+    assert_eq!(watched(&watch)[0], (None, None), "nobody held the lock yet");
+    let (mut a, _) = start_elect("a", "e", &lock_url, "2s");
+    wait_for_watched_leaders(&watch, &["a"]);
+    let (mut b, _) = start_elect("b", "e", &lock_url, "2s");
+    b.wait_for_log("leader=\"a\"", Duration::from_secs(5));
+    a.signal(libc::SIGTERM);
+    wait_for_watched_leaders(&watch, &["a", "b"]);
+    b.signal(libc::SIGTERM);
+    wait_until(Duration::from_secs(5), || (watched(&watch).last()?.0.is_none()).then_some(()))
+        .expect("the release is printed");
+    assert_eq!(a.exit_code(Duration::from_secs(5)), 0);
+    assert_eq!(b.exit_code(Duration::from_secs(5)), 0);
+    watch.signal(libc::SIGINT);
+    assert_eq!(watch.exit_code(Duration::from_secs(5)), 0, "{}", watch.log());
 }

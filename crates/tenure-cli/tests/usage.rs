@@ -44,11 +44,27 @@ fn bad_durations_and_timings_are_usage_errors() {
 }
 
 #[test]
-fn grace_not_below_the_renew_deadline_is_refused() {
+fn grace_that_would_let_the_command_outlive_the_kill_bound_is_refused() {
+    // --ttl 10s: lease 10 s, renew deadline 5 s, so SIGKILL comes at most 3.75 s after the
+    // self-fencing deadline.
     assert_usage_error(
-        &["run", "--election", "e", "--lock", "memory:", "--ttl", "10s", "--grace", "5s", "--", "true"],
-        "must be shorter than the renew deadline",
+        &["run", "--election", "e", "--lock", "memory:", "--ttl", "10s", "--grace", "3751ms", "--", "true"],
+        "must be dead before another instance may lead",
     );
+    let (code, _, stderr) =
+        run_to_end(&["run", "--election", "e", "--lock", "memory:", "--ttl", "10s", "--grace", "3750ms", "--", "true"]);
+    assert_eq!(code, 0, "{stderr}");
+}
+
+#[test]
+fn run_help_states_when_the_command_is_killed_and_what_is_contained() {
+    let (code, stdout, _) = run_to_end(&["run", "--help"]);
+    assert_eq!(code, 0);
+    for promise in
+        ["SIGTERM comes at V at the latest", "V + 3/4 (lease - renew deadline)", "cgroup", "setsid", "Not covered"]
+    {
+        assert!(stdout.contains(promise), "--help does not say {promise:?}:\n{stdout}");
+    }
 }
 
 #[test]

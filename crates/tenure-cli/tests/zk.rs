@@ -73,3 +73,10 @@ fn a_malformed_zookeeper_url_is_a_one_line_usage_error() {
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(stderr.contains("every server needs a port"), "{stderr}");
 }
+
+#[test]
+fn status_watch_on_zookeeper_prints_the_handover() {
+    let Some(server) = zk_server::server() else { return };
+    let url = format!("zk://127.0.0.1:{}{}", server.port, zk_server::unique_path("cli-watch"));
+    common::assert_watch_follows_a_handover("z", &url);
+}

@@ -29,6 +29,7 @@ use crate::EtcdError;
 /// The channels to every endpoint of one cluster and the index of the one in use.
 #[derive(Debug)]
 pub(crate) struct Connection {
+    /// Each endpoint's name (as given, password redacted) and channel.
     endpoints: Vec<(String, Channel)>,
     current: AtomicUsize,
     /// Requests sent (unary calls, keep-alives, watch creations), for metrics.
@@ -55,9 +56,16 @@ impl Connection {
         }
         let mut channels = Vec::with_capacity(endpoints.len());
         for endpoint in endpoints {
-            let uri = endpoint_uri(endpoint, options)?;
+            // The name used in errors and logs never shows a password.
+            let name = tenure::redact_credentials(endpoint).into_owned();
+            // Never sent: the user information would travel in clear text in the HTTP/2 authority.
+            let address = tenure::redact::without_credentials(endpoint);
+            if address != endpoint.as_str() {
+                tracing::warn!(endpoint = %name, "the user and password in an etcd endpoint are not used: give them as EtcdOptions::with_user");
+            }
+            let uri = endpoint_uri(&address, options)?;
             let bad = |e: tonic::transport::Error| EtcdError::BadEndpoint {
-                endpoint: endpoint.clone(),
+                endpoint: name.clone(),
                 reason: crate::access::error_chain(&e),
             };
             let mut builder = Endpoint::from_shared(uri).map_err(bad)?;
@@ -71,7 +79,7 @@ impl Connection {
                 .keep_alive_timeout(Duration::from_secs(1))
                 .keep_alive_while_idle(true)
                 .connect_lazy();
-            channels.push((endpoint.clone(), channel));
+            channels.push((name, channel));
         }
         Ok(Connection {
             endpoints: channels,

@@ -15,6 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use crate::client::{self, Connection, WatchStream};
-use crate::proto::etcdserverpb::{response_op, RangeRequest, TxnRequest};
+use crate::proto::etcdserverpb::{response_op, RangeRequest, RangeResponse, TxnRequest};
 use crate::proto::mvccpb::event::EventType;
 use crate::{self_fencing_margin, EtcdError};
 
@@ -96,6 +97,27 @@ struct LeaseState {
     expired: bool,
 }
 
+/// A store call of a session's loop, owned by the loop so that it is raced against the
+/// self-fencing deadline rather than awaited on its own.
+type Call = Pin<Box<dyn Future<Output = CallDone> + Send>>;
+
+/// What a [`Call`] brings back.
+enum CallDone {
+    /// The election's keys and a watch from after them.
+    Resync(Result<Box<Loaded>, EtcdError>),
+    /// The re-read of the own key before claiming leadership.
+    Claim(Result<RangeResponse, EtcdError>),
+}
+
+/// The election's keys: key -> (create revision, identity).
+type Keys = BTreeMap<String, (i64, String)>;
+
+/// A fresh copy of the election's keys and the watch that keeps it current.
+struct Loaded {
+    keys: Keys,
+    watch: WatchStream,
+}
+
 /// Aborts the keep-alive task when the session ends.
 struct AbortOnDrop(JoinHandle<()>);
 
@@ -116,6 +138,8 @@ pub(crate) struct Driver {
     commands: Commands,
     /// Leases of ended sessions not yet revoked (the cluster was unreachable).
     stale_leases: Vec<i64>,
+    /// The leader (identity, term) last logged, so that each change is logged once.
+    observed: Option<Option<(String, i64)>>,
 }
 
 impl Driver {
@@ -137,6 +161,7 @@ impl Driver {
             publisher,
             commands: Commands { receiver: commands, open: true },
             stale_leases: Vec::new(),
+            observed: None,
         }
     }
 
@@ -197,6 +222,17 @@ impl Driver {
     }
 
     fn publish(&mut self, leader: Option<(&str, i64)>, role: Role) {
+        let observed = leader.map(|(identity, revision)| (identity.to_owned(), revision));
+        if self.observed.as_ref() != Some(&observed) {
+            // The same line, at the same level, as the record-lock elector's.
+            tracing::info!(
+                identity = %self.identity,
+                leader = observed.as_ref().map_or("", |(identity, _)| identity.as_str()),
+                term = observed.as_ref().map(|(_, revision)| *revision),
+                "leader observed"
+            );
+            self.observed = Some(observed);
+        }
         self.publisher.prune_ended();
         self.publisher.publish(Leadership {
             leader: leader.map(|(identity, _)| identity.to_owned()),
@@ -276,84 +312,51 @@ impl Driver {
             resync_at: Instant::now(),
             leading: false,
         };
-        let end = self.queue_and_lead(&mut session, &mut lease_rx).await;
-        if session.leading {
-            tracing::info!(identity = %self.identity, term = session.my_revision, "stopped leading");
-        }
-        end
+        self.queue_and_lead(&mut session, &mut lease_rx).await
     }
 
-    /// The main loop of a session.
+    /// The main loop of a session. Everything it awaits (store calls included) is awaited in its
+    /// one `select!`, next to the self-fencing deadline: a hanging call never delays the fence
+    /// (invariant S1).
     async fn queue_and_lead(&mut self, s: &mut Session, lease_rx: &mut watch::Receiver<LeaseState>) -> SessionEnd {
         let limit = self.call_timeout();
+        let mut call: Option<Call> = None;
         loop {
             // The latest keep-alive result, even if its change notice is not handled yet.
-            let lease = *lease_rx.borrow();
-            if lease.valid_until > s.valid_until {
-                s.valid_until = lease.valid_until;
-                if s.leading {
-                    self.publisher.extend_tenure(s.valid_until);
-                }
+            let lease = *lease_rx.borrow_and_update();
+            if let Some(end) = self.follow_lease(s, lease) {
+                return end;
             }
-            // Fenced: the server may expire the lease any moment now.
-            if Instant::now() >= s.valid_until {
-                tracing::warn!(identity = %self.identity, "no successful keep-alive in time: the session is lost (self-fenced)");
-                return self.lost(s, Duration::ZERO);
-            }
-            if s.watch.is_none() && Instant::now() >= s.resync_at {
-                match self.commands.race(resync(&self.conn, &self.prefix, limit, s)).await {
-                    Err(reply) => return self.stop(s, reply).await,
-                    Ok(Ok(())) => {}
-                    Ok(Err(error)) => {
-                        tracing::warn!(identity = %self.identity, %error, "reading the election failed; retrying");
-                        s.resync_at = Instant::now() + self.timing.retry_period / 2;
-                    }
-                }
+            if call.is_none() && s.watch.is_none() && Instant::now() >= s.resync_at {
+                call = Some(Box::pin(resync(self.conn.clone(), self.prefix.clone(), limit)));
             }
             if s.loaded {
                 // Our key, as we created it (not a namesake put by someone else since).
                 if s.keys.get(&s.key).map(|(revision, _)| *revision) != Some(s.my_revision) {
                     tracing::warn!(identity = %self.identity, key = %s.key, "own key deleted: the session is lost");
-                    return self.lost(s, Duration::ZERO);
+                    return self.lost(s, "own key deleted");
                 }
-                if !s.leading && s.predecessor().is_none() {
+                if call.is_none() && !s.leading && s.predecessor().is_none() {
                     // First in the queue: claim, once the key is confirmed to still be ours.
+                    let conn = self.conn.clone();
                     let read = RangeRequest { key: s.key.as_bytes().to_vec(), ..Default::default() };
-                    match self.commands.race(self.conn.range(limit, read)).await {
-                        Err(reply) => return self.stop(s, reply).await,
-                        Ok(Err(error)) => {
-                            tracing::warn!(identity = %self.identity, %error, "checking the own key failed; retrying");
-                            s.watch = None;
-                            s.resync_at = Instant::now() + self.timing.retry_period / 2;
-                            if let Err(reply) = self.commands.race(sleep_until(s.resync_at)).await {
-                                return self.stop(s, reply).await;
-                            }
-                            continue;
-                        }
-                        Ok(Ok(response)) => {
-                            let ours = response.kvs.iter().any(|kv| kv.create_revision == s.my_revision);
-                            if !ours {
-                                tracing::warn!(identity = %self.identity, key = %s.key, "own key gone before the claim: the session is lost");
-                                return self.lost(s, Duration::ZERO);
-                            }
-                            s.valid_until = lease_rx.borrow().valid_until;
-                            if Instant::now() < s.valid_until {
-                                s.leading = true;
-                                let term = Term(u64::try_from(s.my_revision).unwrap_or(0));
-                                self.publisher.start_tenure(term, s.valid_until);
-                                tracing::info!(identity = %self.identity, term = term.0, key = %s.key, "started leading");
-                            }
-                        }
-                    }
+                    call = Some(Box::pin(async move { CallDone::Claim(conn.range(limit, read).await) }));
                 }
                 self.publish_view(s);
             }
 
             let watching = s.watch.is_some();
+            let calling = call.is_some();
             let resync_at = s.resync_at;
             let valid_until = s.valid_until;
             let conn = self.conn.clone();
             tokio::select! {
+                done = finish_call(&mut call) => {
+                    call = None;
+                    if let Some(end) = self.call_done(s, done) {
+                        return end;
+                    }
+                }
                 event = next_event(&mut s.watch, &conn) => match event {
                     Ok(response) => {
                         if response.canceled || response.compact_revision != 0 {
@@ -378,24 +381,22 @@ impl Driver {
                     }
                 },
                 changed = lease_rx.changed() => {
-                    let state = *lease_rx.borrow_and_update();
-                    if changed.is_err() || state.expired {
-                        tracing::warn!(identity = %self.identity, lease = format!("{:x}", s.lease), "lease expired: the session is lost");
-                        return self.lost(s, Duration::ZERO);
+                    if changed.is_err() {
+                        tracing::warn!(identity = %self.identity, lease = format!("{:x}", s.lease), "keep-alive stopped: the session is lost");
+                        return self.lost(s, "keep-alive stopped");
                     }
-                    s.valid_until = state.valid_until;
-                    if s.leading {
-                        self.publisher.extend_tenure(s.valid_until);
-                    }
+                    // The new state is handled at the top of the loop.
                 }
                 _ = sleep_until(valid_until) => {}
-                _ = sleep_until(resync_at), if !watching => {}
+                _ = sleep_until(resync_at), if !watching && !calling => {}
                 command = self.commands.next() => match command {
                     Command::Resign(reply) => {
                         if !s.leading {
                             let _ = reply.send(Ok(()));
                             continue;
                         }
+                        // Whatever call was out belongs to the tenure that ends here.
+                        drop(call.take());
                         self.step_down(s.my_revision).await;
                         let result = match self.conn.delete(limit, &s.key).await {
                             Ok(_) => Ok(()),
@@ -411,10 +412,74 @@ impl Driver {
                         let _ = reply.send(result);
                         return SessionEnd::Again(Duration::ZERO);
                     }
-                    Command::Stop(reply) => return self.stop(s, reply).await,
+                    Command::Stop(reply) => {
+                        drop(call.take());
+                        return self.stop(s, reply).await;
+                    }
                 },
             }
         }
+    }
+
+    /// Applies the keep-alive task's latest news to the session: ends it if the lease is gone or
+    /// the self-fencing deadline has passed, else moves the deadline (and the tenure's).
+    ///
+    /// The deadline is checked before any extension: once it has passed, the server may expire
+    /// the lease at any moment and users may have seen the tenure end, so the session is over
+    /// even if a keep-alive succeeded since. Leading again takes a new session: a new lease, a new
+    /// key and so a greater term (invariant S2).
+    fn follow_lease(&mut self, s: &mut Session, lease: LeaseState) -> Option<SessionEnd> {
+        if lease.expired {
+            tracing::warn!(identity = %self.identity, lease = format!("{:x}", s.lease), "lease expired: the session is lost");
+            return Some(self.lost(s, "lease expired"));
+        }
+        if Instant::now() >= s.valid_until {
+            tracing::warn!(identity = %self.identity, "no successful keep-alive in time: the session is lost (self-fenced)");
+            return Some(self.lost(s, "renew deadline exceeded"));
+        }
+        if lease.valid_until > s.valid_until {
+            s.valid_until = lease.valid_until;
+            if s.leading && !self.publisher.extend_tenure(s.valid_until) {
+                tracing::warn!(identity = %self.identity, "keep-alive handled after the deadline: the session is lost (self-fenced)");
+                return Some(self.lost(s, "renew deadline exceeded"));
+            }
+        }
+        None
+    }
+
+    /// Applies the answer of a store call made by the session's loop.
+    fn call_done(&mut self, s: &mut Session, done: CallDone) -> Option<SessionEnd> {
+        let retry_at = Instant::now() + self.timing.retry_period / 2;
+        match done {
+            CallDone::Resync(Ok(loaded)) => {
+                s.keys = loaded.keys;
+                s.loaded = true;
+                s.watch = Some(loaded.watch);
+            }
+            CallDone::Resync(Err(error)) => {
+                tracing::warn!(identity = %self.identity, %error, "reading the election failed; retrying");
+                s.resync_at = retry_at;
+            }
+            CallDone::Claim(Err(error)) => {
+                tracing::warn!(identity = %self.identity, %error, "checking the own key failed; retrying");
+                s.watch = None;
+                s.resync_at = retry_at;
+            }
+            CallDone::Claim(Ok(response)) => {
+                if !response.kvs.iter().any(|kv| kv.create_revision == s.my_revision) {
+                    tracing::warn!(identity = %self.identity, key = %s.key, "own key gone before the claim: the session is lost");
+                    return Some(self.lost(s, "own key gone"));
+                }
+                // A deadline passed meanwhile is handled at the top of the loop: no tenure then.
+                if !s.leading && Instant::now() < s.valid_until {
+                    s.leading = true;
+                    let term = Term(u64::try_from(s.my_revision).unwrap_or(0));
+                    self.publisher.start_tenure(term, s.valid_until);
+                    tracing::info!(identity = %self.identity, term = term.0, key = %s.key, "started leading");
+                }
+            }
+        }
+        None
     }
 
     /// Publishes who leads according to the local copy, and our role.
@@ -429,18 +494,20 @@ impl Driver {
     }
 
     /// Ends the tenure at once and gives the session up (its lease is revoked before the next).
-    fn lost(&mut self, s: &mut Session, delay: Duration) -> SessionEnd {
-        if s.leading {
+    fn lost(&mut self, s: &mut Session, reason: &str) -> SessionEnd {
+        if std::mem::take(&mut s.leading) {
             self.publisher.end_tenure();
+            tracing::info!(identity = %self.identity, term = s.my_revision, reason, "stopped leading");
         }
         self.publish(None, Role::Follower);
         self.stale_leases.push(s.lease);
-        SessionEnd::Again(delay)
+        SessionEnd::Again(Duration::ZERO)
     }
 
     /// Ends the tenure, says `Releasing` and waits for the tenure's guards (up to the drain timeout).
     async fn step_down(&mut self, my_revision: i64) {
         self.publisher.end_tenure();
+        tracing::info!(identity = %self.identity, term = my_revision, reason = "stepped down", "stopped leading");
         self.publish(Some((&self.identity.clone(), my_revision)), Role::Releasing);
         let drained = self.publisher.wait_for_ended_tenures();
         if timeout(self.drain_timeout, drained).await.is_err() {
@@ -474,8 +541,8 @@ struct Session {
     lease: i64,
     my_revision: i64,
     valid_until: Instant,
-    /// The election's keys: key -> (create revision, identity).
-    keys: BTreeMap<String, (i64, String)>,
+    /// The election's keys.
+    keys: Keys,
     loaded: bool,
     watch: Option<WatchStream>,
     resync_at: Instant,
@@ -498,23 +565,33 @@ impl Session {
     }
 }
 
-/// Loads every key of the election and watches from the next revision.
-async fn resync(conn: &Connection, prefix: &str, limit: Duration, s: &mut Session) -> Result<(), EtcdError> {
-    let response = conn.range(limit, client::prefix_range(prefix)).await?;
-    let revision = response.header.map(|h| h.revision).unwrap_or(0);
-    s.keys = response
-        .kvs
-        .into_iter()
-        .map(|kv| {
-            (
-                String::from_utf8_lossy(&kv.key).into_owned(),
-                (kv.create_revision, String::from_utf8_lossy(&kv.value).into_owned()),
-            )
-        })
-        .collect();
-    s.loaded = true;
-    s.watch = Some(conn.watch_prefix(limit, prefix, revision + 1).await?);
-    Ok(())
+/// Loads every key of the election and opens a watch from the next revision.
+async fn resync(conn: Arc<Connection>, prefix: String, limit: Duration) -> CallDone {
+    let loaded = async {
+        let response = conn.range(limit, client::prefix_range(&prefix)).await?;
+        let revision = response.header.map(|h| h.revision).unwrap_or(0);
+        let keys = response
+            .kvs
+            .into_iter()
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(&kv.key).into_owned(),
+                    (kv.create_revision, String::from_utf8_lossy(&kv.value).into_owned()),
+                )
+            })
+            .collect();
+        let watch = conn.watch_prefix(limit, &prefix, revision + 1).await?;
+        Ok(Box::new(Loaded { keys, watch }))
+    };
+    CallDone::Resync(loaded.await)
+}
+
+/// The answer of the store call in flight; pending forever when there is none.
+async fn finish_call(call: &mut Option<Call>) -> CallDone {
+    match call {
+        Some(call) => call.await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn next_event(

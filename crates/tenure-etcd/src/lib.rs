@@ -236,6 +236,17 @@ impl EtcdElection {
     /// Costs two round trips (find the key of `term`, then the transaction); when the key is
     /// known, build the transaction with [`leader_compare`] instead.
     pub async fn guarded_txn(&self, term: Term, success: Vec<RequestOp>) -> Result<TxnResponse, EtcdError> {
+        let Some(key) = self.leader_key(term).await? else {
+            return Ok(TxnResponse { succeeded: false, ..Default::default() });
+        };
+        let request = TxnRequest { compare: vec![leader_compare(&key, term)], success, failure: Vec::new() };
+        self.conn.txn(CALL_TIMEOUT, request).await
+    }
+
+    /// The key of the candidate whose tenure is `term` (created at revision `term`), if it still
+    /// exists. Why: a writer that makes many fenced writes finds the key once per tenure and
+    /// puts [`leader_compare`] into each of its own transactions ([`EtcdElection::txn`]).
+    pub async fn leader_key(&self, term: Term) -> Result<Option<String>, EtcdError> {
         let revision = i64::try_from(term.0).map_err(|_| EtcdError::Protocol(format!("term {term} out of range")))?;
         let find = proto::etcdserverpb::RangeRequest {
             limit: 1,
@@ -245,12 +256,21 @@ impl EtcdElection {
             ..client::prefix_range(&self.prefix)
         };
         let found = self.conn.range(CALL_TIMEOUT, find).await?;
-        let Some(kv) = found.kvs.into_iter().next() else {
-            return Ok(TxnResponse { succeeded: false, ..Default::default() });
-        };
-        let key = String::from_utf8_lossy(&kv.key).into_owned();
-        let request = TxnRequest { compare: vec![leader_compare(&key, term)], success, failure: Vec::new() };
+        Ok(found.kvs.into_iter().next().map(|kv| String::from_utf8_lossy(&kv.key).into_owned()))
+    }
+
+    /// Runs a transaction as given, on this election's connection. Why: stores layered on the
+    /// election (fenced checkpoints in `tenure-ha`) combine [`leader_compare`] with compares of
+    /// their own; the connection's failover applies to them too.
+    pub async fn txn(&self, request: TxnRequest) -> Result<TxnResponse, EtcdError> {
         self.conn.txn(CALL_TIMEOUT, request).await
+    }
+
+    /// The value of `key` and its revisions, if it exists. Why: stores layered on the election
+    /// read their own keys (a checkpoint) over the same connection.
+    pub async fn get(&self, key: &str) -> Result<Option<proto::mvccpb::KeyValue>, EtcdError> {
+        let request = proto::etcdserverpb::RangeRequest { key: key.as_bytes().to_vec(), ..Default::default() };
+        Ok(self.conn.range(CALL_TIMEOUT, request).await?.kvs.into_iter().next())
     }
 }
 

@@ -533,3 +533,32 @@ async fn three_member_cluster_member_loss_raft_leader_loss_and_full_restart() {
         elector.shutdown().await.unwrap();
     }
 }
+
+#[tokio::test]
+async fn followers_log_each_leader_they_observe_like_the_record_lock_elector() {
+    let lines = common::log_capture::capture();
+    let Some(cluster) = EtcdCluster::start(1).await else { return };
+    let election = EtcdElection::connect(&cluster.endpoints(), "observed").await.unwrap();
+    let a = election.campaign("a", TTL).unwrap();
+    let first = a.acquired().await.unwrap();
+    let b = election.campaign("b", TTL).unwrap();
+    wait_for(&b, Duration::from_secs(5), "sees a lead", |l| l.leader.as_deref() == Some("a")).await;
+    let seen = common::log_capture::lines_of(&lines, "b", "leader observed");
+    let line = seen.iter().find(|l| l.fields.get("leader").map(String::as_str) == Some("a")).expect("b logged a");
+    assert_eq!(line.level, tracing::Level::INFO);
+    assert_eq!(line.fields.get("term"), Some(&first.term().0.to_string()));
+
+    drop(first);
+    a.shutdown().await.unwrap();
+    let second = b.acquired().await.unwrap();
+    // The line is written before the snapshot that names b goes out.
+    wait_for(&b, Duration::from_secs(5), "names itself", |l| l.leader.as_deref() == Some("b")).await;
+    let seen = common::log_capture::lines_of(&lines, "b", "leader observed");
+    assert!(
+        seen.iter().any(|l| l.fields.get("leader").map(String::as_str) == Some("b")
+            && l.fields.get("term") == Some(&second.term().0.to_string())),
+        "{seen:?}"
+    );
+    drop(second);
+    b.shutdown().await.unwrap();
+}

@@ -17,6 +17,13 @@
 //! make no other requests while they wait. [`events`] posts client-go's `LeaderElection` Events
 //! on the lock object.
 //!
+//! For what a leader does with its tenure, [`resume`] is a watch that starts from a saved
+//! `resourceVersion`, so a new leader learns every change its predecessor had not processed
+//! (deletions included) instead of listing everything again.
+//!
+//! [`KubeLockConfig`] builds the client from a kubeconfig or the pod's service account, as below;
+//! a program that already has a `kube::Client` passes it to [`KubeLock::new`] instead.
+//!
 //! ```no_run
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
 //! use tenure::Elector;
@@ -44,6 +51,7 @@ pub mod events;
 pub mod lock;
 pub mod multilock;
 pub mod object;
+pub mod resume;
 
 pub use codec::RecordObject;
 pub use config::{ClusterOptions, KubeError, KubeLockConfig, KubeLockRef, LockKind};
@@ -51,6 +59,7 @@ pub use events::{EventRecorder, LeadershipEvents};
 pub use lock::KubeLock;
 pub use multilock::{MultiLock, UNKNOWN_LEADER};
 pub use object::ObjectLock;
+pub use resume::{ListCause, ResumableWatcher, ResumeConfig, ResumeError, ResumeEvent};
 
 /// The `User-Agent` every client built by this crate sends: `tenure/<version> (<identity>)`.
 ///

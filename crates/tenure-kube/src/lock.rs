@@ -52,7 +52,17 @@ impl std::fmt::Debug for KubeLock {
 impl KubeLock {
     /// The lock `reference` reached with `client`, for the candidate `identity` (used in Events).
     /// Prefer [`crate::KubeLockConfig::connect`], which builds the client with the candidate's
-    /// `User-Agent`.
+    /// `User-Agent`, unless the program already has a client (a kube-rs controller does).
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tenure_kube::{KubeLock, KubeLockRef, LockKind};
+    /// let client = kube::Client::try_default().await?; // the controller's own client
+    /// let lease = KubeLockRef { namespace: "default".into(), kind: LockKind::Leases, name: "my-controller".into() };
+    /// let lock = KubeLock::new(client, &lease, "pod-a");
+    /// let elector = tenure::Elector::builder("pod-a", lock).spawn()?;
+    /// # Ok(()) }
+    /// ```
     pub fn new(client: kube::Client, reference: &KubeLockRef, identity: &str) -> Self {
         let (namespace, name) = (reference.namespace.as_str(), reference.name.as_str());
         let lease = || ObjectLock::<Lease>::new(client.clone(), namespace, name);

@@ -28,8 +28,9 @@ use crate::ZkError;
 #[derive(Clone, Default)]
 pub struct ZkOptions {
     digest: Option<(String, String)>,
+    /// Boxed: the options are large, and an election value is passed around.
     #[cfg(feature = "tls")]
-    tls: Option<zk::TlsOptions>,
+    tls: Option<std::sync::Arc<zk::TlsOptions>>,
     /// The PEM the TLS options were made of, to explain a failed handshake.
     #[cfg(feature = "tls")]
     tls_pem: Option<(String, Option<(String, String)>)>,
@@ -58,7 +59,7 @@ impl ZkOptions {
         if let Some((cert, key)) = identity {
             tls = tls.with_pem_identity(cert, key).map_err(tls_error)?;
         }
-        self.tls = Some(tls);
+        self.tls = Some(std::sync::Arc::new(tls));
         self.tls_pem = Some((ca_pem.to_owned(), identity.map(|(c, k)| (c.to_owned(), k.to_owned()))));
         Ok(self)
     }
@@ -108,7 +109,7 @@ impl ZkOptions {
                 // provider; with its TLS two providers are compiled in (ring, aws-lc-rs), so one
                 // must be chosen. Ring, as tonic and kube use. Already installed: nothing to do.
                 let _ = rustls::crypto::ring::default_provider().install_default();
-                connector.with_tls(tls.clone())
+                connector.with_tls(tls.as_ref().clone())
             }
             None => connector,
         };

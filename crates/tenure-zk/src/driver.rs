@@ -16,6 +16,8 @@ use crate::{naming, term_of, with_timeout, ZkError};
 /// What the driver needs to know about its election.
 pub(crate) struct Config {
     pub servers: String,
+    /// The server list to connect to: `servers` without credentials.
+    pub address: String,
     pub path: String,
     pub session_timeout: Duration,
     pub drain_timeout: Duration,
@@ -72,6 +74,13 @@ struct Driver {
     next_heartbeat: Instant,
     /// The session timeout the server granted to the current session.
     negotiated_timeout: Duration,
+    /// The node of a tenure that ended without a release (fenced, disconnected): it must go
+    /// before this candidate leads again, or the next tenure would have the same term (S2).
+    spent: Option<String>,
+    /// The node of the current tenure.
+    led_node: Option<String>,
+    /// The leader (identity, term) last logged, so that each change is logged once.
+    observed: Option<Option<(String, Term)>>,
 }
 
 /// Runs one candidate until shutdown (or until every handle is dropped).
@@ -86,6 +95,9 @@ pub(crate) async fn run(config: Config, publisher: Publisher, commands: mpsc::Re
         valid_until: now,
         next_heartbeat: now,
         negotiated_timeout,
+        spent: None,
+        led_node: None,
+        observed: None,
     };
     tracing::debug!(identity = %driver.config.identity, path = %driver.config.path, "campaigning on ZooKeeper");
     let (reply, result) = driver.run_sessions().await;
@@ -109,6 +121,40 @@ impl Driver {
         self.negotiated_timeout / 2
     }
 
+    /// The time limit of the next call: the call timeout, cut short at the self-fencing deadline
+    /// while leading, so that no call the driver waits for outlasts the tenure (S1).
+    fn call_limit(&self) -> Duration {
+        match self.leading {
+            Some(_) => self.call_timeout().min(self.valid_until.saturating_duration_since(Instant::now())),
+            None => self.call_timeout(),
+        }
+    }
+
+    /// Ends the tenure if its self-fencing deadline has passed.
+    fn fence_if_due(&mut self) {
+        if self.leading.is_some() && Instant::now() >= self.valid_until {
+            self.stop_leading("self-fenced: no answer from ZooKeeper within 2/3 of the session timeout");
+            self.publish_unknown();
+        }
+    }
+
+    /// Deletes the node of a tenure that ended, so that this candidate queues again with a new
+    /// node (and so a greater term). `Err` when the session is lost or the call failed.
+    async fn discard_spent(&mut self, client: &zk::Client, own: &mut Option<OwnNode>) -> Result<(), ZkError> {
+        let Some(name) = self.spent.clone() else { return Ok(()) };
+        match with_timeout(self.call_limit(), client.delete(&self.node_path(&name), None)).await {
+            Ok(()) | Err(ZkError::Request(zk::Error::NoNode)) => {
+                tracing::debug!(identity = %self.config.identity, node = %name, "deleted the node of an ended tenure");
+                if own.as_ref().is_some_and(|node| node.name == name) {
+                    *own = None;
+                }
+                self.spent = None;
+                Ok(())
+            }
+            Err(err) => Err(err),
+        }
+    }
+
     fn node_path(&self, name: &str) -> String {
         format!("{}/{}", self.config.path, name)
     }
@@ -121,10 +167,7 @@ impl Driver {
                 Ok(client) => client,
                 Err(reply) => return (reply, Ok(())),
             };
-            self.negotiated_timeout = client.session_timeout().min(self.config.session_timeout);
-            if self.negotiated_timeout.is_zero() {
-                self.negotiated_timeout = self.config.session_timeout;
-            }
+            self.negotiated_timeout = crate::granted_timeout(client.session_timeout(), self.config.session_timeout);
             tracing::debug!(
                 identity = %self.config.identity,
                 session = %client.session_id(),
@@ -149,7 +192,7 @@ impl Driver {
     /// Opens a new session, retrying with backoff; `Err` when shutdown was asked for meanwhile.
     async fn connect(&mut self, backoff: &mut Duration) -> Result<zk::Client, Reply> {
         loop {
-            let attempt = self.config.access.connector(self.config.session_timeout).connect(&self.config.servers);
+            let attempt = self.config.access.connector(self.config.session_timeout).connect(&self.config.address);
             let limit = self.config.session_timeout * 2;
             let result = tokio::select! {
                 result = timeout(limit, attempt) => result,
@@ -164,9 +207,11 @@ impl Driver {
                     return Ok(client);
                 }
                 Ok(Err(err)) => {
-                    tracing::warn!(servers = %self.config.servers, error = %err, "cannot connect to ZooKeeper")
+                    tracing::warn!(servers = %tenure::redact_credentials(&self.config.servers), error = %err, "cannot connect to ZooKeeper")
                 }
-                Err(_) => tracing::warn!(servers = %self.config.servers, "connecting to ZooKeeper timed out"),
+                Err(_) => {
+                    tracing::warn!(servers = %tenure::redact_credentials(&self.config.servers), "connecting to ZooKeeper timed out")
+                }
             }
             if let Some(reply) = self.pause(*backoff).await {
                 return Err(reply);
@@ -210,6 +255,18 @@ impl Driver {
                 }
                 _ => return SessionEnd::Lost,
             }
+            self.fence_if_due();
+            if let Err(err) = self.discard_spent(client, own).await {
+                if is_session_lost(&err) {
+                    return SessionEnd::Lost;
+                }
+                tracing::debug!(identity = %self.config.identity, error = %err, "deleting the node of an ended tenure failed; retrying");
+                if let Some(end) = self.pause_in_session(retry, client, own).await {
+                    return end;
+                }
+                retry = (retry * 2).min(self.config.session_timeout / 4);
+                continue;
+            }
             let view = match self.observe(client, &guid, own).await {
                 Ok(Observed::View(view)) => view,
                 Ok(Observed::Again) => continue,
@@ -225,6 +282,10 @@ impl Driver {
             };
             retry = Duration::from_millis(20);
             self.apply(&view, own);
+            if self.spent.is_some() || (view.is_leader && self.leading.is_none()) {
+                // A spent node goes first; a look that came too late to lead is taken again.
+                continue;
+            }
             if let Some(end) = self.wait(client, own, view.watches, &mut states).await {
                 return end;
             }
@@ -241,8 +302,14 @@ impl Driver {
     ) -> Option<SessionEnd> {
         let until = Instant::now() + duration;
         loop {
+            let leading = self.leading.is_some();
+            let fence_at = self.valid_until;
             tokio::select! {
                 _ = sleep_until(until) => return None,
+                _ = sleep_until(fence_at), if leading => {
+                    self.fence_if_due();
+                    return None;
+                }
                 command = self.commands.recv() => match command {
                     Some(ElectorCommand::Resign(reply)) => {
                         let result = self.resign(client, own).await;
@@ -261,7 +328,7 @@ impl Driver {
             tokio::select! {
                 state = states.changed() => match state {
                     zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
-                        tracing::info!(identity = %self.config.identity, "reconnected to ZooKeeper; checking own node");
+                        tracing::info!(identity = %self.config.identity, "reconnected to ZooKeeper; looking at the election again");
                         return None;
                     }
                     zk::SessionState::Disconnected => {}
@@ -307,8 +374,7 @@ impl Driver {
                     }
                 }
                 _ = sleep_until(fence_at), if leading => {
-                    self.stop_leading("self-fenced: no answer from ZooKeeper within 2/3 of the session timeout");
-                    self.publish_unknown();
+                    self.fence_if_due();
                     return None;
                 }
                 command = self.commands.recv() => match command {
@@ -331,10 +397,13 @@ impl Driver {
         let started = Instant::now();
         self.next_heartbeat = started + self.heartbeat_interval();
         let path = self.node_path(&node.name);
-        match with_timeout(self.call_timeout(), client.check_stat(&path)).await {
+        match with_timeout(self.call_limit(), client.check_stat(&path)).await {
+            Ok(Some(_)) if self.extend(started + self.fence_margin()) => None,
             Ok(Some(_)) => {
-                self.extend(started + self.fence_margin());
-                None
+                // Answered, but after the deadline: the tenure is over for good.
+                self.stop_leading("self-fenced: ZooKeeper answered after the deadline");
+                self.publish_unknown();
+                Some(None)
             }
             Ok(None) => Some(None),
             Err(err) if is_session_lost(&err) => Some(Some(SessionEnd::Lost)),
@@ -355,9 +424,8 @@ impl Driver {
         guid: &str,
         own: &mut Option<OwnNode>,
     ) -> Result<Observed, ZkError> {
-        let call = self.call_timeout();
         let started = Instant::now();
-        let children = match with_timeout(call, client.list_children(&self.config.path)).await {
+        let children = match with_timeout(self.call_limit(), client.list_children(&self.config.path)).await {
             Ok(children) => children,
             Err(ZkError::Request(zk::Error::NoNode)) => {
                 self.make_path(client).await?;
@@ -377,7 +445,7 @@ impl Driver {
         let name = &ordered[index];
         if own.as_ref().map(|node| &node.name) != Some(name) {
             // Created by an earlier attempt whose reply was lost: adopt it.
-            match with_timeout(call, client.get_data(&self.node_path(name))).await {
+            match with_timeout(self.call_limit(), client.get_data(&self.node_path(name))).await {
                 Ok((_, stat)) => *own = Some(OwnNode { name: name.clone(), czxid: stat.czxid }),
                 Err(ZkError::Request(zk::Error::NoNode)) => return Ok(Observed::Again),
                 Err(err) => return Err(err),
@@ -385,7 +453,7 @@ impl Driver {
         }
         let Some(node) = own.as_ref() else { return Ok(Observed::Again) };
         let own_path = self.node_path(&node.name);
-        let (stat, own_watch) = with_timeout(call, client.check_and_watch_stat(&own_path)).await?;
+        let (stat, own_watch) = with_timeout(self.call_limit(), client.check_and_watch_stat(&own_path)).await?;
         if stat.is_none() {
             return Ok(Observed::Again);
         }
@@ -395,22 +463,24 @@ impl Driver {
         } else {
             // Watch only the predecessor: when it goes, only we need to look again.
             let predecessor = self.node_path(&ordered[index - 1]);
-            let (data, stat, watch) = match with_timeout(call, client.get_and_watch_data(&predecessor)).await {
-                Ok(found) => found,
-                Err(ZkError::Request(zk::Error::NoNode)) => return Ok(Observed::Again),
-                Err(err) => return Err(err),
-            };
+            let (data, stat, watch) =
+                match with_timeout(self.call_limit(), client.get_and_watch_data(&predecessor)).await {
+                    Ok(found) => found,
+                    Err(ZkError::Request(zk::Error::NoNode)) => return Ok(Observed::Again),
+                    Err(err) => return Err(err),
+                };
             watches.push(watch);
             if index == 1 {
                 (String::from_utf8_lossy(&data).into_owned(), term_of(stat.czxid))
             } else {
                 // Followers report the current leader: watch its node too.
                 let leader = self.node_path(&ordered[0]);
-                let (data, stat, watch) = match with_timeout(call, client.get_and_watch_data(&leader)).await {
-                    Ok(found) => found,
-                    Err(ZkError::Request(zk::Error::NoNode)) => return Ok(Observed::Again),
-                    Err(err) => return Err(err),
-                };
+                let (data, stat, watch) =
+                    match with_timeout(self.call_limit(), client.get_and_watch_data(&leader)).await {
+                        Ok(found) => found,
+                        Err(ZkError::Request(zk::Error::NoNode)) => return Ok(Observed::Again),
+                        Err(err) => return Err(err),
+                    };
                 watches.push(watch);
                 (String::from_utf8_lossy(&data).into_owned(), term_of(stat.czxid))
             }
@@ -423,7 +493,7 @@ impl Driver {
 
     async fn make_path(&self, client: &zk::Client) -> Result<(), ZkError> {
         let options = zk::CreateMode::Persistent.with_acls(self.config.access.acls());
-        with_timeout(self.call_timeout(), client.mkdir(&self.config.path, &options)).await
+        with_timeout(self.call_limit(), client.mkdir(&self.config.path, &options)).await
     }
 
     /// Creates our ephemeral sequential node, named and filled as a LeaderLatch would.
@@ -431,7 +501,7 @@ impl Driver {
         let prefix = naming::node_prefix(&self.config.path, guid);
         let options = zk::CreateMode::EphemeralSequential.with_acls(self.config.access.acls());
         let result =
-            with_timeout(self.call_timeout(), client.create(&prefix, self.config.identity.as_bytes(), &options)).await;
+            with_timeout(self.call_limit(), client.create(&prefix, self.config.identity.as_bytes(), &options)).await;
         match result {
             Ok((stat, sequence)) => {
                 let full = format!("{prefix}{:010}", sequence.into_i64());
@@ -447,13 +517,22 @@ impl Driver {
 
     /// Starts, extends or ends the tenure as the view says, and publishes it.
     fn apply(&mut self, view: &View, own: &Option<OwnNode>) {
-        let role = if view.is_leader {
-            let valid_until = view.started + self.fence_margin();
+        let valid_until = view.started + self.fence_margin();
+        let role = if view.is_leader && Instant::now() >= valid_until {
+            // The look took so long that a tenure would start (or go on) already fenced.
+            self.stop_leading("self-fenced: ZooKeeper answered after the deadline");
+            Role::Follower
+        } else if view.is_leader {
             match self.leading {
-                Some(term) if term == view.leader_term => self.extend(valid_until),
+                Some(term) if term == view.leader_term => {
+                    if !self.extend(valid_until) {
+                        self.stop_leading("self-fenced: ZooKeeper answered after the deadline");
+                    }
+                }
                 _ => {
                     self.publisher.start_tenure(view.leader_term, valid_until);
                     self.leading = Some(view.leader_term);
+                    self.led_node = own.as_ref().map(|node| node.name.clone());
                     self.valid_until = valid_until;
                     self.next_heartbeat = view.started + self.heartbeat_interval();
                     tracing::info!(
@@ -464,39 +543,62 @@ impl Driver {
                     );
                 }
             }
-            Role::Leader
+            if self.leading.is_some() {
+                Role::Leader
+            } else {
+                Role::Follower
+            }
         } else {
             self.stop_leading("another node is first");
-            tracing::debug!(identity = %self.config.identity, leader = %view.leader_identity, term = view.leader_term.0, "following");
             Role::Follower
         };
-        self.publisher.prune_ended();
-        self.publisher.publish(Leadership {
-            leader: Some(view.leader_identity.clone()),
-            term: Some(view.leader_term),
-            role,
-        });
+        let leadership = if view.is_leader && role != Role::Leader {
+            // Fenced with our own node first: nobody leads as far as we know.
+            Leadership::unknown()
+        } else {
+            Leadership { leader: Some(view.leader_identity.clone()), term: Some(view.leader_term), role }
+        };
+        self.publish(leadership);
     }
 
-    fn extend(&mut self, valid_until: Instant) {
+    /// Moves the self-fencing deadline; `false` when the tenure had lapsed already (it is then
+    /// over for good, and the caller must stop leading).
+    fn extend(&mut self, valid_until: Instant) -> bool {
         if valid_until > self.valid_until {
             self.valid_until = valid_until;
-            self.publisher.extend_tenure(valid_until);
+            return self.publisher.extend_tenure(valid_until);
         }
+        Instant::now() < self.valid_until
     }
 
-    /// Ends the tenure if we hold one.
+    /// Ends the tenure if we hold one; its node is spent.
     fn stop_leading(&mut self, reason: &str) {
         if let Some(term) = self.leading.take() {
             self.publisher.end_tenure();
+            self.spent = self.led_node.take();
             tracing::info!(identity = %self.config.identity, term = term.0, reason, "stopped leading");
         }
     }
 
     /// Nobody known to lead (disconnected, fenced, between sessions).
     fn publish_unknown(&mut self) {
+        self.publish(Leadership::unknown());
+    }
+
+    /// Publishes `leadership`, logging each change of leader in the record-lock elector's words.
+    fn publish(&mut self, leadership: Leadership) {
+        let observed = leadership.leader.clone().zip(leadership.term);
+        if self.observed.as_ref() != Some(&observed) {
+            tracing::info!(
+                identity = %self.config.identity,
+                leader = observed.as_ref().map_or("", |(identity, _)| identity.as_str()),
+                term = observed.as_ref().map(|(_, term)| term.0),
+                "leader observed"
+            );
+            self.observed = Some(observed);
+        }
         self.publisher.prune_ended();
-        self.publisher.publish(Leadership::unknown());
+        self.publisher.publish(leadership);
     }
 
     /// Ends the tenure, lets its guards finish (up to the drain timeout) and deletes our node,
@@ -515,7 +617,7 @@ impl Driver {
         term: Term,
     ) -> Result<(), ElectorError> {
         self.stop_leading("stepped down");
-        self.publisher.publish(Leadership {
+        self.publish(Leadership {
             leader: Some(self.config.identity.clone()),
             term: Some(term),
             role: Role::Releasing,
@@ -535,6 +637,9 @@ impl Driver {
         match with_timeout(self.call_timeout(), client.delete(&path, None)).await {
             Ok(()) | Err(ZkError::Request(zk::Error::NoNode)) => {
                 tracing::debug!(identity = %self.config.identity, node = %node.name, "deleted own node");
+                if self.spent.as_deref() == Some(node.name.as_str()) {
+                    self.spent = None;
+                }
                 Ok(())
             }
             Err(err) => {

@@ -17,8 +17,14 @@
 //! `session timeout` after it last heard from the client, which is after that start, and the next
 //! candidate leads only after the expiry, so the old leader stops first with a third of the
 //! session timeout to spare (for clock-rate drift and the notice to reach the next candidate).
-//! A lost connection ends the tenure at once (Curator's advice: SUSPENDED means stop); after a
-//! reconnect the elector re-checks its own node; after a session expiry it campaigns again with a
+//! The session timeout is the one the server grants (it caps requests to its own bounds), and
+//! the elector's [`Timing`] reports that one. Every call the leader waits for is cut short at
+//! its deadline, so a hanging server never delays the fence.
+//!
+//! A lost connection ends the tenure at once (Curator's advice: SUSPENDED means stop). A tenure
+//! that ended without a release (lost connection, self-fenced) never resumes: its node is deleted
+//! and the candidate queues again with a new node, so its next tenure has a greater term, like
+//! Curator's `LeaderLatch` after a reconnect. After a session expiry it campaigns again with a
 //! new session and a new node.
 //!
 //! ```no_run
@@ -72,7 +78,7 @@ pub enum ZkError {
     /// No session could be established with the servers.
     #[error("cannot connect to ZooKeeper at {servers}: {source}")]
     Connect {
-        /// The connection string.
+        /// The connection string, any password redacted.
         servers: String,
         /// The client's error.
         source: zk::Error,
@@ -132,6 +138,8 @@ pub struct ZkElection {
     servers: String,
     path: String,
     session_timeout: Duration,
+    /// The session timeout the server granted at connect: what candidates' sessions get.
+    negotiated_timeout: Duration,
     drain_timeout: Duration,
     /// The session for status queries, replaced when it expires.
     client: Arc<Mutex<zk::Client>>,
@@ -161,6 +169,12 @@ impl ZkElection {
         if session_timeout < Duration::from_millis(100) {
             return Err(ZkError::SessionTimeout(session_timeout));
         }
+        if tenure::redact::without_credentials(servers) != servers {
+            tracing::warn!(
+                servers = %tenure::redact_credentials(servers),
+                "the user and password in a ZooKeeper server list are not used: give them as ZkOptions::with_digest"
+            );
+        }
         let servers = options.connect_string(servers);
         let client = match open_session(&servers, session_timeout, &options).await {
             Ok(client) => client,
@@ -174,11 +188,21 @@ impl ZkElection {
             Err(error) => return Err(error),
         };
         with_timeout_of(session_timeout, options.check_may_campaign(&client, path)).await?;
+        let negotiated_timeout = granted_timeout(client.session_timeout(), session_timeout);
+        if negotiated_timeout != session_timeout {
+            tracing::warn!(
+                servers = %tenure::redact_credentials(&servers),
+                asked = ?session_timeout,
+                granted = ?negotiated_timeout,
+                "ZooKeeper grants a different session timeout than asked for; the lease, the self-fencing deadline and the status follow what it grants"
+            );
+        }
         Ok(ZkElection {
             servers,
             path: path.to_owned(),
             session_timeout,
-            drain_timeout: session_timeout * 2 / 3,
+            negotiated_timeout,
+            drain_timeout: negotiated_timeout * 2 / 3,
             client: Arc::new(Mutex::new(client)),
             access: options,
         })
@@ -201,6 +225,14 @@ impl ZkElection {
         self.session_timeout
     }
 
+    /// The session timeout the server granted when this election connected (its
+    /// `minSessionTimeout`/`maxSessionTimeout` bound what clients ask for). Why it matters: the
+    /// server expires sessions by this timeout, so the candidates' [`Timing`] (lease, renew
+    /// deadline, and what `/status` reports) is derived from it, not from the request.
+    pub fn negotiated_session_timeout(&self) -> Duration {
+        self.negotiated_timeout
+    }
+
     /// Starts a candidate named `identity` on the current tokio runtime. It opens its own
     /// session, and keeps campaigning (through disconnects and session expiries) until it is
     /// shut down or every handle is dropped.
@@ -211,13 +243,14 @@ impl ZkElection {
         }
         let config = driver::Config {
             servers: self.servers.clone(),
+            address: tenure::redact::without_credentials(&self.servers).into_owned(),
             path: self.path.clone(),
             session_timeout: self.session_timeout,
             drain_timeout: self.drain_timeout,
             identity: identity.clone(),
             access: self.access.clone(),
         };
-        Ok(Elector::from_driver(identity, timing_of(self.session_timeout), move |publisher, commands| {
+        Ok(Elector::from_driver(identity, timing_of(self.negotiated_timeout), move |publisher, commands| {
             driver::run(config, publisher, commands)
         }))
     }
@@ -265,6 +298,16 @@ impl ZkElection {
     }
 }
 
+/// What a session really gets: the server's grant, never more than was asked for (a grant of
+/// zero, which no server sends, counts as the request).
+fn granted_timeout(granted: Duration, asked: Duration) -> Duration {
+    if granted.is_zero() {
+        asked
+    } else {
+        granted.min(asked)
+    }
+}
+
 /// The core's timing that describes a ZooKeeper session: the lease is the session timeout, the
 /// renew deadline is the self-fencing margin (2/3), the retry period the leader's heartbeat (1/3).
 pub fn timing_of(session_timeout: Duration) -> Timing {
@@ -280,9 +323,9 @@ pub fn timing_of(session_timeout: Duration) -> Timing {
 async fn open_session(servers: &str, session_timeout: Duration, options: &ZkOptions) -> Result<zk::Client, ZkError> {
     options
         .connector(session_timeout)
-        .connect(servers)
+        .connect(&tenure::redact::without_credentials(servers))
         .await
-        .map_err(|source| ZkError::Connect { servers: servers.to_owned(), source })
+        .map_err(|source| ZkError::Connect { servers: tenure::redact_credentials(servers).into_owned(), source })
 }
 
 fn validate_path(path: &str) -> Result<(), ZkError> {
@@ -328,6 +371,24 @@ async fn with_timeout_of<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_connection_string_with_a_password_fails_without_showing_it() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+        for servers in
+            [format!("admin:s3cret@127.0.0.1:{port}"), format!("127.0.0.1:{port},admin:s3cret@127.0.0.1:{port}")]
+        {
+            let connecting = ZkElection::connect(&servers, "/x", Duration::from_secs(1));
+            let error = match tokio::time::timeout(Duration::from_secs(10), connecting).await {
+                Ok(Err(error)) => error,
+                Ok(Ok(_)) => panic!("connected to nothing"),
+                Err(_) => panic!("still connecting after 10 s"),
+            };
+            let shown = format!("{error} / {error:?}");
+            assert!(shown.contains("admin:***@127.0.0.1"), "{shown}");
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+    }
 
     #[test]
     fn election_paths_are_validated() {

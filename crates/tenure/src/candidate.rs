@@ -564,6 +564,16 @@ impl Candidate {
         }
     }
 
+    /// Ends the tenure now because its guards' deadline passed before the driver could extend
+    /// it (the driver woke late): like self-fencing, the candidate then acquires again under a
+    /// new term, so the lapsed tenure never comes back (S2).
+    pub fn lapse(&mut self) {
+        if self.tenure.as_ref().is_some_and(|t| t.leading) {
+            self.stop_leading(StopReason::RenewDeadlineExceeded);
+            self.tenure = None;
+        }
+    }
+
     fn fence(&mut self, now: MonotonicTime) {
         if let Some(tenure) = &self.tenure {
             if now >= tenure.valid_until {

@@ -222,9 +222,17 @@ impl Elector {
     /// timeout), releases the lock so another candidate takes over at once, and stays a candidate
     /// that will not take the lock back for one lease unless nobody else does.
     pub async fn resign(&self) -> Result<(), ElectorError> {
-        let (reply, answer) = oneshot::channel();
-        self.commands.send(ElectorCommand::Resign(reply)).await.map_err(|_| ElectorError::Stopped)?;
-        answer.await.map_err(|_| ElectorError::Stopped)?
+        resign_through(&self.commands).await
+    }
+
+    /// A cloneable view of this elector that does not keep it running: see [`ElectorView`].
+    pub fn view(&self) -> ElectorView {
+        ElectorView {
+            identity: self.identity.clone(),
+            timing: self.timing,
+            subscriber: self.subscriber.clone(),
+            commands: self.commands.downgrade(),
+        }
     }
 
     /// Stops: ends the tenure if leading, waits for its guards (up to the drain timeout), writes
@@ -237,6 +245,74 @@ impl Elector {
             let _ = task.await;
         }
         result
+    }
+}
+
+async fn resign_through(commands: &mpsc::Sender<ElectorCommand>) -> Result<(), ElectorError> {
+    let (reply, answer) = oneshot::channel();
+    commands.send(ElectorCommand::Resign(reply)).await.map_err(|_| ElectorError::Stopped)?;
+    answer.await.map_err(|_| ElectorError::Stopped)?
+}
+
+/// What runtimes layered on an elector (leader-gated work, garbage collection) need from it:
+/// leadership, tenure guards and the ability to resign, without owning it.
+///
+/// Why not a clone of the [`Elector`]: the elector shuts down when its last handle is dropped,
+/// and a runtime must never keep it campaigning behind its owner's back. A view holds only a weak
+/// reference to the command channel and the receiving end of the leadership channels, so
+/// [`ElectorView::acquired`] answers [`ElectorError::Stopped`] once the elector has stopped, and
+/// whatever waits on it stops too.
+///
+/// ```
+/// # async fn f() -> Result<(), tenure::ElectorError> {
+/// use tenure::{locks::memory::MemoryStore, Elector};
+/// let store = MemoryStore::new();
+/// let elector = Elector::builder("a", store.client("a")).spawn()?;
+/// let view = elector.view();
+/// let tenure = view.acquired().await?;
+/// drop(tenure);
+/// elector.shutdown().await?;
+/// assert!(view.acquired().await.is_err());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ElectorView {
+    identity: String,
+    timing: Timing,
+    subscriber: Subscriber,
+    commands: mpsc::WeakSender<ElectorCommand>,
+}
+
+impl ElectorView {
+    /// The candidate's identity.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// The timing the elector runs with (bounds how long work may outlive a lost tenure).
+    pub fn timing(&self) -> &Timing {
+        &self.timing
+    }
+
+    /// A receiver that wakes on every change of leader, term or role.
+    pub fn subscribe(&self) -> watch::Receiver<Leadership> {
+        self.subscriber.leadership()
+    }
+
+    /// A guard for the current tenure, if this instance leads.
+    pub fn tenure(&self) -> Option<Tenure> {
+        self.subscriber.tenure()
+    }
+
+    /// Waits until this instance leads; [`ElectorError::Stopped`] once the elector has stopped.
+    pub async fn acquired(&self) -> Result<Tenure, ElectorError> {
+        self.subscriber.acquired().await.ok_or(ElectorError::Stopped)
+    }
+
+    /// Resigns as [`Elector::resign`] does; [`ElectorError::Stopped`] if the elector is gone.
+    pub async fn resign(&self) -> Result<(), ElectorError> {
+        let commands = self.commands.upgrade().ok_or(ElectorError::Stopped)?;
+        resign_through(&commands).await
     }
 }
 
@@ -474,6 +550,42 @@ impl Driver {
 
     /// Turns the candidate's events into log lines, tenure guards and a leadership snapshot.
     fn publish(&mut self) {
+        self.publish_events();
+        self.publisher.prune_ended();
+        if let Some(valid_until) = self.candidate.leader_valid_until() {
+            // The publisher refuses when the guards' deadline passed before this renew was
+            // handled (a late wake-up): the tenure is over for good, and the candidate must
+            // acquire again under a new term rather than go on leading under the old one.
+            if !self.publisher.extend_tenure(self.instant(valid_until)) {
+                self.candidate.lapse();
+                self.publish_events();
+            }
+        }
+        let identity = self.candidate.identity().to_owned();
+        let now = self.now();
+        let role = if self.candidate.is_leader(now).is_some() {
+            Role::Leader
+        } else if self.candidate.is_releasing() && self.candidate.holds_lock() {
+            Role::Releasing
+        } else {
+            Role::Follower
+        };
+        // A record that still names this instance after it stopped leading (fenced, or lost and
+        // not yet re-read) names nobody who leads: say so rather than report ourselves.
+        let record = self.candidate.observed_record().filter(|r| {
+            let fenced_self = r.holder_identity == identity && role == Role::Follower;
+            !r.holder_identity.is_empty() && !fenced_self
+        });
+        self.publisher.publish(Leadership {
+            leader: record.map(|r| r.holder_identity.clone()),
+            term: record.map(|r| Term(u64::try_from(r.leader_transitions).unwrap_or(0))),
+            role,
+        });
+        self.publish_wait(now);
+    }
+
+    /// Turns the candidate's pending events into tenure guards and log lines.
+    fn publish_events(&mut self) {
         let identity = self.candidate.identity().to_owned();
         while let Some(event) = self.candidate.poll_event() {
             match event {
@@ -501,30 +613,6 @@ impl Driver {
                 }
             }
         }
-        self.publisher.prune_ended();
-        if let Some(valid_until) = self.candidate.leader_valid_until() {
-            self.publisher.extend_tenure(self.instant(valid_until));
-        }
-        let now = self.now();
-        let role = if self.candidate.is_leader(now).is_some() {
-            Role::Leader
-        } else if self.candidate.is_releasing() && self.candidate.holds_lock() {
-            Role::Releasing
-        } else {
-            Role::Follower
-        };
-        // A record that still names this instance after it stopped leading (fenced, or lost and
-        // not yet re-read) names nobody who leads: say so rather than report ourselves.
-        let record = self.candidate.observed_record().filter(|r| {
-            let fenced_self = r.holder_identity == identity && role == Role::Follower;
-            !r.holder_identity.is_empty() && !fenced_self
-        });
-        self.publisher.publish(Leadership {
-            leader: record.map(|r| r.holder_identity.clone()),
-            term: record.map(|r| Term(u64::try_from(r.leader_transitions).unwrap_or(0))),
-            role,
-        });
-        self.publish_wait(now);
     }
 
     /// Publishes (and logs, when it changes) why this candidate waits on a record that is not a

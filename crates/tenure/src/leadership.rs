@@ -365,11 +365,32 @@ impl Publisher {
         self.current.send_replace(Some(shared));
     }
 
-    /// Moves the self-fencing deadline of the current tenure after a successful renew.
-    pub fn extend_tenure(&self, valid_until: Instant) {
-        if let Some(shared) = self.current.borrow().as_ref() {
-            *shared.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = valid_until;
+    /// Moves the self-fencing deadline of the current tenure after a successful renew; returns
+    /// whether the tenure still lasts.
+    ///
+    /// Why it can refuse: once the deadline has passed, users may have seen the tenure as over
+    /// ([`Tenure::is_valid`] reads the clock, not the driver), and a tenure seen as over must never
+    /// come back with the same term (invariant S2). A renew that completes after the deadline,
+    /// however it started, therefore ends the tenure (`false`); the driver must then stop leading
+    /// and lead again only under a new term. Without a current tenure there is nothing to extend
+    /// and nothing to refuse (`true`).
+    pub fn extend_tenure(&mut self, valid_until: Instant) -> bool {
+        let lapsed = match self.current.borrow().as_ref() {
+            None => return true,
+            Some(shared) => {
+                let mut deadline = shared.valid_until.lock().unwrap_or_else(|e| e.into_inner());
+                if Instant::now() >= *deadline {
+                    true
+                } else {
+                    *deadline = (*deadline).max(valid_until);
+                    false
+                }
+            }
+        };
+        if lapsed {
+            self.end_tenure();
         }
+        !lapsed
     }
 
     /// Ends the current tenure: its guards turn invalid and `ended()` completes.
@@ -457,5 +478,52 @@ impl Subscriber {
             }
             current.changed().await.ok()?;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_extension_after_the_deadline_ends_the_tenure_instead_of_reviving_it() {
+        let (mut publisher, subscriber) = Publisher::new();
+        let start = Instant::now();
+        publisher.start_tenure(Term(3), start + Duration::from_secs(2));
+        let tenure = subscriber.tenure().expect("a valid tenure");
+
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(!tenure.is_valid(), "the deadline passed: the tenure reads as over");
+
+        // A renew that started in time but is handled only now must not bring it back.
+        assert!(!publisher.extend_tenure(start + Duration::from_secs(5)));
+        assert!(!tenure.is_valid());
+        assert_eq!(tenure.valid_until(), start + Duration::from_secs(2), "the deadline did not move");
+        tokio::time::timeout(Duration::from_millis(1), tenure.ended()).await.expect("ended() completes");
+        assert!(subscriber.tenure().is_none(), "no guard of the lapsed term is handed out again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_extension_before_the_deadline_moves_it_and_never_shortens_it() {
+        let (mut publisher, subscriber) = Publisher::new();
+        let start = Instant::now();
+        publisher.start_tenure(Term(3), start + Duration::from_secs(2));
+        let tenure = subscriber.tenure().expect("a valid tenure");
+
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(publisher.extend_tenure(start + Duration::from_secs(4)));
+        assert!(publisher.extend_tenure(start + Duration::from_secs(3)), "an older renew is no failure");
+        assert_eq!(tenure.valid_until(), start + Duration::from_secs(4));
+        tokio::time::advance(Duration::from_millis(2500)).await;
+        assert!(tenure.is_valid());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn extending_without_a_tenure_does_nothing() {
+        let (mut publisher, subscriber) = Publisher::new();
+        assert!(publisher.extend_tenure(Instant::now() + Duration::from_secs(1)));
+        assert!(subscriber.tenure().is_none());
     }
 }

@@ -86,6 +86,10 @@ pub enum TimingError {
 
 impl Default for Timing {
     /// client-go's defaults: 15 s lease, 10 s renew deadline, 2 s retry, jitter 1.2.
+    ///
+    /// Why not the `tenure` command's default (`--ttl 10s`, [`Timing::from_ttl`]): a library user
+    /// shares locks with Go controllers and expects their timing; the command keeps
+    /// leader-elector:0.5's default so that it stays a drop-in for that image.
     fn default() -> Self {
         Timing::new(Duration::from_secs(15), Duration::from_secs(10), Duration::from_secs(2))
             .expect("client-go's defaults are valid")

@@ -573,3 +573,25 @@ async fn a_store_that_keeps_failing_is_published_as_unreachable_since_its_first_
     assert_eq!((stats.consecutive_lock_errors, stats.lock_unreachable_since), (0, None), "{stats:?}");
     assert_eq!(b.leadership().leader.as_deref(), Some("a"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_fenced_leader_whose_late_renews_get_through_leads_again_only_under_a_new_term() {
+    let store = MemoryStore::new();
+    let a = spawn(&store, "a");
+    let first = a.acquired().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    store.partition("a", true);
+    let deadline = first.valid_until();
+    // Heal shortly before the deadline, with calls so slow that a renew started in time is
+    // answered only after the deadline: the worst moment for a revival.
+    tokio::time::sleep_until(deadline - Duration::from_secs(1)).await;
+    store.set_delay("a", Duration::from_secs(3));
+    store.partition("a", false);
+    timeout(deadline - Instant::now() + TICK, first.ended()).await.expect("fenced by its deadline");
+    assert!(!first.is_valid());
+
+    let second = timeout(Duration::from_secs(120), a.acquired()).await.unwrap().unwrap();
+    assert!(second.term() > first.term(), "term {} after term {}", second.term(), first.term());
+    assert!(!first.is_valid(), "the fenced tenure never comes back");
+    assert_eq!(a.is_leader(), Some(second.term()));
+}

@@ -18,6 +18,13 @@
 //! - `tenure_renew_latency_seconds` gauge: the duration of the last successful renew. Not a
 //!   histogram: the elector exposes counters and the last latency, not an event per renew, so a
 //!   scrape cannot see the renews between two scrapes.
+//! - `tenure_lease_duration_seconds`, `tenure_renew_deadline_seconds` gauges: the timing in force
+//!   (on ZooKeeper the session timeout the server granted). Why: an alert on renew latency or on a
+//!   leaderless election must compare with this election's lease, and `--ttl` differs per
+//!   deployment.
+//!
+//! `deploy/monitoring/` holds alerting rules and a Grafana dashboard built on exactly these names
+//! (`crates/tenure-cli/tests/monitoring.rs` checks them against a real scrape).
 //!
 //! The answer is OpenMetrics text, which Prometheus scrapes natively.
 
@@ -131,6 +138,17 @@ impl Collector for ElectionCollector {
                 &ConstGauge::new(latency.as_secs_f64()),
             )?;
         }
+        let timing = view.timing();
+        write(
+            "tenure_lease_duration_seconds",
+            "Lease duration in force: how long followers wait for a silent leader",
+            &ConstGauge::new(timing.lease_duration.as_secs_f64()),
+        )?;
+        write(
+            "tenure_renew_deadline_seconds",
+            "Renew deadline in force: how long a leader leads without a successful renew",
+            &ConstGauge::new(timing.renew_deadline.as_secs_f64()),
+        )?;
         Ok(())
     }
 }
@@ -151,6 +169,8 @@ mod tests {
         assert!(body.contains("tenure_renews_total{name=\"test\"} 7\n"), "{body}");
         assert!(body.contains("tenure_term{name=\"test\"} 3\n"), "{body}");
         assert!(body.contains("# TYPE tenure_leader_transitions counter"), "{body}");
+        assert!(body.contains("tenure_lease_duration_seconds{name=\"test\"} 2.0\n"), "{body}");
+        assert!(body.contains("tenure_renew_deadline_seconds{name=\"test\"} 1.0\n"), "{body}");
         assert!(body.ends_with("# EOF\n"), "{body}");
         *view.leads.lock().unwrap() = true;
         assert!(get(address, "/metrics").await.2.contains("leader_election_master_status{name=\"test\"} 1\n"));

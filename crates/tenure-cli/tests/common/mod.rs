@@ -264,3 +264,53 @@ impl EventStream {
         }
     }
 }
+
+/// Starts `tenure status --watch` on an election, printing JSON lines and reading every 100 ms
+/// where the store does not notify changes.
+pub fn watch_election(election: &str, lock_url: &str) -> Tenure {
+    Tenure::start(
+        "watch",
+        &["status", "--election", election, "--lock", lock_url, "--watch", "--interval", "100ms", "--output", "json"],
+    )
+}
+
+/// What a watch printed so far: (leader, term) per line, `None` where nobody leads.
+pub fn watched(watch: &Tenure) -> Vec<(Option<String>, Option<i64>)> {
+    watch
+        .output()
+        .lines()
+        .map(|line| {
+            let report: serde_json::Value = serde_json::from_str(line).expect("one JSON object per line");
+            (report["leader"].as_str().map(str::to_owned), report["term"].as_i64())
+        })
+        .collect()
+}
+
+/// Waits until a watch has printed the leaders `expected`, in order (lines naming nobody in
+/// between are allowed: a release is seen before the next acquisition), with strictly growing
+/// terms; panics with what it printed otherwise.
+pub fn wait_for_watched_leaders(watch: &Tenure, expected: &[&str]) {
+    let leaders = || -> Vec<(String, i64)> {
+        watched(watch).into_iter().filter_map(|(leader, term)| Some((leader?, term.unwrap_or_default()))).collect()
+    };
+    let seen = wait_until(Duration::from_secs(10), || {
+        let seen = leaders();
+        (seen.iter().map(|(leader, _)| leader.as_str()).collect::<Vec<_>>() == expected).then_some(seen)
+    })
+    .unwrap_or_else(|| panic!("the watch printed {:?}, not {expected:?}; log:\n{}", watched(watch), watch.log()));
+    assert!(seen.windows(2).all(|pair| pair[0].1 < pair[1].1), "terms do not grow: {seen:?}");
+}
+
+/// Starts a `status --watch`, then candidates "one" and "two" (`--ttl 3s`) on `lock_url`, stops
+/// "one", and checks that the watch printed "one" and then "two".
+pub fn assert_watch_follows_a_handover(election: &str, lock_url: &str) {
+    let watch = watch_election(election, lock_url);
+    let (mut first, first_http) = start_elect("one", election, lock_url, "3s");
+    wait_until(Duration::from_secs(10), || (http_leader(&first_http)? == "one").then_some(())).expect("one leads");
+    let (_second, second_http) = start_elect("two", election, lock_url, "3s");
+    wait_until(Duration::from_secs(10), || (http_leader(&second_http)? == "one").then_some(())).expect("two follows");
+    wait_for_watched_leaders(&watch, &["one"]);
+    first.signal(libc::SIGTERM);
+    wait_for_watched_leaders(&watch, &["one", "two"]);
+    assert_eq!(first.exit_code(Duration::from_secs(5)), 0);
+}

@@ -289,3 +289,6 @@ pub fn monotonic_nanos() -> u128 {
     let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("clock_gettime");
     u128::try_from(now.tv_sec()).unwrap_or(0) * 1_000_000_000 + u128::try_from(now.tv_nsec()).unwrap_or(0)
 }
+
+pub mod log_capture;
+pub mod stall_proxy;

@@ -59,8 +59,13 @@ pub struct Cluster {
 
 impl Cluster {
     pub async fn start() -> Cluster {
+        Cluster::start_with(ApiServerConfig::default()).await
+    }
+
+    /// A cluster whose server runs with `config` (a small event window, short bookmarks...).
+    pub async fn start_with(config: ApiServerConfig) -> Cluster {
         init_logging();
-        let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+        let server = ApiServer::start(config).await.unwrap();
         let kubeconfig = std::env::temp_dir().join(format!("tenure-kube-test-{}.kubeconfig", server.address().port()));
         server.write_kubeconfig(&kubeconfig).unwrap();
         Cluster { server, kubeconfig }

@@ -1,0 +1,90 @@
+//! Captures the tracing events of this test process, to check what an operator reads in the log.
+//! Shared by the etcd and ZooKeeper tests (the ZooKeeper tests include this file by path).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tracing::field::{Field, Visit};
+use tracing::Level;
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::Layer;
+
+/// One event as a log line would show it.
+#[derive(Debug, Clone)]
+pub struct Line {
+    pub level: Level,
+    pub target: String,
+    pub message: String,
+    pub fields: BTreeMap<String, String>,
+}
+
+type Lines = Arc<Mutex<Vec<Line>>>;
+
+/// Starts capturing every event of this process (once; later calls share the capture) and
+/// returns the lines captured so far and from now on.
+pub fn capture() -> Lines {
+    static LINES: OnceLock<Lines> = OnceLock::new();
+    LINES
+        .get_or_init(|| {
+            let lines = Lines::default();
+            let subscriber = tracing_subscriber::registry().with(Recorder(lines.clone()));
+            tracing::subscriber::set_global_default(subscriber).expect("no other subscriber in this test");
+            lines
+        })
+        .clone()
+}
+
+/// The captured lines with `message` whose field `identity` is `identity`.
+pub fn lines_of(lines: &Lines, identity: &str, message: &str) -> Vec<Line> {
+    lines
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.message == message && l.fields.get("identity").map(String::as_str) == Some(identity))
+        .cloned()
+        .collect()
+}
+
+struct Recorder(Lines);
+
+impl<S: tracing::Subscriber> Layer<S> for Recorder {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        let mut line = Line {
+            level: *event.metadata().level(),
+            target: event.metadata().target().to_owned(),
+            message: String::new(),
+            fields: BTreeMap::new(),
+        };
+        event.record(&mut line);
+        self.0.lock().unwrap().push(line);
+    }
+}
+
+impl Visit for Line {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.record(field, value.to_owned());
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.record(field, value.to_string());
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.record(field, value.to_string());
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.record(field, format!("{value:?}"));
+    }
+}
+
+impl Line {
+    fn record(&mut self, field: &Field, value: String) {
+        if field.name() == "message" {
+            self.message = value;
+        } else {
+            self.fields.insert(field.name().to_owned(), value);
+        }
+    }
+}

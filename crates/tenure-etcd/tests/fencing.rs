@@ -1,0 +1,87 @@
+//! Self-fencing against a real etcd whose connection hangs at the worst moment (a loopback proxy
+//! between the candidate and the server stalls and closes connections): the tenure ends at its
+//! deadline even while store calls hang (S1), and a tenure that ended never comes back: the same
+//! candidate leads again only with a greater term (S2).
+
+mod common;
+
+use std::time::Duration;
+
+use common::stall_proxy::StallProxy;
+use common::EtcdCluster;
+use tenure::{Role, Term};
+use tenure_etcd::EtcdElection;
+use tokio::time::{sleep_until, timeout, Instant};
+
+/// TTL 3 s: deadline 2 s after the start of the last keep-alive, call timeout 1 s, keep-alive
+/// every 750 ms.
+const TTL: Duration = Duration::from_secs(3);
+/// How late after its deadline the tenure may be seen to end: timer resolution and scheduling
+/// on a loaded 2-core machine, far below the call timeout (1 s) that a late fence used to add.
+const TOLERANCE: Duration = Duration::from_millis(50);
+
+/// Waits until `tenure`'s deadline moves: a keep-alive has just been answered.
+async fn next_keep_alive(tenure: &tenure::Tenure) {
+    let before = tenure.valid_until();
+    let bound = Instant::now() + Duration::from_secs(5);
+    while tenure.valid_until() == before {
+        assert!(Instant::now() < bound, "no keep-alive within 5 s");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_whose_store_hangs_during_a_reload_ends_its_tenure_at_the_deadline_and_never_revives_it() {
+    let Some(cluster) = EtcdCluster::start(1).await else { return };
+    let proxy = StallProxy::start(&cluster.endpoint(0)).await;
+    let election = EtcdElection::connect(&[proxy.address().to_owned()], "stall").await.expect("connect");
+    let elector = election.campaign("a", TTL).expect("campaign");
+    let first = timeout(Duration::from_secs(10), elector.acquired()).await.expect("leads").expect("tenure");
+    let mut leadership = elector.subscribe();
+
+    // Right after a keep-alive, cut every connection and let new ones hang: the watch fails at
+    // once, and the reload it triggers (and the one after it) hangs across the deadline.
+    next_keep_alive(&first).await;
+    proxy.stall();
+    proxy.close_all();
+    let deadline = first.valid_until();
+
+    // The network comes back just after the deadline, while the server still keeps the lease
+    // (until TTL after the last keep-alive it received, a second after the deadline): the
+    // hanging calls and a keep-alive then succeed, which must not revive the tenure.
+    let resume_at = deadline + Duration::from_millis(150);
+    let stall_ends = async {
+        sleep_until(resume_at).await;
+        proxy.resume();
+    };
+    let (ended, ()) = tokio::join!(
+        async {
+            let bound = deadline.saturating_duration_since(Instant::now()) + TOLERANCE;
+            timeout(bound, first.ended()).await.map(|()| Instant::now())
+        },
+        stall_ends
+    );
+    let ended = ended.expect("the tenure did not end by its deadline + the tolerance");
+    println!("the tenure ended {:?} after its deadline", ended.saturating_duration_since(deadline));
+    assert!(ended <= deadline + TOLERANCE, "ended {:?} after the deadline", ended - deadline);
+    assert!(!first.is_valid());
+    assert!(elector.is_leader().is_none() || elector.is_leader() > Some(first.term()));
+
+    // Leads again, only under a new term; the ended tenure stays ended.
+    let again = timeout(
+        Duration::from_secs(15),
+        leadership.wait_for(|l| l.role == Role::Leader && l.term.is_some_and(|t| t > first.term())),
+    )
+    .await
+    .expect("leads again with a greater term")
+    .expect("elector running")
+    .clone();
+    let second = elector.acquired().await.expect("tenure");
+    assert!(second.term() > first.term(), "term {} after term {}", second.term(), first.term());
+    assert_eq!(again.term, Some(second.term()));
+    assert!(!first.is_valid(), "the ended tenure came back");
+    assert_eq!(first.valid_until(), deadline, "the ended tenure's deadline moved");
+    assert_ne!(second.term(), Term(0));
+    drop((first, second));
+    elector.shutdown().await.expect("shutdown");
+}

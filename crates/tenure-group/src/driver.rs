@@ -1,0 +1,549 @@
+//! The thin async driver: runs a [`MemberCore`] against a [`GroupStore`] on the tokio clock, and
+//! gives a controller author the API it wants.
+//!
+//! - "Do I own this key now, and under which term?": [`Group::belongs_to_self`].
+//! - A per-partition guard like `tenure::Tenure`: [`Group::guard`]. Its term is the fencing token;
+//!   the partition is released (revoke, drain, release) only once every guard of it is dropped
+//!   (or the drain timeout passed), so a new owner never overlaps the old owner's work.
+//! - A `tokio::sync::watch` of the assignment: [`Group::assignment`].
+//! - Tooz's vocabulary: [`Group::builder`]`(..).join()`, [`Group::leave`], [`Group::members`],
+//!   [`Group::members_for_object`], [`Group::belongs_to_self`].
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::stream::FuturesUnordered;
+use futures::{Future, StreamExt};
+use tenure::{MonotonicTime, Term, Timing};
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::assignment::partition_of;
+use crate::config::GroupConfig;
+use crate::handoff::{Action, CoreError, GroupEvent, MemberCore};
+use crate::store::{ChangeStream, GroupStore, Key, Snapshot, StoreError, Version};
+
+/// Why a group could not be joined or left.
+#[derive(Debug, thiserror::Error)]
+pub enum GroupError {
+    /// The identity or the configuration is invalid.
+    #[error(transparent)]
+    Invalid(#[from] CoreError),
+    /// `join` was called outside a tokio runtime.
+    #[error("joining a group needs a tokio runtime (call join inside one)")]
+    NoRuntime,
+    /// The driver task ended abnormally.
+    #[error("the group driver stopped: {0}")]
+    DriverStopped(String),
+}
+
+/// Why a [`PartitionGuard`] no longer allows work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("partition {partition} is no longer owned under term {term}")]
+pub struct NotOwner {
+    /// The partition.
+    pub partition: u32,
+    /// The term the guard was taken under.
+    pub term: Term,
+}
+
+/// The assignment as this member sees it, published whenever it changes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Assignment {
+    /// The group's partition count (the table's; the configured one before the first read).
+    pub partition_count: u32,
+    /// Live members in this member's view, sorted, this one included while it is a member.
+    pub members: Vec<String>,
+    /// The partitions this member owns, with their terms.
+    pub owned: BTreeMap<u32, Term>,
+    /// This member's epoch while it is a member.
+    pub epoch: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct SharedState {
+    identity: String,
+    partition_count: u32,
+    active: BTreeMap<u32, Term>,
+    owners: Vec<Option<String>>,
+    members: Vec<String>,
+    valid_until: Option<Instant>,
+    guards: BTreeMap<(u32, Term), usize>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<SharedState>,
+    guard_dropped: Notify,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, SharedState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn owns(&self, partition: u32) -> Option<Term> {
+        let state = self.state();
+        let valid = state.valid_until.is_some_and(|until| Instant::now() < until);
+        state.active.get(&partition).copied().filter(|_| valid)
+    }
+}
+
+/// Permission to work on one partition under one term, like `tenure::Tenure` for a partition.
+///
+/// Check it ([`PartitionGuard::check`]) before every side effect and pass the term to the
+/// resources you write. While any guard of a partition lives, a revoked partition is not released
+/// (up to the drain timeout), so the next owner starts only after this work ended.
+#[derive(Debug)]
+pub struct PartitionGuard {
+    shared: Arc<Shared>,
+    partition: u32,
+    term: Term,
+}
+
+impl PartitionGuard {
+    /// The partition.
+    pub fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    /// The fencing term of this ownership.
+    pub fn term(&self) -> Term {
+        self.term
+    }
+
+    /// True while this member still owns the partition under this term (membership valid on the
+    /// local clock, not revoked).
+    pub fn is_valid(&self) -> bool {
+        self.shared.owns(self.partition) == Some(self.term)
+    }
+
+    /// The term if the guard is still valid.
+    pub fn check(&self) -> Result<Term, NotOwner> {
+        if self.is_valid() {
+            Ok(self.term)
+        } else {
+            Err(NotOwner { partition: self.partition, term: self.term })
+        }
+    }
+}
+
+impl Drop for PartitionGuard {
+    fn drop(&mut self) {
+        let mut state = self.shared.state();
+        if let Some(count) = state.guards.get_mut(&(self.partition, self.term)) {
+            *count -= 1;
+            if *count == 0 {
+                state.guards.remove(&(self.partition, self.term));
+            }
+        }
+        drop(state);
+        self.shared.guard_dropped.notify_one();
+    }
+}
+
+/// Builds and joins a [`Group`].
+#[derive(Debug)]
+pub struct GroupBuilder<S> {
+    identity: String,
+    store: S,
+    config: GroupConfig,
+    drain_timeout: Duration,
+}
+
+impl<S: GroupStore> GroupBuilder<S> {
+    /// The whole configuration at once.
+    pub fn config(mut self, config: GroupConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The partition count (default [`crate::assignment::DEFAULT_PARTITION_COUNT`]).
+    pub fn partition_count(mut self, count: u32) -> Self {
+        self.config.partition_count = count;
+        self
+    }
+
+    /// This member's relative share (default 1).
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.config.weight = weight;
+        self
+    }
+
+    /// Lease, renew deadline and retry period (default client-go's 15/10/2 s).
+    pub fn timing(mut self, timing: Timing) -> Self {
+        self.config.timing = timing;
+        self
+    }
+
+    /// How long a revoked partition waits for its guards before it is released anyway (default:
+    /// the renew deadline). Work still running then was told by its guard that it lost the
+    /// partition.
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// Joins the group: starts the driver task (needs a tokio runtime).
+    pub fn join(self) -> Result<Group, GroupError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| GroupError::NoRuntime)?;
+        let watch = self.store.watch();
+        let core = MemberCore::new(self.identity.clone(), rand::random(), self.config, watch.is_some())?;
+        let shared = Arc::new(Shared::default());
+        {
+            let mut state = shared.state();
+            state.identity = self.identity.clone();
+            state.partition_count = self.config.partition_count;
+        }
+        let (assignment_tx, assignment) =
+            watch::channel(Assignment { partition_count: self.config.partition_count, ..Assignment::default() });
+        let (commands, command_rx) = mpsc::unbounded_channel();
+        let driver = Driver {
+            core,
+            store: Arc::new(self.store),
+            shared: shared.clone(),
+            assignment: assignment_tx,
+            commands: command_rx,
+            origin: Instant::now(),
+            timing: self.config.timing,
+            drain_timeout: self.drain_timeout,
+            draining: BTreeMap::new(),
+        };
+        let task = runtime.spawn(driver.run(watch));
+        Ok(Group { identity: self.identity, shared, assignment, commands, task: Some(task) })
+    }
+}
+
+/// This process's membership in a group. Dropping it stops the driver without releasing anything
+/// (like a crash: others take over after the lease); call [`Group::leave`] to hand over at once.
+#[derive(Debug)]
+pub struct Group {
+    identity: String,
+    shared: Arc<Shared>,
+    assignment: watch::Receiver<Assignment>,
+    commands: mpsc::UnboundedSender<Command>,
+    task: Option<JoinHandle<()>>,
+}
+
+#[derive(Debug)]
+enum Command {
+    Leave,
+}
+
+impl Group {
+    /// Starts building the membership of `identity` in the group kept in `store`.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tenure_group::{stores::file::FileGroupStore, Group};
+    /// let store = FileGroupStore::open("/run/user/1000/tenure/groups/my-controller")?;
+    /// let group = Group::builder("replica-a", store).join()?;
+    /// if let Some(guard) = group.guard_for_key("default/my-pod") {
+    ///     // ... reconcile, passing guard.term() to what you write, checking guard.check()? ...
+    /// }
+    /// group.leave().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder<S: GroupStore>(identity: impl Into<String>, store: S) -> GroupBuilder<S> {
+        let config = GroupConfig::default();
+        GroupBuilder { identity: identity.into(), store, drain_timeout: config.timing.renew_deadline, config }
+    }
+
+    /// This member's identity.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// A watch of this member's view of the assignment.
+    pub fn assignment(&self) -> watch::Receiver<Assignment> {
+        self.assignment.clone()
+    }
+
+    /// The live members in this member's view (Tooz: `get_members`).
+    pub fn members(&self) -> Vec<String> {
+        self.shared.state().members.clone()
+    }
+
+    /// The partition of a key (`namespace/name` for Kubernetes objects).
+    pub fn partition_of(&self, key: &str) -> u32 {
+        partition_of(key.as_bytes(), self.shared.state().partition_count)
+    }
+
+    /// The member that owns the key's partition in this member's view, if any (Tooz:
+    /// `members_for_object`; one member, or none while the partition moves).
+    pub fn members_for_object(&self, key: &str) -> Vec<String> {
+        let partition = self.partition_of(key);
+        self.shared.state().owners.get(partition as usize).cloned().flatten().into_iter().collect()
+    }
+
+    /// The term under which this member owns the key now, if it does (Tooz: `belongs_to_self`).
+    pub fn belongs_to_self(&self, key: &str) -> Option<Term> {
+        self.shared.owns(self.partition_of(key))
+    }
+
+    /// A guard for the key's partition, if this member owns it now.
+    pub fn guard_for_key(&self, key: &str) -> Option<PartitionGuard> {
+        self.guard(self.partition_of(key))
+    }
+
+    /// A guard for a partition, if this member owns it now.
+    pub fn guard(&self, partition: u32) -> Option<PartitionGuard> {
+        let mut state = self.shared.state();
+        let valid = state.valid_until.is_some_and(|until| Instant::now() < until);
+        let term = state.active.get(&partition).copied().filter(|_| valid)?;
+        *state.guards.entry((partition, term)).or_default() += 1;
+        Some(PartitionGuard { shared: self.shared.clone(), partition, term })
+    }
+
+    /// Leaves the group: revokes every partition, waits for their guards (up to the drain
+    /// timeout), releases them in one write, and marks the member record `Left`.
+    pub async fn leave(mut self) -> Result<(), GroupError> {
+        let _ = self.commands.send(Command::Leave);
+        let Some(task) = self.task.take() else { return Ok(()) };
+        task.await.map_err(|error| GroupError::DriverStopped(error.to_string()))
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+type Completion = Pin<Box<dyn Future<Output = Done> + Send>>;
+
+enum Done {
+    Read(Result<Snapshot, StoreError>),
+    Write(Key, Result<Version, StoreError>),
+}
+
+struct Driver<S> {
+    core: MemberCore,
+    store: Arc<S>,
+    shared: Arc<Shared>,
+    assignment: watch::Sender<Assignment>,
+    commands: mpsc::UnboundedReceiver<Command>,
+    origin: Instant,
+    timing: Timing,
+    drain_timeout: Duration,
+    /// Revoked partitions waiting for their guards, with the drain deadline.
+    draining: BTreeMap<u32, (Term, Instant)>,
+}
+
+impl<S: GroupStore> Driver<S> {
+    fn mono(&self, at: Instant) -> MonotonicTime {
+        MonotonicTime(at.saturating_duration_since(self.origin))
+    }
+
+    fn instant(&self, at: MonotonicTime) -> Instant {
+        self.origin + at.0
+    }
+
+    async fn run(mut self, mut watch: Option<ChangeStream>) {
+        let mut inflight: FuturesUnordered<Completion> = FuturesUnordered::new();
+        let mut reopen_watch_at: Option<Instant> = None;
+        let store_name = self.store.describe();
+        loop {
+            let now = Instant::now();
+            let mono = self.mono(now);
+            if reopen_watch_at.is_some_and(|at| now >= at) {
+                reopen_watch_at = None;
+                watch = self.store.watch();
+                self.core.on_change(mono);
+            }
+            // Until nothing changes: a revoke may be drained at once (no guards), which lets the
+            // core write the release right away.
+            loop {
+                let mut progressed = self.handle_events(now);
+                progressed |= self.finish_drains(now);
+                while let Some(action) = self.core.poll_action(mono) {
+                    inflight.push(self.start(action));
+                    progressed = true;
+                }
+                progressed |= self.handle_events(now);
+                if !progressed {
+                    break;
+                }
+            }
+            self.publish(now);
+            if self.core.has_left() {
+                return;
+            }
+
+            let mut wake = self.core.next_wakeup(mono).map(|t| self.instant(t));
+            for (_, deadline) in self.draining.values() {
+                wake = Some(wake.map_or(*deadline, |w| w.min(*deadline)));
+            }
+            if let Some(at) = reopen_watch_at {
+                wake = Some(wake.map_or(at, |w| w.min(at)));
+            }
+            let sleep = tokio::time::sleep_until(wake.unwrap_or_else(|| now + self.timing.retry_period));
+            tokio::select! {
+                Some(done) = inflight.next(), if !inflight.is_empty() => {
+                    let mono = self.mono(Instant::now());
+                    match done {
+                        Done::Read(result) => {
+                            if let Err(error) = &result {
+                                tracing::warn!(store = %store_name, %error, "reading the group failed");
+                            }
+                            self.core.on_read(mono, result);
+                        }
+                        Done::Write(key, result) => {
+                            if let Err(error) = &result {
+                                if !error.is_conflict() {
+                                    tracing::warn!(store = %store_name, %key, %error, "writing to the group failed");
+                                }
+                            }
+                            self.core.on_write(mono, &key, result);
+                        }
+                    }
+                }
+                change = next_change(&mut watch), if watch.is_some() => {
+                    match change {
+                        Some(Ok(())) => self.core.on_change(self.mono(Instant::now())),
+                        other => {
+                            if let Some(Err(error)) = other {
+                                tracing::warn!(store = %store_name, %error, "the group watch failed; re-opening it");
+                            }
+                            watch = None;
+                            reopen_watch_at = Some(Instant::now() + self.timing.retry_period);
+                        }
+                    }
+                }
+                command = self.commands.recv() => {
+                    match command {
+                        Some(Command::Leave) => self.core.leave(self.mono(Instant::now())),
+                        // The `Group` was dropped: it aborts this task; nothing to do until then.
+                        None => std::future::pending::<()>().await,
+                    }
+                }
+                _ = self.shared.guard_dropped.notified() => {}
+                _ = sleep => {}
+            }
+        }
+    }
+
+    fn start(&self, action: Action) -> Completion {
+        let store = self.store.clone();
+        let timeout = self.timing.call_timeout;
+        match action {
+            Action::Read => Box::pin(async move {
+                let result =
+                    tokio::time::timeout(timeout, store.read()).await.unwrap_or(Err(StoreError::Timeout(timeout)));
+                Done::Read(result)
+            }),
+            Action::Write { key, expected, value } => Box::pin(async move {
+                let result = tokio::time::timeout(timeout, store.write(&key, expected, &value))
+                    .await
+                    .unwrap_or(Err(StoreError::Timeout(timeout)));
+                Done::Write(key, result)
+            }),
+        }
+    }
+
+    /// Logs the core's events and starts drains; true if there was any.
+    fn handle_events(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        while let Some(event) = self.core.poll_event() {
+            any = true;
+            match &event {
+                GroupEvent::Revoked { partition, term } => {
+                    self.draining.insert(*partition, (*term, now + self.drain_timeout));
+                    tracing::info!(partition, %term, "partition revoked; draining");
+                }
+                GroupEvent::Acquired { partition, term } => tracing::debug!(partition, %term, "partition acquired"),
+                GroupEvent::Restored { partition, term } => {
+                    self.draining.remove(partition);
+                    tracing::info!(partition, %term, "revoked partition stays after all");
+                }
+                GroupEvent::Released { partition, term } => tracing::debug!(partition, %term, "partition released"),
+                GroupEvent::Lost { partition, term } => {
+                    self.draining.remove(partition);
+                    tracing::warn!(partition, %term, "partition lost without a release");
+                }
+                GroupEvent::MembershipLost { epoch } => {
+                    tracing::warn!(epoch, "membership lapsed (no renew within the renew deadline); rejoining")
+                }
+                GroupEvent::Joined { epoch } => tracing::info!(epoch, "joined the group"),
+                GroupEvent::DuplicateIdentity { other_incarnation } => tracing::error!(
+                    other_incarnation,
+                    "another process is a member under this identity; waiting until its lease runs out"
+                ),
+                GroupEvent::PartitionCountMismatch { configured, group } => tracing::error!(
+                    configured,
+                    group,
+                    "this member is configured with another partition count than the group's; using the group's"
+                ),
+                GroupEvent::CorruptTable => {
+                    tracing::error!(
+                        "the group's partition table is inconsistent; nothing is claimed until it is repaired"
+                    )
+                }
+                GroupEvent::Left => tracing::info!("left the group"),
+            }
+        }
+        any
+    }
+
+    /// Tells the core about revoked partitions whose guards are gone or whose drain timed out;
+    /// true if there was any.
+    fn finish_drains(&mut self, now: Instant) -> bool {
+        let mono = self.mono(now);
+        let done: Vec<(u32, bool)> = {
+            let state = self.shared.state();
+            self.draining
+                .iter()
+                .filter_map(|(partition, (term, deadline))| {
+                    let idle = !state.guards.contains_key(&(*partition, *term));
+                    (idle || now >= *deadline).then_some((*partition, idle))
+                })
+                .collect()
+        };
+        let any = !done.is_empty();
+        for (partition, idle) in done {
+            if !idle {
+                tracing::warn!(partition, "drain timeout: releasing a partition whose guards are still held");
+            }
+            self.draining.remove(&partition);
+            self.core.on_drained(mono, partition);
+        }
+        any
+    }
+
+    fn publish(&mut self, now: Instant) {
+        let mono = self.mono(now);
+        let count = self.core.partition_count();
+        let owned = self.core.owned(mono);
+        let members: Vec<String> = self.core.live_members(mono).into_iter().map(|m| m.identity).collect();
+        let owners: Vec<Option<String>> = (0..count).map(|p| self.core.owner_of(p, mono)).collect();
+        {
+            let mut state = self.shared.state();
+            state.partition_count = count;
+            state.active = owned.clone();
+            state.valid_until = self.core.valid_until().filter(|_| self.core.is_member(mono)).map(|t| self.instant(t));
+            state.owners = owners;
+            state.members = members.clone();
+        }
+        let assignment = Assignment { partition_count: count, members, owned, epoch: self.core.epoch() };
+        self.assignment.send_if_modified(|current| {
+            if *current == assignment {
+                false
+            } else {
+                *current = assignment;
+                true
+            }
+        });
+    }
+}
+
+async fn next_change(watch: &mut Option<ChangeStream>) -> Option<Result<(), StoreError>> {
+    match watch {
+        Some(stream) => stream.next().await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,174 @@
+//! An in-process group store, with per-client request counts and outages on command.
+//!
+//! Why it exists: the driver's tests and the benchmark need a store whose every call can be
+//! counted (requests per member per minute) and which can become unreachable for one member
+//! exactly when a test says so.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use tokio::sync::watch;
+
+use crate::store::{ChangeStream, GroupStore, Key, Snapshot, StoreError, Stored, Value, Version};
+
+/// How many calls one client made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequestCounts {
+    /// Snapshot reads.
+    pub reads: u64,
+    /// Writes (creates and compare-and-swaps, successful or not).
+    pub writes: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    records: BTreeMap<Key, (Version, Value)>,
+    next_version: u64,
+    counts: HashMap<String, RequestCounts>,
+    unreachable: HashMap<String, bool>,
+}
+
+/// The shared store; [`MemoryGroupStore::client`] gives each member its own handle.
+///
+/// ```
+/// # async fn f() {
+/// use tenure_group::stores::memory::MemoryGroupStore;
+/// use tenure_group::store::GroupStore;
+/// let store = MemoryGroupStore::new();
+/// let a = store.client("a");
+/// assert!(a.read().await.unwrap().table.is_none());
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct MemoryGroupStore {
+    state: Arc<Mutex<State>>,
+    changes: Arc<watch::Sender<u64>>,
+}
+
+impl Default for MemoryGroupStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryGroupStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        MemoryGroupStore { state: Arc::default(), changes: Arc::new(watch::channel(0).0) }
+    }
+
+    /// A handle whose calls are counted under `client` and fail while it is unreachable.
+    pub fn client(&self, client: impl Into<String>) -> MemoryGroupClient {
+        MemoryGroupClient { store: self.clone(), client: client.into() }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Makes every call of `client` fail with [`StoreError::Unavailable`] (a network partition).
+    pub fn set_unreachable(&self, client: &str, unreachable: bool) {
+        self.state().unreachable.insert(client.to_owned(), unreachable);
+    }
+
+    /// The calls `client` made so far.
+    pub fn requests(&self, client: &str) -> RequestCounts {
+        self.state().counts.get(client).copied().unwrap_or_default()
+    }
+
+    /// The records as they are now.
+    pub fn snapshot(&self) -> Snapshot {
+        snapshot(&self.state())
+    }
+}
+
+fn snapshot(state: &State) -> Snapshot {
+    let mut snapshot = Snapshot::default();
+    for (key, (version, value)) in &state.records {
+        match (key, value) {
+            (Key::Table, Value::Table(table)) => {
+                snapshot.table = Some(Stored { version: *version, value: table.clone() });
+            }
+            (Key::Member(id), Value::Member(record)) => {
+                snapshot.members.insert(id.clone(), Stored { version: *version, value: record.clone() });
+            }
+            // A write never pairs a key with the other kind of value (checked in `write`).
+            _ => {}
+        }
+    }
+    snapshot
+}
+
+/// One member's handle on a [`MemoryGroupStore`].
+#[derive(Debug, Clone)]
+pub struct MemoryGroupClient {
+    store: MemoryGroupStore,
+    client: String,
+}
+
+impl MemoryGroupClient {
+    fn admit(&self, state: &mut State, write: bool) -> Result<(), StoreError> {
+        let counts = state.counts.entry(self.client.clone()).or_default();
+        if write {
+            counts.writes += 1;
+        } else {
+            counts.reads += 1;
+        }
+        if state.unreachable.get(&self.client).copied().unwrap_or(false) {
+            return Err(StoreError::Unavailable(format!("{} is cut off from the memory store", self.client)));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl GroupStore for MemoryGroupClient {
+    fn describe(&self) -> String {
+        format!("memory://{}", self.client)
+    }
+
+    async fn read(&self) -> Result<Snapshot, StoreError> {
+        let mut state = self.store.state();
+        self.admit(&mut state, false)?;
+        Ok(snapshot(&state))
+    }
+
+    async fn write(&self, key: &Key, expected: Option<Version>, value: &Value) -> Result<Version, StoreError> {
+        let version = {
+            let mut state = self.store.state();
+            self.admit(&mut state, true)?;
+            if matches!((key, value), (Key::Table, Value::Member(_)) | (Key::Member(_), Value::Table(_))) {
+                return Err(StoreError::Rejected(format!("{key}: wrong kind of record")));
+            }
+            let current = state.records.get(key).map(|(version, _)| *version);
+            match (expected, current) {
+                (None, Some(_)) => return Err(StoreError::AlreadyExists),
+                (Some(_), None) => return Err(StoreError::Conflict),
+                (Some(expected), Some(current)) if expected != current => return Err(StoreError::Conflict),
+                _ => {}
+            }
+            state.next_version += 1;
+            let version = Version(state.next_version);
+            state.records.insert(key.clone(), (version, value.clone()));
+            version
+        };
+        self.store.changes.send_replace(version.0);
+        Ok(version)
+    }
+
+    fn watch(&self) -> Option<ChangeStream> {
+        let receiver = self.store.changes.subscribe();
+        Some(Box::pin(tokio_stream_of(receiver).map(|_| Ok(()))))
+    }
+}
+
+/// The changes of a watch channel as a stream (coalescing, like a real watch that lags).
+fn tokio_stream_of(receiver: watch::Receiver<u64>) -> impl futures::Stream<Item = u64> + Send {
+    futures::stream::unfold(receiver, |mut receiver| async move {
+        receiver.changed().await.ok()?;
+        let value = *receiver.borrow_and_update();
+        Some((value, receiver))
+    })
+}

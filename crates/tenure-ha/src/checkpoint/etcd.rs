@@ -1,0 +1,133 @@
+//! Checkpoints in etcd, written only while the writer's tenure holds (feature `etcd`).
+//!
+//! The end-to-end fencing example: every save is one etcd transaction whose compares are
+//! "the election key of my term still exists" ([`tenure_etcd::leader_compare`]) and "the
+//! checkpoint is still the one I read"; a deposed leader (paused past its lease, its key expired)
+//! fails the first compare however late its write arrives, because a key that is created again
+//! gets a new create revision. Nothing but the server's own transaction decides.
+
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use tenure::Term;
+use tenure_etcd::proto::etcdserverpb::{compare, request_op, Compare, PutRequest, RequestOp, TxnRequest};
+use tenure_etcd::{leader_compare, EtcdElection, EtcdError};
+
+use super::{check_not_superseded, decode, encode, Checkpoint, CheckpointError, CheckpointStore, StoredCheckpoint};
+
+/// How often a save retries when the checkpoint changed between its read and its transaction
+/// (only this leader can write, so only its own concurrent saves can cause that).
+const SAVE_ATTEMPTS: usize = 3;
+
+/// Checkpoints of one controller under one etcd key, fenced by the election of `election`.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// use tenure_etcd::EtcdElection;
+/// use tenure_ha::checkpoint::etcd::EtcdCheckpointStore;
+/// let election = EtcdElection::connect(&["127.0.0.1:2379".into()], "ip-allocator").await?;
+/// let store = EtcdCheckpointStore::new(election, "ip-allocator/checkpoint", "ip-allocator");
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct EtcdCheckpointStore {
+    election: EtcdElection,
+    key: String,
+    controller: String,
+    /// The election key of the last term that saved, found once per tenure.
+    leader_key: Mutex<Option<(Term, String)>>,
+}
+
+impl EtcdCheckpointStore {
+    /// The checkpoint of `controller` at `key` (outside the election's prefix), guarded by the
+    /// election `election` connects to.
+    pub fn new(election: EtcdElection, key: impl Into<String>, controller: impl Into<String>) -> EtcdCheckpointStore {
+        EtcdCheckpointStore { election, key: key.into(), controller: controller.into(), leader_key: Mutex::new(None) }
+    }
+
+    fn error(&self, error: EtcdError) -> CheckpointError {
+        CheckpointError::Store { store: self.describe(), reason: error.to_string() }
+    }
+
+    /// The election key of `term`, from the cache or etcd; `None` once it is gone.
+    async fn leader_key(&self, term: Term) -> Result<Option<String>, CheckpointError> {
+        if let Some((cached, key)) = self.leader_key.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            if *cached == term {
+                return Ok(Some(key.clone()));
+            }
+        }
+        let key = self.election.leader_key(term).await.map_err(|e| self.error(e))?;
+        if let Some(key) = &key {
+            *self.leader_key.lock().unwrap_or_else(|e| e.into_inner()) = Some((term, key.clone()));
+        }
+        Ok(key)
+    }
+}
+
+#[async_trait]
+impl CheckpointStore for EtcdCheckpointStore {
+    async fn load(&self) -> Result<Option<StoredCheckpoint>, CheckpointError> {
+        let found = self.election.get(&self.key).await.map_err(|e| self.error(e))?;
+        Ok(found.and_then(|kv| decode(&kv.value, &self.controller, &self.key)))
+    }
+
+    async fn save(&self, term: Term, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
+        let superseded = CheckpointError::Superseded { ours: term, newer: None };
+        let document = encode(term, checkpoint);
+        for _ in 0..SAVE_ATTEMPTS {
+            let Some(leader_key) = self.leader_key(term).await? else {
+                return Err(superseded);
+            };
+            let stored = self.election.get(&self.key).await.map_err(|e| self.error(e))?;
+            check_not_superseded(stored.as_ref().map(|kv| kv.value.as_slice()), term)?;
+            let unchanged = match &stored {
+                Some(kv) => revision_is(&self.key, compare::CompareTarget::Mod, kv.mod_revision),
+                None => revision_is(&self.key, compare::CompareTarget::Create, 0),
+            };
+            let put = RequestOp {
+                request: Some(request_op::Request::RequestPut(PutRequest {
+                    key: self.key.as_bytes().to_vec(),
+                    value: document.clone(),
+                    ..Default::default()
+                })),
+            };
+            let request = TxnRequest {
+                compare: vec![leader_compare(&leader_key, term), unchanged],
+                success: vec![put],
+                failure: Vec::new(),
+            };
+            if self.election.txn(request).await.map_err(|e| self.error(e))?.succeeded {
+                return Ok(());
+            }
+            // Either the tenure ended (the next lookup finds no key) or the checkpoint changed.
+            *self.leader_key.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+        Err(CheckpointError::Store {
+            store: self.describe(),
+            reason: "the checkpoint kept changing under the save".into(),
+        })
+    }
+
+    fn controller(&self) -> &str {
+        &self.controller
+    }
+
+    fn describe(&self) -> String {
+        format!("etcd key {}", self.key)
+    }
+}
+
+/// `<target>_revision(key) == revision` (0 for a create revision: the key does not exist).
+fn revision_is(key: &str, target: compare::CompareTarget, revision: i64) -> Compare {
+    let target_union = match target {
+        compare::CompareTarget::Mod => compare::TargetUnion::ModRevision(revision),
+        _ => compare::TargetUnion::CreateRevision(revision),
+    };
+    Compare {
+        result: compare::CompareResult::Equal as i32,
+        target: target as i32,
+        key: key.as_bytes().to_vec(),
+        range_end: Vec::new(),
+        target_union: Some(target_union),
+    }
+}

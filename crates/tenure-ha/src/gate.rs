@@ -1,0 +1,516 @@
+//! Leader-gated work: run a future only while this replica leads.
+//!
+//! The seed's loop, done with push instead of polling: Kuryr's controller asked the sidecar every
+//! 5 s who led, started its watcher on gaining leadership and stopped it gracefully on losing it.
+//! A [`Gate`] starts the user's work on every new tenure, with that tenure's term in hand, tells it
+//! to stop the moment the tenure ends, and keeps the replica campaigning afterwards (invariant L3;
+//! controller-runtime's manager exits the process instead).
+//!
+//! How stopping works, per reason (see [`StopReason`]):
+//!
+//! - **resigned** (`Elector::resign`, `Elector::shutdown`, the elector handle dropped): the
+//!   elector still holds the lock and waits for [`Tenure`] guards before releasing it. The work
+//!   holds one (in its [`LeaderContext`]), so the lock is released only after the work stopped.
+//!   The gate lets it finish for up to its drain timeout, then aborts it; it also aborts it the
+//!   moment the elector stops holding the lock (which the elector does after its *own* drain
+//!   timeout). The gate's default drain timeout is the elector's default (the renew deadline): the
+//!   abort then happens when the elector starts its release write, so the work is gone before any
+//!   follower can see the release. Set the gate's drain timeout no longer than the elector's.
+//! - **lost** (the lock was taken or deleted, or the session broke): another candidate may lead
+//!   already. The work is cancelled and aborted at once.
+//! - **fenced** (the renew deadline passed, S1): nobody else can lead before
+//!   `valid_until + (lease_duration - renew_deadline)` on this clock, so the work is cancelled and
+//!   aborted at the latest then (or at the drain timeout, if earlier).
+//! - **shutdown**: [`GateHandle::shutdown`] was called: cancelled, drained, aborted.
+//! - **failed** / **finished**: the work returned an error (or panicked) / `Ok(())` while the
+//!   tenure was still valid. A failure is restarted after an exponential back-off; after
+//!   [`GateBuilder::resign_after_failures`] consecutive failures the replica resigns so another one
+//!   tries (Kuryr stepped down on any error). A finished work is started again on the next tenure.
+//!
+//! The gate holds only an [`ElectorView`], so it never keeps the elector running and ends when the
+//! elector stops.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tenure::{Elector, ElectorView, Role, Tenure, Term, Timing};
+use tokio::task::{JoinError, JoinHandle};
+use tokio::time::{sleep, timeout_at, Instant};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+
+use crate::backoff::Backoff;
+use crate::metrics::GateMetrics;
+
+/// Why the leader work stopped; the `reason` label of `tenure_ha_work_stops_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StopReason {
+    /// The lock was taken by another candidate, deleted, or the session broke.
+    Lost,
+    /// The self-fencing deadline passed without a successful renew.
+    Fenced,
+    /// This replica stepped down gracefully (resign, elector shutdown) while holding the lock.
+    Resigned,
+    /// The gate was shut down through its handle.
+    Shutdown,
+    /// The work returned an error or panicked while the tenure was valid.
+    Failed,
+    /// The work returned `Ok(())` while the tenure was valid.
+    Finished,
+}
+
+impl StopReason {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Lost => "lost",
+            StopReason::Fenced => "fenced",
+            StopReason::Resigned => "resigned",
+            StopReason::Shutdown => "shutdown",
+            StopReason::Failed => "failed",
+            StopReason::Finished => "finished",
+        }
+    }
+}
+
+/// What the work gets on each start: the tenure (term, guard) and a token that is cancelled the
+/// moment leadership ends.
+///
+/// Why a guard inside: holding the context holds the [`Tenure`], so a graceful release waits for
+/// the work; drop the context (return) when the work has stopped.
+#[derive(Debug)]
+pub struct LeaderContext {
+    tenure: Tenure,
+    cancel: CancellationToken,
+    timing: Timing,
+    attempt: u32,
+}
+
+impl LeaderContext {
+    /// The fencing term of this tenure: pass it to every write of a protected resource.
+    pub fn term(&self) -> Term {
+        self.tenure.term()
+    }
+
+    /// The tenure guard: `check()` it before each side effect.
+    pub fn tenure(&self) -> &Tenure {
+        &self.tenure
+    }
+
+    /// Completes when the work must stop (leadership ended, or the gate shuts down).
+    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.cancel.cancelled()
+    }
+
+    /// True once the work must stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// A token cancelled when the work must stop, for sub-tasks.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// The elector's timing (e.g. its retry period as a checkpoint flush period).
+    pub fn timing(&self) -> &Timing {
+        &self.timing
+    }
+
+    /// 0 on the first start of this tenure, then the number of restarts after failures.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+}
+
+/// The work a gate runs: a function from a [`LeaderContext`] to a future.
+type Work<E> = Arc<dyn Fn(LeaderContext) -> futures::future::BoxFuture<'static, Result<(), E>> + Send + Sync>;
+
+/// Builds a [`Gate`]; see [`Gate::builder`].
+#[derive(Debug, Clone)]
+pub struct GateBuilder {
+    view: ElectorView,
+    drain_timeout: Duration,
+    initial_backoff: Duration,
+    max_backoff: Duration,
+    resign_after_failures: Option<u32>,
+    metrics: GateMetrics,
+}
+
+impl GateBuilder {
+    /// How long work may finish in-flight handlers after a graceful step-down (resign, shutdown)
+    /// before it is aborted. Default: the elector's renew deadline, which is every elector's
+    /// default drain timeout; keep it no longer than the elector's.
+    pub fn drain_timeout(mut self, drain_timeout: Duration) -> Self {
+        self.drain_timeout = drain_timeout;
+        self
+    }
+
+    /// The delay before the first restart after a failure, and the cap of its doubling.
+    /// Default: 1 s and 60 s.
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.initial_backoff = initial;
+        self.max_backoff = max;
+        self
+    }
+
+    /// Resign after `failures` consecutive failures in one tenure, so that another replica tries
+    /// (and this one campaigns again). Default: never; `0` is treated as 1.
+    pub fn resign_after_failures(mut self, failures: u32) -> Self {
+        self.resign_after_failures = Some(failures.max(1));
+        self
+    }
+
+    /// Reports into these metrics (e.g. from [`GateMetrics::register`]); default: unregistered.
+    pub fn metrics(mut self, metrics: GateMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Starts the gate on the current tokio runtime (like `tokio::spawn`, it panics outside one).
+    /// `work` is called on every tenure (and every restart); its error type only needs to display.
+    pub fn spawn<F, Fut, E>(self, work: F) -> GateHandle
+    where
+        F: Fn(LeaderContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: std::fmt::Display + Send + 'static,
+    {
+        let work: Work<E> = Arc::new(move |ctx| work(ctx).boxed());
+        let stop = CancellationToken::new();
+        let metrics = self.metrics.clone();
+        let runner = Runner { config: self, work, stop: stop.clone() };
+        let task = tokio::spawn(runner.run());
+        GateHandle { stop, task: Some(task), metrics }
+    }
+}
+
+/// Runs a user's future only while this replica leads.
+///
+/// ```
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// use tenure::{locks::memory::MemoryStore, Elector};
+/// use tenure_ha::gate::Gate;
+/// let store = MemoryStore::new();
+/// let elector = Elector::builder("replica-a", store.client("replica-a")).spawn()?;
+/// let gate = Gate::builder(&elector).spawn(|ctx| async move {
+///     println!("leading with term {}", ctx.term());
+///     ctx.cancelled().await;            // the watcher would run here, until leadership ends
+///     Ok::<_, std::io::Error>(())
+/// });
+/// // ... later: stop the work, then release the lock (the next replica leads at once)
+/// gate.shutdown().await;
+/// elector.shutdown().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Gate;
+
+/// The gate's task: the configuration, the work and the stop signal of its handle.
+struct Runner<E> {
+    config: GateBuilder,
+    work: Work<E>,
+    stop: CancellationToken,
+}
+
+/// Controls a running gate. Dropping it stops the gate too (in the background).
+#[derive(Debug)]
+pub struct GateHandle {
+    stop: CancellationToken,
+    task: Option<JoinHandle<()>>,
+    metrics: GateMetrics,
+}
+
+impl GateHandle {
+    /// Stops the work (cancel, drain up to the drain timeout, abort) and the gate; the elector
+    /// keeps running. Returns when the work has stopped.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            if let Err(error) = task.await {
+                tracing::error!(%error, "the gate's task failed");
+            }
+        }
+    }
+
+    /// Waits until the gate stops on its own (its elector stopped), without stopping it.
+    pub async fn stopped(&mut self) {
+        if let Some(task) = self.task.as_mut() {
+            if let Err(error) = task.await {
+                tracing::error!(%error, "the gate's task failed");
+            }
+            self.task = None;
+        }
+    }
+
+    /// The gate's metrics.
+    pub fn metrics(&self) -> &GateMetrics {
+        &self.metrics
+    }
+
+    /// True until the gate has stopped (shut down, or its elector stopped).
+    pub fn is_running(&self) -> bool {
+        self.task.as_ref().is_some_and(|t| !t.is_finished())
+    }
+}
+
+impl Drop for GateHandle {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// What the gate does after a tenure's work stopped.
+enum Next {
+    /// Wait for the next tenure.
+    Campaign,
+    /// Resign, then wait for the next tenure.
+    Resign,
+    /// The gate was shut down.
+    Stop,
+}
+
+/// How one start of the work ended.
+enum Ended {
+    Returned(Result<Result<(), String>, JoinError>),
+    TenureOver,
+    Shutdown,
+}
+
+impl Gate {
+    /// Starts building a gate on `elector`. The gate holds an [`ElectorView`] only: it does not keep
+    /// the elector running, and stops when the elector stops.
+    pub fn builder(elector: &Elector) -> GateBuilder {
+        Gate::builder_on(elector.view())
+    }
+
+    /// As [`Gate::builder`], from a view (e.g. one a library was handed).
+    pub fn builder_on(view: ElectorView) -> GateBuilder {
+        let drain_timeout = view.timing().renew_deadline;
+        GateBuilder {
+            view,
+            drain_timeout,
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(60),
+            resign_after_failures: None,
+            metrics: GateMetrics::default(),
+        }
+    }
+}
+
+impl<E: std::fmt::Display + Send + 'static> Runner<E> {
+    async fn run(self) {
+        let view = self.config.view.clone();
+        loop {
+            let tenure = tokio::select! {
+                tenure = view.acquired() => match tenure {
+                    Ok(tenure) => tenure,
+                    Err(_) => break, // the elector stopped: so does the gate
+                },
+                _ = self.stop.cancelled() => break,
+            };
+            match self.lead(tenure).await {
+                Next::Campaign => {}
+                Next::Resign => {
+                    if let Err(error) = view.resign().await {
+                        tracing::warn!(%error, "resigning after repeated failures did not complete");
+                    }
+                }
+                Next::Stop => break,
+            }
+        }
+        tracing::debug!(identity = view.identity(), "gate stopped");
+    }
+
+    /// Runs the work for one tenure, restarting it after failures, until the tenure ends.
+    async fn lead(&self, tenure: Tenure) -> Next {
+        let config = &self.config;
+        let metrics = &config.metrics;
+        let mut backoff = Backoff::new(config.initial_backoff, config.max_backoff);
+        let mut failures = 0u32;
+        let mut attempt = 0u32;
+        loop {
+            let cancel = CancellationToken::new();
+            let ctx = LeaderContext {
+                tenure: tenure.clone(),
+                cancel: cancel.clone(),
+                timing: *config.view.timing(),
+                attempt,
+            };
+            tracing::info!(term = tenure.term().0, attempt, "starting leader work");
+            metrics.starts.inc();
+            metrics.running.set(1);
+            let started = Instant::now();
+            let work = (self.work)(ctx).map(|result| result.map_err(|e| e.to_string()));
+            let mut task = tokio::spawn(work);
+            let ended = tokio::select! {
+                biased;
+                result = &mut task => Ended::Returned(result),
+                _ = tenure.ended() => Ended::TenureOver,
+                _ = self.stop.cancelled() => Ended::Shutdown,
+            };
+            let outcome = match ended {
+                Ended::Returned(result) if tenure.is_valid() => result,
+                Ended::Returned(result) => {
+                    // The work ended because the tenure did (it checked its term and returned):
+                    // count the tenure's end, not a failure.
+                    metrics.running.set(0);
+                    let reason = self.why_it_ended(&tenure).await;
+                    if let Err(message) = flatten(result) {
+                        tracing::info!(term = tenure.term().0, %message, "leader work returned after leadership ended");
+                    }
+                    self.stopped(reason, Duration::ZERO);
+                    return self.wait_for_end(tenure).await;
+                }
+                Ended::TenureOver => {
+                    cancel.cancel();
+                    let reason = self.why_it_ended(&tenure).await;
+                    let deadline = self.abort_deadline(reason, &tenure);
+                    drop(tenure); // the work's guard is the one the elector waits for
+                    let drained = self.drain(task, deadline, reason).await;
+                    self.stopped(reason, drained);
+                    return Next::Campaign;
+                }
+                Ended::Shutdown => {
+                    cancel.cancel();
+                    drop(tenure);
+                    let drained = self.drain(task, Instant::now() + config.drain_timeout, StopReason::Shutdown).await;
+                    self.stopped(StopReason::Shutdown, drained);
+                    return Next::Stop;
+                }
+            };
+            metrics.running.set(0);
+            match flatten(outcome) {
+                Ok(()) => {
+                    tracing::info!(term = tenure.term().0, "leader work finished; it starts again on the next tenure");
+                    self.stopped(StopReason::Finished, Duration::ZERO);
+                    return self.wait_for_end(tenure).await;
+                }
+                Err(message) => {
+                    tracing::error!(term = tenure.term().0, attempt, error = %message, "leader work failed");
+                    self.stopped(StopReason::Failed, Duration::ZERO);
+                    // A run longer than the back-off cap went well for a while: start over.
+                    if started.elapsed() >= backoff.max() {
+                        backoff.reset();
+                        failures = 0;
+                    }
+                    failures += 1;
+                    if config.resign_after_failures.is_some_and(|limit| failures >= limit) {
+                        tracing::warn!(term = tenure.term().0, failures, "resigning so that another replica tries");
+                        return Next::Resign;
+                    }
+                    let delay = backoff.next_delay();
+                    tracing::info!(term = tenure.term().0, ?delay, "restarting leader work after back-off");
+                    tokio::select! {
+                        _ = sleep(delay) => {}
+                        _ = tenure.ended() => return Next::Campaign,
+                        _ = self.stop.cancelled() => return Next::Stop,
+                    }
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// After the work finished early: hold no guard, wait until the tenure ends (or shutdown).
+    async fn wait_for_end(&self, tenure: Tenure) -> Next {
+        let ended = tenure.cancellation_token();
+        drop(tenure);
+        tokio::select! {
+            _ = ended.cancelled() => Next::Campaign,
+            _ = self.stop.cancelled() => Next::Stop,
+        }
+    }
+
+    fn stopped(&self, reason: StopReason, drained: Duration) {
+        let metrics = &self.config.metrics;
+        metrics.running.set(0);
+        metrics.stops.get_or_create(&[("reason", reason.as_str())]).inc();
+        if !drained.is_zero() || matches!(reason, StopReason::Lost | StopReason::Fenced | StopReason::Resigned) {
+            metrics.drain_seconds.observe(drained.as_secs_f64());
+        }
+    }
+
+    /// Classifies the end of `tenure`: past its deadline it fenced itself; otherwise the elector's
+    /// snapshot says whether it is releasing the lock (a graceful step-down) or lost it.
+    async fn why_it_ended(&self, tenure: &Tenure) -> StopReason {
+        if Instant::now() >= tenure.valid_until() {
+            return StopReason::Fenced;
+        }
+        let term = tenure.term();
+        let mut leadership = self.config.view.subscribe();
+        // The elector ends the tenure and publishes the snapshot in one step; on a multi-threaded
+        // runtime this task may wake in between, so wait (briefly) for the snapshot.
+        let limit = Instant::now() + self.config.view.timing().retry_period;
+        let seen = timeout_at(limit, leadership.wait_for(|l| l.role != Role::Leader || l.term != Some(term))).await;
+        match seen {
+            Ok(Ok(snapshot)) if snapshot.role == Role::Releasing => StopReason::Resigned,
+            _ => StopReason::Lost,
+        }
+    }
+
+    /// When the work must be gone at the latest, by the reason the tenure ended.
+    fn abort_deadline(&self, reason: StopReason, tenure: &Tenure) -> Instant {
+        let now = Instant::now();
+        let drain = now + self.config.drain_timeout;
+        let timing = self.config.view.timing();
+        match reason {
+            StopReason::Lost => now,
+            // The earliest another candidate may take over: one lease after our last renew, which
+            // started `renew_deadline` before `valid_until`.
+            StopReason::Fenced => {
+                drain.min(tenure.valid_until() + timing.lease_duration.saturating_sub(timing.renew_deadline))
+            }
+            _ => drain,
+        }
+    }
+
+    /// Waits for the cancelled work until `deadline`, then aborts it; on a graceful step-down it
+    /// also aborts it the moment the elector no longer holds the lock. Returns how long it took.
+    async fn drain(&self, mut task: JoinHandle<Result<(), String>>, deadline: Instant, reason: StopReason) -> Duration {
+        let started = Instant::now();
+        let mut leadership = self.config.view.subscribe();
+        let released = async {
+            if reason == StopReason::Resigned {
+                let _ = leadership.wait_for(|l| l.role != Role::Releasing).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        let finished = tokio::select! {
+            result = &mut task => Some(result),
+            _ = tokio::time::sleep_until(deadline) => None,
+            _ = released => None,
+        };
+        match finished {
+            Some(result) => {
+                if let Err(message) = flatten(result) {
+                    tracing::info!(reason = reason.as_str(), %message, "leader work stopped with an error");
+                }
+            }
+            None => {
+                tracing::warn!(reason = reason.as_str(), "leader work did not stop in time; aborting it");
+                task.abort();
+                let _ = task.await; // completes once the work's future (and its guard) is dropped
+            }
+        }
+        started.elapsed()
+    }
+}
+
+/// One error message for a work's error or panic.
+fn flatten(result: Result<Result<(), String>, JoinError>) -> Result<(), String> {
+    match result {
+        Ok(outcome) => outcome,
+        Err(error) if error.is_panic() => {
+            let panic = error.into_panic();
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string panic payload".to_owned());
+            Err(format!("panicked: {message}"))
+        }
+        Err(error) => Err(format!("task failed: {error}")),
+    }
+}

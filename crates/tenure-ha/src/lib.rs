@@ -1,0 +1,57 @@
+//! # tenure-ha: what a controller does with leadership
+//!
+//! The election ([`tenure`]) decides who leads; this crate is the runtime above it, for any
+//! backend (file, Kubernetes, etcd, ZooKeeper: it takes a [`tenure::Elector`]). It solves the
+//! three problems the Kuryr HA design (the project's first seed) left open, one module each:
+//!
+//! | the seed's problem | module |
+//! |---|---|
+//! | start the watcher only while leading, stop it gracefully on losing leadership | [`gate`] |
+//! | "New leader will not get the notification about the deletion": resume from the last seen `resourceVersion` | [`checkpoint`] |
+//! | orphaned OpenStack resources after a crash between create and annotate | [`gc`] |
+//!
+//! and, for all three, fencing: every tenure has a [`tenure::Term`]; the gate hands it to the
+//! work, checkpoints are written with it and rejected once a newer term has written, the collector
+//! checks it before each delete and passes it to the delete. With the `etcd` feature,
+//! `checkpoint::etcd` writes through a transaction guarded by the election key, the end-to-end
+//! example of a store that refuses a deposed leader.
+//!
+//! ```
+//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use tenure::{locks::memory::MemoryStore, Elector};
+//! use tenure_ha::{checkpoint::{memory::MemoryCheckpointStore, Checkpointer}, gate::Gate};
+//!
+//! let store = MemoryStore::new();
+//! let elector = Elector::builder("replica-a", store.client("replica-a")).spawn()?;
+//! let checkpoints = Arc::new(MemoryCheckpointStore::new("my-controller"));
+//! let gate = Gate::builder(&elector).spawn(move |ctx| {
+//!     let checkpoints = checkpoints.clone();
+//!     async move {
+//!         let checkpointer = Checkpointer::resume_for(checkpoints, &ctx).await?;
+//!         // watch from checkpointer.resource_version("pods"), record() as events are handled,
+//!         // until ctx.cancelled() completes
+//!         ctx.cancelled().await;
+//!         drop(checkpointer);                       // one last checkpoint write
+//!         Ok::<_, tenure_ha::checkpoint::CheckpointError>(())
+//!     }
+//! });
+//! gate.shutdown().await;
+//! elector.shutdown().await?;
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+pub mod backoff;
+pub mod checkpoint;
+pub mod gate;
+pub mod gc;
+pub mod metrics;
+
+pub use gate::{Gate, GateHandle, LeaderContext, StopReason};
+
+/// The README's snippets, compiled and run as doc tests so that they stay true (the etcd one
+/// needs the `etcd` feature, which `scripts/test` enables).
+#[cfg(all(doctest, feature = "etcd"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeSnippets;

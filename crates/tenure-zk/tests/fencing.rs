@@ -1,0 +1,110 @@
+//! Self-fencing against a real ZooKeeper whose connection hangs at the worst moment (a loopback
+//! proxy between the candidate and the server stalls): the tenure ends at its deadline even while
+//! a heartbeat hangs (S1), and a tenure that ended never comes back: the same candidate leads
+//! again only with a new node and so a greater term (S2). Also: the timing reported is the
+//! session timeout the server grants, not the one asked for.
+
+mod common;
+#[path = "../../tenure-etcd/tests/common/stall_proxy.rs"]
+mod stall_proxy;
+
+use std::time::Duration;
+
+use common::*;
+use stall_proxy::StallProxy;
+use tenure::Role;
+use tenure_zk::ZkElection;
+use tokio::time::{sleep_until, timeout, Instant};
+
+/// How late after its deadline the tenure may be seen to end: timer resolution and scheduling
+/// on a loaded 2-core machine, far below the heartbeat's call timeout that a late fence added.
+const TOLERANCE: Duration = Duration::from_millis(50);
+
+/// Waits until `tenure`'s deadline moves: the server has just answered a heartbeat.
+async fn next_heartbeat(tenure: &tenure::Tenure) {
+    let before = tenure.valid_until();
+    let bound = Instant::now() + Duration::from_secs(5);
+    while tenure.valid_until() == before {
+        assert!(Instant::now() < bound, "no heartbeat within 5 s");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_whose_server_stops_answering_ends_its_tenure_at_the_deadline_and_never_revives_it() {
+    let Some(server) = server() else { return };
+    let proxy = StallProxy::start(&server.servers).await;
+    let path = unique_path("stall");
+    // Deadline 2/3 of the timeout after a heartbeat's start; heartbeats every third; the server
+    // keeps the session a third longer than the deadline.
+    let session_timeout = Duration::from_secs(3);
+    let election = ZkElection::connect(proxy.address(), &path, session_timeout).await.expect("connect");
+    let elector = election.campaign("a").expect("campaign");
+    let first = timeout(Duration::from_secs(10), elector.acquired()).await.expect("leads").expect("tenure");
+    let mut leadership = elector.subscribe();
+
+    // Right after a heartbeat, stop answering: the next heartbeat hangs across the deadline.
+    next_heartbeat(&first).await;
+    proxy.stall();
+    let deadline = first.valid_until();
+
+    // The server is heard again just after the deadline, before it expires the session: the
+    // late answers must not revive the tenure.
+    let resume_at = deadline + Duration::from_millis(150);
+    let stall_ends = async {
+        sleep_until(resume_at).await;
+        proxy.resume();
+    };
+    let (ended, ()) = tokio::join!(
+        async {
+            let bound = deadline.saturating_duration_since(Instant::now()) + TOLERANCE;
+            timeout(bound, first.ended()).await.map(|()| Instant::now())
+        },
+        stall_ends
+    );
+    let ended = ended.expect("the tenure did not end by its deadline + the tolerance");
+    if ended >= deadline {
+        println!("the tenure ended {:?} after its deadline", ended - deadline);
+    } else {
+        println!("the tenure ended {:?} before its deadline (the connection was seen lost)", deadline - ended);
+    }
+    assert!(!first.is_valid());
+
+    let again = timeout(
+        Duration::from_secs(15),
+        leadership.wait_for(|l| l.role == Role::Leader && l.term.is_some_and(|t| t > first.term())),
+    )
+    .await
+    .expect("leads again with a greater term")
+    .expect("elector running")
+    .clone();
+    let second = elector.acquired().await.expect("tenure");
+    assert!(second.term() > first.term(), "term {} after term {}", second.term(), first.term());
+    assert_eq!(again.term, Some(second.term()));
+    assert!(!first.is_valid(), "the ended tenure came back");
+    assert_eq!(first.valid_until(), deadline, "the ended tenure's deadline moved");
+    drop((first, second));
+    elector.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_timeout_capped_by_the_server_is_what_the_elector_reports_and_fences_by() {
+    let Some(server) = server() else { return };
+    let path = unique_path("capped");
+    // The test server's maxSessionTimeout is 10 s.
+    let asked = Duration::from_secs(3600);
+    let election = ZkElection::connect(&server.servers, &path, asked).await.expect("connect");
+    assert_eq!(election.session_timeout(), asked);
+    assert_eq!(election.negotiated_session_timeout(), Duration::from_secs(10));
+
+    let elector = election.campaign("capped").expect("campaign");
+    let timing = *elector.timing();
+    assert_eq!(timing.lease_duration, Duration::from_secs(10));
+    assert_eq!(timing.renew_deadline, Duration::from_secs(10) * 2 / 3);
+    let tenure = timeout(Duration::from_secs(10), elector.acquired()).await.expect("leads").expect("tenure");
+    let left = tenure.valid_until().saturating_duration_since(Instant::now());
+    assert!(left <= timing.renew_deadline, "fences {left:?} ahead, beyond the granted session's deadline");
+    assert!(left > Duration::from_secs(5), "fences by the granted timeout, not a shorter one: {left:?}");
+    drop(tenure);
+    elector.shutdown().await.expect("shutdown");
+}
