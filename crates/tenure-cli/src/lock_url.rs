@@ -17,6 +17,8 @@ use tenure::locks::file::{FileLock, FileLockError};
 use tenure::locks::memory::MemoryStore;
 use tenure::{redact_credentials, Elector, RecordLock, Timing};
 
+use crate::lock_access::{AccessError, Backend, ClusterAccess};
+
 /// A parsed `--lock` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LockUrl {
@@ -32,6 +34,8 @@ pub enum LockUrl {
         endpoints: Vec<String>,
         /// The election name (etcd key prefix).
         election: String,
+        /// TLS files and the etcd user (`?cacert=&cert=&key=`, `USER@`).
+        access: ClusterAccess,
     },
     /// `kube://NAMESPACE/KIND/NAME`: a Kubernetes lock object (Lease, Endpoints or ConfigMap
     /// annotation, or a migration pair), with client-go's record and algorithm.
@@ -43,6 +47,8 @@ pub enum LockUrl {
         servers: String,
         /// The election path, absolute.
         path: String,
+        /// The digest user (`USER@`, `?password-file=`).
+        access: ClusterAccess,
     },
 }
 
@@ -74,6 +80,14 @@ pub enum LockUrlError {
     /// A `kube:` URL that does not name a namespace, a lock kind and a name.
     #[error("{0}")]
     BadKubeUrl(String),
+    /// The user or TLS part of an `etcd:` or `zk:` URL is unusable.
+    #[error("{scheme}: lock URL: {source}")]
+    BadAccess {
+        /// The scheme (the URL itself is not repeated: it may hold a password).
+        scheme: String,
+        /// What is wrong.
+        source: AccessError,
+    },
     /// A `memory:` URL with something after the colon.
     #[error("'{0}' is not a memory lock URL: write just 'memory:'")]
     BadMemoryUrl(String),
@@ -95,21 +109,37 @@ impl FromStr for LockUrl {
             "file" => parse_file_url(text),
             "memory" if rest.is_empty() => Ok(LockUrl::Memory),
             "memory" => Err(LockUrlError::BadMemoryUrl(shown())),
-            "zk" => parse_cluster_url(rest)
-                .map(|(servers, path)| LockUrl::Zk { servers, path: format!("/{path}") })
-                .map_err(|reason| LockUrlError::BadClusterUrl { url: shown(), reason }),
-            "etcd" => parse_cluster_url(rest)
-                .map(|(servers, election)| LockUrl::Etcd {
-                    endpoints: servers.split(',').map(str::to_owned).collect(),
-                    election,
-                })
-                .map_err(|reason| LockUrlError::BadClusterUrl { url: shown(), reason }),
+            "zk" => {
+                let (rest, access) = parse_access(&scheme, rest, Backend::Zk)?;
+                parse_cluster_url(&rest)
+                    .map(|(servers, path)| LockUrl::Zk { servers, path: format!("/{path}"), access })
+                    .map_err(|reason| LockUrlError::BadClusterUrl { url: shown(), reason })
+            }
+            "etcd" => {
+                let (rest, access) = parse_access(&scheme, rest, Backend::Etcd)?;
+                parse_cluster_url(&rest)
+                    .map(|(servers, election)| LockUrl::Etcd {
+                        endpoints: servers.split(',').map(str::to_owned).collect(),
+                        election,
+                        access,
+                    })
+                    .map_err(|reason| LockUrlError::BadClusterUrl { url: shown(), reason })
+            }
             "kube" => tenure_kube::KubeLockRef::from_url(&format!("kube:{rest}"))
                 .map(LockUrl::Kube)
                 .map_err(|e| LockUrlError::BadKubeUrl(redact_credentials(&e.to_string()).into_owned())),
             _ => Err(LockUrlError::UnknownScheme(scheme)),
         }
     }
+}
+
+/// Takes the user and the query off `//[USER@]servers/path[?query]`: what is left for
+/// [`parse_cluster_url`], and the access they describe.
+fn parse_access(scheme: &str, rest: &str, backend: Backend) -> Result<(String, ClusterAccess), LockUrlError> {
+    let (rest, userinfo, query) = crate::lock_access::split_url(rest);
+    let access = ClusterAccess::parse(userinfo, query, backend)
+        .map_err(|source| LockUrlError::BadAccess { scheme: scheme.to_owned(), source })?;
+    Ok((rest, access))
 }
 
 fn parse_file_url(text: &str) -> Result<LockUrl, LockUrlError> {
@@ -167,13 +197,21 @@ impl fmt::Display for LockUrl {
                 Err(()) => write!(f, "file://{}", path.display()),
             },
             LockUrl::Memory => f.write_str("memory:"),
-            LockUrl::Zk { servers, path } => write!(f, "zk://{}{path}", redact_credentials(servers)),
+            LockUrl::Zk { servers, path, access } => {
+                write!(f, "zk://{}{}{path}{}", user_prefix(access), redact_credentials(servers), access.query())
+            }
             LockUrl::Kube(reference) => write!(f, "{reference}"),
-            LockUrl::Etcd { endpoints, election } => {
-                write!(f, "etcd://{}/{election}", redact_credentials(&endpoints.join(",")))
+            LockUrl::Etcd { endpoints, election, access } => {
+                let endpoints = redact_credentials(&endpoints.join(",")).into_owned();
+                write!(f, "etcd://{}{endpoints}/{election}{}", user_prefix(access), access.query())
             }
         }
     }
+}
+
+/// `USER@` for a URL with a user (never a password: URLs do not hold one).
+fn user_prefix(access: &ClusterAccess) -> String {
+    access.user.as_ref().map(|user| format!("{user}@")).unwrap_or_default()
 }
 
 /// Lets clap parse `--lock` with [`LockUrl`]'s own rules.
@@ -309,11 +347,11 @@ impl LockUrl {
 
     async fn campaign_elsewhere(&self, identity: &str, timing: Timing) -> Result<Elector, crate::CliError> {
         match self {
-            LockUrl::Zk { servers, path } => {
+            LockUrl::Zk { servers, path, .. } => {
                 let election = self.zk_election(servers, path, timing).await?;
                 return election.campaign(identity).map_err(|e| crate::CliError::Usage(e.to_string()));
             }
-            LockUrl::Etcd { endpoints, election } => {
+            LockUrl::Etcd { endpoints, election, .. } => {
                 let election = self.etcd_election(endpoints, election).await?;
                 return election
                     .campaign(identity, timing.lease_duration)
@@ -333,7 +371,8 @@ impl LockUrl {
         endpoints: &[String],
         election: &str,
     ) -> Result<tenure_etcd::EtcdElection, crate::CliError> {
-        tenure_etcd::EtcdElection::connect(endpoints, election)
+        let options = self.access().etcd_options().map_err(|e| crate::CliError::Usage(e.to_string()))?;
+        tenure_etcd::EtcdElection::connect_with(endpoints, election, &options)
             .await
             .map_err(|e| crate::CliError::Failed(format!("cannot reach etcd at {self}: {e}")))
     }
@@ -345,9 +384,20 @@ impl LockUrl {
         path: &str,
         timing: Timing,
     ) -> Result<tenure_zk::ZkElection, crate::CliError> {
-        tenure_zk::ZkElection::connect(servers, path, timing.lease_duration)
+        let options = self.access().zk_options().map_err(|e| crate::CliError::Usage(e.to_string()))?;
+        tenure_zk::ZkElection::connect_with(servers, path, timing.lease_duration, options)
             .await
             .map_err(|e| crate::CliError::Failed(format!("cannot reach ZooKeeper at {self}: {e}")))
+    }
+}
+
+impl LockUrl {
+    /// The user and TLS files of an `etcd:` or `zk:` URL (none for other locks).
+    pub fn access(&self) -> ClusterAccess {
+        match self {
+            LockUrl::Etcd { access, .. } | LockUrl::Zk { access, .. } => access.clone(),
+            LockUrl::File(_) | LockUrl::Memory | LockUrl::Kube(_) => ClusterAccess::default(),
+        }
     }
 }
 
@@ -382,7 +432,11 @@ mod tests {
     fn planned_schemes_are_not_supported_yet_and_others_are_unknown() {
         assert_eq!(
             "zk://127.0.0.1:2181,[::1]:2182/services/a".parse(),
-            Ok(LockUrl::Zk { servers: "127.0.0.1:2181,[::1]:2182".into(), path: "/services/a".into() })
+            Ok(LockUrl::Zk {
+                servers: "127.0.0.1:2181,[::1]:2182".into(),
+                path: "/services/a".into(),
+                access: ClusterAccess::default()
+            })
         );
         for bad in ["zk:/x", "zk://127.0.0.1:2181", "zk:///x", "zk://h/x", "zk://h:0/x", "zk://h:1/x/", "zk://h:1/a//b"]
         {
@@ -399,15 +453,19 @@ mod tests {
 
     #[test]
     fn passwords_never_show_in_the_url_or_its_errors() {
-        let url: LockUrl = "etcd://admin:s3cret@127.0.0.1:2379,admin:s3cret@127.0.0.2:2379/job".parse().unwrap();
-        assert_eq!(url.to_string(), "etcd://admin:***@127.0.0.1:2379,admin:***@127.0.0.2:2379/job");
-        let url: LockUrl = "zk://admin:s3cret@127.0.0.1:2181/a/b".parse().unwrap();
-        assert_eq!(url.to_string(), "zk://admin:***@127.0.0.1:2181/a/b");
-        for bad in ["etcd://admin:s3cret@h:0/x", "zk://admin:s3cret@h:1/", "file://admin:s3cret@host/tmp/x"] {
-            let error = bad.parse::<LockUrl>().unwrap_err().to_string();
-            assert!(!error.contains("s3cret"), "{error}");
-            assert!(error.contains("admin:***@"), "{error}");
+        // A password in an etcd or ZooKeeper URL is refused, without repeating it.
+        for text in [
+            "etcd://admin:s3cret@127.0.0.1:2379,admin:s3cret@127.0.0.2:2379/job",
+            "zk://admin:s3cret@127.0.0.1:2181/a/b",
+            "etcd://admin:s3cret@h:0/x",
+            "zk://admin:s3cret@h:1/",
+        ] {
+            let error = text.parse::<LockUrl>().unwrap_err();
+            assert!(matches!(error, LockUrlError::BadAccess { source: AccessError::PasswordInUrl, .. }), "{error:?}");
+            assert!(!error.to_string().contains("s3cret"), "{error}");
         }
+        let error = "file://admin:s3cret@host/tmp/x".parse::<LockUrl>().unwrap_err().to_string();
+        assert!(!error.contains("s3cret") && error.contains("admin:***@"), "{error}");
         let error = "admin:s3cret@h".parse::<LockUrl>().unwrap_err().to_string();
         assert!(!error.contains("s3cret"), "{error}");
     }
@@ -422,10 +480,12 @@ mod tests {
         use clap::Parser as _;
         let error = Args::try_parse_from(["tenure", "--lock", "etcd://admin:s3cret@h:0/x"]).unwrap_err().to_string();
         assert!(!error.contains("s3cret"), "{error}");
-        assert!(error.contains("etcd://admin:***@h:0/x"), "{error}");
+        assert!(error.contains("password-file"), "{error}");
         assert!(error.contains("--lock <URL>"), "{error}");
         let parsed = Args::try_parse_from(["tenure", "--lock", "etcd://h:1/x"]).unwrap();
-        assert_eq!(parsed.lock, Some(LockUrl::Etcd { endpoints: vec!["h:1".into()], election: "x".into() }));
+        let expected =
+            LockUrl::Etcd { endpoints: vec!["h:1".into()], election: "x".into(), access: ClusterAccess::default() };
+        assert_eq!(parsed.lock, Some(expected));
     }
 
     #[test]
@@ -441,7 +501,8 @@ mod tests {
             "etcd://127.0.0.1:2379,127.0.0.2:2379/my-app".parse(),
             Ok(LockUrl::Etcd {
                 endpoints: vec!["127.0.0.1:2379".into(), "127.0.0.2:2379".into()],
-                election: "my-app".into()
+                election: "my-app".into(),
+                access: ClusterAccess::default()
             })
         );
         assert_eq!(
@@ -451,5 +512,23 @@ mod tests {
         for bad in ["etcd://h:1", "etcd://h/x", "etcd:x", "etcd://:1/x"] {
             assert!(matches!(bad.parse::<LockUrl>(), Err(LockUrlError::BadClusterUrl { .. })), "{bad}");
         }
+    }
+
+    #[test]
+    fn cluster_urls_take_a_user_and_tls_files_but_no_password() {
+        let url: LockUrl =
+            "etcd://app@127.0.0.1:2379/my-app?cacert=/etc/ca.pem&cert=/c.pem&key=/k.pem".parse().unwrap();
+        let LockUrl::Etcd { endpoints, election, access } = &url else { panic!("{url:?}") };
+        assert_eq!((endpoints.as_slice(), election.as_str()), (&["127.0.0.1:2379".to_owned()][..], "my-app"));
+        assert_eq!(access.user.as_deref(), Some("app"));
+        assert_eq!(access.ca.as_deref(), Some(Path::new("/etc/ca.pem")));
+        assert_eq!(url.to_string(), "etcd://app@127.0.0.1:2379/my-app?cacert=/etc/ca.pem&cert=/c.pem&key=/k.pem");
+        let zk: LockUrl = "zk://app@h:2181/a/b?password-file=/run/pw".parse().unwrap();
+        assert_eq!(zk.to_string(), "zk://app@h:2181/a/b?password-file=/run/pw");
+
+        let error = "etcd://app:hunter2@h:1/x".parse::<LockUrl>().unwrap_err();
+        assert!(matches!(error, LockUrlError::BadAccess { source: AccessError::PasswordInUrl, .. }));
+        assert!(!error.to_string().contains("hunter2"), "{error}");
+        assert!(matches!("zk://h:1/x?tls=1".parse::<LockUrl>(), Err(LockUrlError::BadAccess { .. })));
     }
 }

@@ -19,6 +19,7 @@ mod demo;
 mod elect;
 mod fencing;
 mod http;
+mod lock_access;
 mod lock_scope;
 mod lock_url;
 mod logging;
@@ -103,7 +104,16 @@ enum Command {
     Supervise(supervisor::SuperviseArgs),
 }
 
+/// Makes ring the process's TLS crypto provider. The Kubernetes client, tonic (etcd) and
+/// zookeeper-client build their rustls configurations with the process default; with the feature
+/// `zk-tls` a second provider (aws-lc-rs) is compiled in and rustls would refuse to guess.
+fn select_crypto_provider() {
+    // Err: one is installed already, which is all that is needed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 fn main() -> ExitCode {
+    select_crypto_provider();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => return ExitCode::from(report_usage_error(&error)),

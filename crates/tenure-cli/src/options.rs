@@ -19,7 +19,9 @@ pub struct ElectionOptions {
     pub election: String,
 
     /// Where the lock lives: file:///absolute/path, kube://NAMESPACE/KIND/NAME,
-    /// etcd://host:port/name, zk://host:port/path, or memory: (this process only).
+    /// etcd://host:port/name, zk://host:port/path, or memory: (this process only). Secured etcd
+    /// and ZooKeeper: etcd://USER@host:port/name?cacert=CA&cert=CERT&key=KEY&password-file=FILE
+    /// (password also from TENURE_LOCK_PASSWORD; never in the URL), zk://USER@host:port/path.
     /// A file lock serves one user on one host: the default file is private to the user who runs
     /// tenure (another user's candidates with the same --election elect a leader of their own),
     /// and any file lock's files are private to the user who creates them (a missing directory is

@@ -165,6 +165,7 @@ mod tests {
 
     async fn cluster() -> (ApiServer, Api<Pod>) {
         let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+        crate::select_crypto_provider(); // as main does (two providers with the feature zk-tls)
         let mut config = kube::Config::new(server.url().parse().unwrap());
         config.headers.push((http::header::USER_AGENT, "label-test".parse().unwrap()));
         let pods: Api<Pod> = Api::namespaced(kube::Client::try_from(config).unwrap(), "default");

@@ -131,10 +131,10 @@ impl Source {
     /// Connects to (or opens) the lock of `url`; writes nothing.
     pub async fn open(url: &LockUrl, cluster: &tenure_kube::ClusterOptions) -> Result<Source, CliError> {
         Ok(match url {
-            LockUrl::Zk { servers, path } => {
+            LockUrl::Zk { servers, path, .. } => {
                 Source::Zk(url.zk_election(servers, path, tenure_zk::timing_of(READ_TIMEOUT)).await?)
             }
-            LockUrl::Etcd { endpoints, election } => Source::Etcd(url.etcd_election(endpoints, election).await?),
+            LockUrl::Etcd { endpoints, election, .. } => Source::Etcd(url.etcd_election(endpoints, election).await?),
             _ => Source::Record(open_record_lock(url, cluster, "tenure-status").await?),
         })
     }

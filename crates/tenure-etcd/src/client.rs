@@ -7,6 +7,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -14,6 +15,7 @@ use tokio::time::timeout;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
+use crate::access::{AuthedChannel, Authenticator, EtcdOptions, TokenInterceptor};
 use crate::proto::etcdserverpb::kv_client::KvClient;
 use crate::proto::etcdserverpb::lease_client::LeaseClient;
 use crate::proto::etcdserverpb::watch_client::WatchClient;
@@ -32,6 +34,8 @@ pub(crate) struct Connection {
     current: AtomicUsize,
     /// Requests sent (unary calls, keep-alives, watch creations), for metrics.
     requests: AtomicU64,
+    /// The etcd user's token source, when the cluster has auth enabled.
+    auth: Option<Arc<Authenticator>>,
 }
 
 /// gRPC codes after which another member may do better: the member is down, cut off from the
@@ -44,8 +48,9 @@ fn worth_failing_over(code: Code) -> bool {
 }
 
 impl Connection {
-    /// Lazily connected channels to `endpoints` (`host:port` or `http://host:port`).
-    pub(crate) fn new(endpoints: &[String]) -> Result<Connection, EtcdError> {
+    /// Lazily connected channels to `endpoints` (`host:port`, `http://host:port`, or with TLS
+    /// `https://host:port`), secured as `options` say.
+    pub(crate) fn new(endpoints: &[String], options: &EtcdOptions) -> Result<Connection, EtcdError> {
         if endpoints.is_empty() {
             return Err(EtcdError::NoEndpoints);
         }
@@ -56,11 +61,18 @@ impl Connection {
             // Never sent: the user information would travel in clear text in the HTTP/2 authority.
             let address = tenure::redact::without_credentials(endpoint);
             if address != endpoint.as_str() {
-                tracing::warn!(endpoint = %name, "etcd authentication is not supported: the user and password in the endpoint are not used");
+                tracing::warn!(endpoint = %name, "the user and password in an etcd endpoint are not used: give them as EtcdOptions::with_user");
             }
-            let uri = if address.contains("://") { address.into_owned() } else { format!("http://{address}") };
-            let channel = Endpoint::from_shared(uri)
-                .map_err(|e| EtcdError::BadEndpoint { endpoint: name.clone(), reason: e.to_string() })?
+            let uri = endpoint_uri(&address, options)?;
+            let bad = |e: tonic::transport::Error| EtcdError::BadEndpoint {
+                endpoint: name.clone(),
+                reason: crate::access::error_chain(&e),
+            };
+            let mut builder = Endpoint::from_shared(uri).map_err(bad)?;
+            if let Some(tls) = &options.tls {
+                builder = builder.tls_config(tls.client_config()).map_err(bad)?;
+            }
+            let channel = builder
                 .connect_timeout(Duration::from_millis(500))
                 .tcp_nodelay(true)
                 .http2_keep_alive_interval(Duration::from_secs(1))
@@ -69,7 +81,12 @@ impl Connection {
                 .connect_lazy();
             channels.push((name, channel));
         }
-        Ok(Connection { endpoints: channels, current: AtomicUsize::new(0), requests: AtomicU64::new(0) })
+        Ok(Connection {
+            endpoints: channels,
+            current: AtomicUsize::new(0),
+            requests: AtomicU64::new(0),
+            auth: options.credentials.clone().map(Authenticator::new),
+        })
     }
 
     /// How many requests were sent so far.
@@ -101,34 +118,76 @@ impl Connection {
         }
     }
 
-    /// Turns a gRPC status into an error, failing over if another member may answer.
+    /// Turns a gRPC status into an error, failing over if another member may answer, and
+    /// forgetting the auth token if the server refused it (the next call authenticates again).
     pub(crate) fn status_error(&self, index: usize, status: &tonic::Status) -> EtcdError {
         if worth_failing_over(status.code()) {
             self.failed(index);
         }
+        if let Some(auth) = &self.auth {
+            auth.refused(status.code(), status.message());
+        }
         EtcdError::Rpc {
             endpoint: self.name(index).to_owned(),
             code: status.code(),
-            message: status.message().to_owned(),
+            message: crate::access::status_message(status),
         }
+    }
+
+    /// The endpoint in use, as a channel that carries the auth token (authenticating first when
+    /// none is held).
+    async fn pick_authed(&self, limit: Duration) -> Result<(usize, AuthedChannel), EtcdError> {
+        let (index, channel) = self.pick();
+        let interceptor = match &self.auth {
+            None => TokenInterceptor::default(),
+            Some(auth) => match auth.interceptor(self.name(index), &channel, limit).await {
+                Ok(interceptor) => interceptor,
+                Err(error) => {
+                    if moved_on(&error) {
+                        self.failed(index);
+                    }
+                    return Err(error);
+                }
+            },
+        };
+        Ok((index, tonic::service::interceptor::InterceptedService::new(channel, interceptor)))
     }
 
     /// One unary call within `limit`, tried on each endpoint in turn while the failures are
     /// transport failures and time is left.
     async fn unary<T, F, Fut>(&self, limit: Duration, call: F) -> Result<T, EtcdError>
     where
-        F: Fn(Channel) -> Fut,
+        F: Fn(AuthedChannel) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let attempts = async {
             let mut last = None;
-            for _ in 0..self.endpoints.len() {
-                let (index, channel) = self.pick();
+            // One attempt per endpoint, plus one on the same endpoint after a refused (expired)
+            // token was dropped, so that the call is repeated with a new one.
+            let mut tries_left = self.endpoints.len();
+            let mut token_renewed = false;
+            while tries_left > 0 {
+                tries_left -= 1;
+                let (index, channel) = match self.pick_authed(limit).await {
+                    Ok(picked) => picked,
+                    Err(error) if tries_left > 0 && moved_on(&error) => {
+                        last = Some(error);
+                        continue;
+                    }
+                    Err(error) => return Err(error),
+                };
                 self.count();
                 match call(channel).await {
                     Ok(response) => return Ok(response.into_inner()),
                     Err(status) => {
-                        let retry = worth_failing_over(status.code());
+                        let stale_token = self.auth.is_some()
+                            && !token_renewed
+                            && crate::access::is_stale_token(status.code(), status.message());
+                        if stale_token {
+                            token_renewed = true;
+                            tries_left += 1;
+                        }
+                        let retry = worth_failing_over(status.code()) || stale_token;
                         let error = self.status_error(index, &status);
                         if !retry {
                             return Err(error);
@@ -208,7 +267,7 @@ impl Connection {
 
     /// Opens a keep-alive stream for `lease` on the endpoint in use, sending the first request.
     pub(crate) async fn keep_alive(&self, limit: Duration, lease: i64) -> Result<KeepAliveStream, EtcdError> {
-        let (index, channel) = self.pick();
+        let (index, channel) = self.pick_authed(limit).await?;
         self.count();
         let (requests, receiver) = mpsc::channel(1);
         // Queued before the call: the server answers headers only with the first response.
@@ -238,7 +297,7 @@ impl Connection {
         prefix: &str,
         start_revision: i64,
     ) -> Result<WatchStream, EtcdError> {
-        let (index, channel) = self.pick();
+        let (index, channel) = self.pick_authed(limit).await?;
         self.count();
         let (requests, receiver) = mpsc::channel(1);
         let create = WatchCreateRequest {
@@ -271,6 +330,26 @@ impl Connection {
                 Err(EtcdError::Timeout(limit))
             }
         }
+    }
+}
+
+/// Whether a failed authentication moved the connection to the next endpoint (a transport
+/// failure or a timeout), so that trying again may reach another member.
+fn moved_on(error: &EtcdError) -> bool {
+    matches!(error, EtcdError::Rpc { code, .. } if worth_failing_over(*code)) || matches!(error, EtcdError::Timeout(_))
+}
+
+/// The URI of `endpoint`: `host:port` gets the scheme the options call for; an explicit scheme
+/// must agree with them, so that a TLS configuration is never silently unused.
+fn endpoint_uri(endpoint: &str, options: &EtcdOptions) -> Result<String, EtcdError> {
+    let bad = |reason: &str| EtcdError::BadEndpoint { endpoint: endpoint.to_owned(), reason: reason.to_owned() };
+    match (endpoint.split_once("://"), options.uses_tls()) {
+        (None, false) => Ok(format!("http://{endpoint}")),
+        (None, true) => Ok(format!("https://{endpoint}")),
+        (Some(("http", _)), false) | (Some(("https", _)), true) => Ok(endpoint.to_owned()),
+        (Some(("http", _)), true) => Err(bad("TLS is configured but the endpoint says http://")),
+        (Some(("https", _)), false) => Err(bad("an https:// endpoint needs TLS options (a CA to check the server)")),
+        (Some(_), _) => Err(bad("the scheme must be http:// or https://")),
     }
 }
 
@@ -431,9 +510,23 @@ mod tests {
         assert_eq!(prefix_end("a\u{7f}"), b"a\x80".to_vec());
     }
 
+    #[test]
+    fn tls_decides_the_scheme_and_an_explicit_scheme_must_agree() {
+        let plain = EtcdOptions::default();
+        let ca = b"-----BEGIN CERTIFICATE-----\nMA==\n-----END CERTIFICATE-----\n".to_vec();
+        let tls = EtcdOptions::default().with_tls(crate::EtcdTls::new(ca).unwrap());
+        assert_eq!(endpoint_uri("h:1", &plain).unwrap(), "http://h:1");
+        assert_eq!(endpoint_uri("h:1", &tls).unwrap(), "https://h:1");
+        assert_eq!(endpoint_uri("https://h:1", &tls).unwrap(), "https://h:1");
+        assert!(matches!(endpoint_uri("http://h:1", &tls), Err(EtcdError::BadEndpoint { .. })));
+        assert!(matches!(endpoint_uri("https://h:1", &plain), Err(EtcdError::BadEndpoint { .. })));
+        assert!(matches!(endpoint_uri("unix://x", &plain), Err(EtcdError::BadEndpoint { .. })));
+    }
+
     #[tokio::test]
     async fn endpoints_are_validated() {
-        assert!(matches!(Connection::new(&[]), Err(EtcdError::NoEndpoints)));
-        assert!(Connection::new(&["127.0.0.1:2379".into(), "http://127.0.0.1:2380".into()]).is_ok());
+        let plain = EtcdOptions::default();
+        assert!(matches!(Connection::new(&[], &plain), Err(EtcdError::NoEndpoints)));
+        assert!(Connection::new(&["127.0.0.1:2379".into(), "http://127.0.0.1:2380".into()], &plain).is_ok());
     }
 }

@@ -45,7 +45,9 @@ impl EtcdGroupStore {
         if group.is_empty() {
             return Err(EtcdError::EmptyElection);
         }
-        let store = EtcdGroupStore { conn: Arc::new(Connection::new(endpoints)?), prefix: format!("{group}/") };
+        let options = crate::EtcdOptions::new();
+        let store =
+            EtcdGroupStore { conn: Arc::new(Connection::new(endpoints, &options)?), prefix: format!("{group}/") };
         let probe = crate::proto::etcdserverpb::RangeRequest {
             limit: 1,
             keys_only: true,

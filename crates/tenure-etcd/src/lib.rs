@@ -30,8 +30,12 @@
 //! elector.shutdown().await?;      // deletes the key: the next candidate leads at once
 //! # Ok(()) }
 //! ```
+//!
+//! A secured cluster (TLS, client certificates, etcd users) is reached with
+//! [`EtcdElection::connect_with`] and [`EtcdOptions`].
 #![warn(missing_docs)]
 
+mod access;
 mod client;
 mod driver;
 pub mod group_store;
@@ -44,6 +48,7 @@ use std::time::Duration;
 
 use tenure::{Elector, Term, Timing};
 
+pub use crate::access::{EtcdOptions, EtcdTls};
 use crate::client::Connection;
 use crate::proto::etcdserverpb::{Compare, RequestOp, TxnRequest, TxnResponse};
 
@@ -102,6 +107,19 @@ pub enum EtcdError {
         /// The server's message.
         message: String,
     },
+    /// The TLS settings are unusable (a CA bundle or client certificate that is not PEM).
+    #[error("etcd TLS settings: {0}")]
+    Tls(String),
+    /// The cluster refused the user name or password (or has auth disabled).
+    #[error("etcd at {endpoint} refused to authenticate user {user:?}: {message}")]
+    Authentication {
+        /// The endpoint that answered.
+        endpoint: String,
+        /// The etcd user.
+        user: String,
+        /// The server's message.
+        message: String,
+    },
     /// An etcd call took longer than its time limit.
     #[error("etcd call timed out after {0:?}")]
     Timeout(Duration),
@@ -143,10 +161,21 @@ impl EtcdElection {
     /// Connects to the cluster at `endpoints` (`host:port`, several for failover) and checks that
     /// one of them answers. `election` is the election's name, as given to `etcdctl elect NAME`.
     pub async fn connect(endpoints: &[String], election: &str) -> Result<EtcdElection, EtcdError> {
+        Self::connect_with(endpoints, election, &EtcdOptions::default()).await
+    }
+
+    /// Connects like [`EtcdElection::connect`] to a secured cluster: over TLS and/or as an etcd
+    /// user, as `options` say. The first call (a read of the election) authenticates, so a wrong
+    /// CA, a refused client certificate or a wrong password fail here, before any campaign.
+    pub async fn connect_with(
+        endpoints: &[String],
+        election: &str,
+        options: &EtcdOptions,
+    ) -> Result<EtcdElection, EtcdError> {
         if election.is_empty() {
             return Err(EtcdError::EmptyElection);
         }
-        let conn = Arc::new(Connection::new(endpoints)?);
+        let conn = Arc::new(Connection::new(endpoints, options)?);
         let election = EtcdElection { conn, prefix: format!("{election}/"), drain_timeout: None };
         election.leader().await?;
         Ok(election)

@@ -22,6 +22,7 @@ pub(crate) struct Config {
     pub session_timeout: Duration,
     pub drain_timeout: Duration,
     pub identity: String,
+    pub access: crate::ZkOptions,
 }
 
 type Reply = Option<oneshot::Sender<Result<(), ElectorError>>>;
@@ -194,8 +195,7 @@ impl Driver {
     /// Opens a new session, retrying with backoff; `Err` when shutdown was asked for meanwhile.
     async fn connect(&mut self, backoff: &mut Duration) -> Result<zk::Client, Reply> {
         loop {
-            let attempt =
-                zk::Client::connector().with_session_timeout(self.config.session_timeout).connect(&self.config.address);
+            let attempt = self.config.access.connector(self.config.session_timeout).connect(&self.config.address);
             let limit = self.config.session_timeout * 2;
             let result = tokio::select! {
                 result = timeout(limit, attempt) => result,
@@ -512,14 +512,14 @@ impl Driver {
     }
 
     async fn make_path(&self, client: &zk::Client) -> Result<(), ZkError> {
-        let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let options = zk::CreateMode::Persistent.with_acls(self.config.access.acls());
         with_timeout(self.call_limit(), client.mkdir(&self.config.path, &options)).await
     }
 
     /// Creates our ephemeral sequential node, named and filled as a LeaderLatch would.
     async fn create_node(&self, client: &zk::Client, guid: &str, own: &mut Option<OwnNode>) -> Result<(), ZkError> {
         let prefix = naming::node_prefix(&self.config.path, guid);
-        let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.config.access.acls());
         let result =
             with_timeout(self.call_limit(), client.create(&prefix, self.config.identity.as_bytes(), &options)).await;
         match result {

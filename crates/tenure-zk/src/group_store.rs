@@ -64,7 +64,7 @@ impl ZkGroupStore {
     pub async fn connect(servers: &str, path: &str) -> Result<ZkGroupStore, ZkError> {
         validate_path(path)?;
         let session_timeout = Duration::from_secs(10);
-        let client = open_session(servers, session_timeout).await?;
+        let client = open_session(servers, session_timeout, &crate::ZkOptions::default()).await?;
         Ok(ZkGroupStore {
             servers: servers.to_owned(),
             path: path.to_owned(),
@@ -104,7 +104,9 @@ impl ZkGroupStore {
         if !client.state().is_terminated() {
             return Ok(client);
         }
-        let fresh = open_session(&self.servers, self.session_timeout).await.map_err(store_error)?;
+        let fresh = open_session(&self.servers, self.session_timeout, &crate::ZkOptions::default())
+            .await
+            .map_err(store_error)?;
         *self.client.lock().unwrap_or_else(|e| e.into_inner()) = fresh.clone();
         Ok(fresh)
     }

@@ -39,11 +39,17 @@
 //! elector.shutdown().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! Digest authentication, the ACLs that protect an authenticated election, and (with the crate
+//! feature `tls`) TLS: [`ZkElection::connect_with`] and [`ZkOptions`].
 #![warn(missing_docs)]
 
+mod access;
 mod driver;
 pub mod group_store;
 pub mod naming;
+#[cfg(feature = "tls")]
+mod tls_probe;
 
 pub use group_store::ZkGroupStore;
 
@@ -52,6 +58,8 @@ use std::time::Duration;
 
 use tenure::{Elector, Timing};
 use zookeeper_client as zk;
+
+pub use crate::access::ZkOptions;
 
 /// Why a ZooKeeper election could not be set up or queried.
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +89,32 @@ pub enum ZkError {
     /// A request to ZooKeeper failed.
     #[error("ZooKeeper request failed: {0}")]
     Request(#[from] zk::Error),
+    /// The election path exists and its ACL lets this user create no node in it: with digest
+    /// credentials, a wrong password (ZooKeeper accepts any password and derives another
+    /// identity from it) or a user other than the election's.
+    #[error(
+        "ZooKeeper user {user:?} may not campaign at {path}: its ACL lets only {granted:?} create nodes (wrong password, or another user's election)"
+    )]
+    NotAuthorized {
+        /// The election path.
+        path: String,
+        /// The digest user.
+        user: String,
+        /// Who may create nodes there (`scheme:user`, without digests).
+        granted: Vec<String>,
+    },
+    /// The TLS settings are unusable (a CA bundle or client certificate that is not PEM).
+    #[error("ZooKeeper TLS settings: {0}")]
+    Tls(String),
+    /// No session could be established over TLS, and a handshake with the first server shows
+    /// why (a server certificate from another CA, a name mismatch, a refused client certificate).
+    #[error("cannot connect to ZooKeeper at {servers}: TLS handshake failed: {reason}")]
+    TlsHandshake {
+        /// The connection string.
+        servers: String,
+        /// What the handshake said.
+        reason: String,
+    },
     /// A request to ZooKeeper got no answer in time.
     #[error("ZooKeeper request timed out after {0:?}")]
     Timeout(Duration),
@@ -112,6 +146,8 @@ pub struct ZkElection {
     drain_timeout: Duration,
     /// The session for status queries, replaced when it expires.
     client: Arc<Mutex<zk::Client>>,
+    /// Credentials of every session, and the ACL of the nodes created.
+    access: ZkOptions,
 }
 
 impl ZkElection {
@@ -119,6 +155,19 @@ impl ZkElection {
     /// path, created on first campaign if missing). `session_timeout` is what the candidates ask
     /// the server for; the server may clamp it to its own bounds (2 to 20 ticks by default).
     pub async fn connect(servers: &str, path: &str, session_timeout: Duration) -> Result<ZkElection, ZkError> {
+        Self::connect_with(servers, path, session_timeout, ZkOptions::default()).await
+    }
+
+    /// Connects like [`ZkElection::connect`], authenticating every session as `options` say and
+    /// protecting the nodes it creates accordingly (see [`ZkOptions`]). When the election path
+    /// exists and its ACL shuts this user out (a wrong password), fails with
+    /// [`ZkError::NotAuthorized`] here rather than campaigning in vain.
+    pub async fn connect_with(
+        servers: &str,
+        path: &str,
+        session_timeout: Duration,
+        options: ZkOptions,
+    ) -> Result<ZkElection, ZkError> {
         validate_path(path)?;
         if session_timeout < Duration::from_millis(100) {
             return Err(ZkError::SessionTimeout(session_timeout));
@@ -126,26 +175,39 @@ impl ZkElection {
         if tenure::redact::without_credentials(servers) != servers {
             tracing::warn!(
                 servers = %tenure::redact_credentials(servers),
-                "ZooKeeper authentication is not supported: the user and password in the server list are not used"
+                "the user and password in a ZooKeeper server list are not used: give them as ZkOptions::with_digest"
             );
         }
-        let client = open_session(servers, session_timeout).await?;
+        let servers = options.connect_string(servers);
+        let client = match open_session(&servers, session_timeout, &options).await {
+            Ok(client) => client,
+            #[cfg(feature = "tls")]
+            Err(ZkError::Connect { servers, source }) if options.uses_tls() => {
+                return Err(match options.explain_tls_failure(&servers).await {
+                    Some(reason) => ZkError::TlsHandshake { servers, reason },
+                    None => ZkError::Connect { servers, source },
+                });
+            }
+            Err(error) => return Err(error),
+        };
+        with_timeout_of(session_timeout, options.check_may_campaign(&client, path)).await?;
         let negotiated_timeout = granted_timeout(client.session_timeout(), session_timeout);
         if negotiated_timeout != session_timeout {
             tracing::warn!(
-                servers = %tenure::redact_credentials(servers),
+                servers = %tenure::redact_credentials(&servers),
                 asked = ?session_timeout,
                 granted = ?negotiated_timeout,
                 "ZooKeeper grants a different session timeout than asked for; the lease, the self-fencing deadline and the status follow what it grants"
             );
         }
         Ok(ZkElection {
-            servers: servers.to_owned(),
+            servers,
             path: path.to_owned(),
             session_timeout,
             negotiated_timeout,
             drain_timeout: negotiated_timeout * 2 / 3,
             client: Arc::new(Mutex::new(client)),
+            access: options,
         })
     }
 
@@ -189,6 +251,7 @@ impl ZkElection {
             session_timeout: self.session_timeout,
             drain_timeout: self.drain_timeout,
             identity: identity.clone(),
+            access: self.access.clone(),
         };
         Ok(Elector::from_driver(identity, timing_of(self.negotiated_timeout), move |publisher, commands| {
             driver::run(config, publisher, commands)
@@ -201,7 +264,7 @@ impl ZkElection {
         match self.read_leader().await {
             Err(ZkError::Request(zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::SessionMoved)) => {
                 // The status session ended (a long partition): open a new one and ask again.
-                let client = open_session(&self.servers, self.session_timeout).await?;
+                let client = open_session(&self.servers, self.session_timeout, &self.access).await?;
                 *self.client.lock().unwrap_or_else(|e| e.into_inner()) = client;
                 self.read_leader().await
             }
@@ -260,9 +323,9 @@ pub fn timing_of(session_timeout: Duration) -> Timing {
     }
 }
 
-async fn open_session(servers: &str, session_timeout: Duration) -> Result<zk::Client, ZkError> {
-    zk::Client::connector()
-        .with_session_timeout(session_timeout)
+async fn open_session(servers: &str, session_timeout: Duration, options: &ZkOptions) -> Result<zk::Client, ZkError> {
+    options
+        .connector(session_timeout)
         .connect(&tenure::redact::without_credentials(servers))
         .await
         .map_err(|source| ZkError::Connect { servers: tenure::redact_credentials(servers).into_owned(), source })
@@ -298,6 +361,14 @@ async fn with_timeout<T>(
         Ok(result) => result.map_err(ZkError::Request),
         Err(_) => Err(ZkError::Timeout(limit)),
     }
+}
+
+/// `check` within `limit`.
+async fn with_timeout_of<T>(
+    limit: Duration,
+    check: impl std::future::Future<Output = Result<T, ZkError>>,
+) -> Result<T, ZkError> {
+    tokio::time::timeout(limit, check).await.unwrap_or(Err(ZkError::Timeout(limit)))
 }
 
 #[cfg(test)]

@@ -5,6 +5,9 @@
 //! "skipped: etcd not installed", unless `CI=true`, where it panics: CI must run these tests.
 #![allow(dead_code)]
 
+#[path = "../../../../tests/support/certs.rs"]
+pub mod certs;
+
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -25,6 +28,18 @@ pub struct EtcdCluster {
     pub members: Vec<Member>,
     root: PathBuf,
     token: String,
+    /// Set when the members serve clients over TLS.
+    pub tls: Option<ServerTls>,
+    /// More command-line flags for every member.
+    extra_args: Vec<String>,
+}
+
+/// How the members of a TLS cluster serve their clients.
+pub struct ServerTls {
+    /// The certificates, in the cluster's directory.
+    pub pki: certs::TestPki,
+    /// `--client-cert-auth`: clients must present a certificate signed by the CA.
+    pub client_cert_auth: bool,
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -50,6 +65,22 @@ impl EtcdCluster {
     /// Starts `size` members and waits until the cluster serves requests; `None` if etcd is not
     /// installed (outside CI). Retries with new ports if one was taken in the meantime.
     pub async fn start(size: usize) -> Option<EtcdCluster> {
+        Self::start_with(size, None, &[]).await
+    }
+
+    /// Starts `size` members that serve clients over TLS only (the peers talk plain text), with
+    /// a PKI generated for the occasion; with `client_cert_auth` they also demand a client
+    /// certificate signed by the CA.
+    pub async fn start_tls(size: usize, client_cert_auth: bool) -> Option<EtcdCluster> {
+        Self::start_with(size, Some(client_cert_auth), &[]).await
+    }
+
+    /// [`EtcdCluster::start_tls`] with more etcd flags (`--auth-token-ttl 1`).
+    pub async fn start_tls_with(size: usize, client_cert_auth: bool, extra_args: &[&str]) -> Option<EtcdCluster> {
+        Self::start_with(size, Some(client_cert_auth), extra_args).await
+    }
+
+    async fn start_with(size: usize, tls: Option<bool>, extra_args: &[&str]) -> Option<EtcdCluster> {
         if !etcd_available() {
             return None;
         }
@@ -70,7 +101,17 @@ impl EtcdCluster {
                     child: None,
                 })
                 .collect();
-            let mut cluster = EtcdCluster { members, root, token: format!("tenure-test-{id}") };
+            let tls = tls.map(|client_cert_auth| ServerTls {
+                pki: certs::TestPki::generate(&root.join("pki")),
+                client_cert_auth,
+            });
+            let mut cluster = EtcdCluster {
+                members,
+                root,
+                token: format!("tenure-test-{id}"),
+                tls,
+                extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            };
             for i in 0..size {
                 cluster.spawn(i, true);
             }
@@ -98,9 +139,20 @@ impl EtcdCluster {
             .open(self.root.join(format!("{}.log", self.members[index].name)))
             .expect("open the etcd log");
         let member = &mut self.members[index];
-        let client = format!("http://127.0.0.1:{}", member.client_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", member.client_port);
         let peer = format!("http://127.0.0.1:{}", member.peer_port);
-        let child = Command::new("etcd")
+        let mut command = Command::new("etcd");
+        if let Some(tls) = &self.tls {
+            command.arg("--cert-file").arg(&tls.pki.server_cert);
+            command.arg("--key-file").arg(&tls.pki.server_key);
+            // etcd 3.4 demands client certificates whenever it has a trusted CA file.
+            if tls.client_cert_auth {
+                command.arg("--trusted-ca-file").arg(&tls.pki.ca).arg("--client-cert-auth");
+            }
+        }
+        command.args(&self.extra_args);
+        let child = command
             .args(["--name", &member.name])
             .arg("--data-dir")
             .arg(&member.data_dir)
@@ -133,10 +185,11 @@ impl EtcdCluster {
                     }
                 }
                 let endpoint = vec![self.endpoint(i)];
+                let options = self.client_options();
                 let ok = matches!(
                     tokio::time::timeout(
                         Duration::from_secs(2),
-                        tenure_etcd::EtcdElection::connect(&endpoint, "health")
+                        tenure_etcd::EtcdElection::connect_with(&endpoint, "health", &options)
                     )
                     .await,
                     Ok(Ok(_))
@@ -155,6 +208,53 @@ impl EtcdCluster {
 
     pub fn endpoint(&self, index: usize) -> String {
         format!("127.0.0.1:{}", self.members[index].client_port)
+    }
+
+    /// What a client needs to reach this cluster: for a TLS cluster the CA and the client
+    /// certificate.
+    pub fn client_options(&self) -> tenure_etcd::EtcdOptions {
+        let options = tenure_etcd::EtcdOptions::new();
+        let Some(tls) = &self.tls else {
+            return options;
+        };
+        let client = tenure_etcd::EtcdTls::new(certs::read(&tls.pki.ca))
+            .and_then(|t| t.with_client_identity(certs::read(&tls.pki.client_cert), certs::read(&tls.pki.client_key)))
+            .expect("the test PKI is valid");
+        options.with_tls(client)
+    }
+
+    /// Runs `etcdctl` against member 0 (with the TLS files of a TLS cluster) and panics with its
+    /// output if it fails; returns its standard output.
+    pub fn etcdctl(&self, args: &[&str]) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut command = Command::new("etcdctl");
+        command.env("ETCDCTL_API", "3").arg(format!("--endpoints={scheme}://{}", self.endpoint(0)));
+        if let Some(tls) = &self.tls {
+            command.arg("--cacert").arg(&tls.pki.ca);
+            command.arg("--cert").arg(&tls.pki.client_cert);
+            command.arg("--key").arg(&tls.pki.client_key);
+        }
+        let output = command.args(args).output().expect("run etcdctl");
+        assert!(
+            output.status.success(),
+            "etcdctl {args:?} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// Enables etcd's authentication: `root`, and `user` with `password` and read-write access
+    /// to the keys starting with `prefix`.
+    pub fn enable_auth(&self, user: &str, password: &str, prefix: &str) {
+        self.etcdctl(&["user", "add", "root:rootpw", "--interactive=false"]);
+        self.etcdctl(&["user", "grant-role", "root", "root"]);
+        self.etcdctl(&["role", "add", "candidates"]);
+        self.etcdctl(&["role", "grant-permission", "candidates", "--prefix=true", "readwrite", prefix]);
+        self.etcdctl(&["user", "add", &format!("{user}:{password}"), "--interactive=false"]);
+        self.etcdctl(&["user", "grant-role", user, "candidates"]);
+        let enabled = self.etcdctl(&["auth", "enable"]);
+        assert!(enabled.contains("Authentication Enabled"), "auth enable said: {enabled}");
     }
 
     pub fn endpoints(&self) -> Vec<String> {

@@ -3,6 +3,9 @@
 //! conditions with bounded timeouts.
 #![allow(dead_code)]
 
+#[path = "../../../../tests/support/certs.rs"]
+pub mod certs;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
@@ -42,6 +45,15 @@ pub fn classpath() -> String {
         "curator-recipes.jar",
         "curator-client.jar",
         "guava.jar",
+        // Netty: the server's TLS port (secureClientPort) needs NettyServerCnxnFactory.
+        "netty-buffer.jar",
+        "netty-codec.jar",
+        "netty-common.jar",
+        "netty-handler.jar",
+        "netty-resolver.jar",
+        "netty-transport.jar",
+        "netty-transport-native-epoll.jar",
+        "netty-transport-native-unix-common.jar",
     ]
     .iter()
     .map(|j| jar(j))
@@ -101,6 +113,28 @@ fn remove_stale_dirs() {
 }
 
 fn start_server() -> Result<ZkServer, String> {
+    start_server_with(None)
+}
+
+/// A server of its own whose clients must use TLS: `servers` names its TLS port only (the plain
+/// port stays open on `port` for the readiness probe). The PKI is generated into its directory.
+/// With `client_auth` the server demands a client certificate signed by the CA.
+pub fn tls_server(client_auth: bool) -> Option<(ZkServer, certs::TestPki)> {
+    let dir = std::env::temp_dir().join(format!("tenure-zk-test-{}-pki-{}", std::process::id(), free_port()));
+    let pki = certs::TestPki::generate(&dir);
+    match start_server_with(Some((&pki, client_auth))) {
+        Ok(server) => Some((server, pki)),
+        Err(why) => {
+            if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
+                panic!("ZooKeeper integration tests need a server and CI=true: {why}");
+            }
+            eprintln!("skipped: {why}");
+            None
+        }
+    }
+}
+
+fn start_server_with(tls: Option<(&certs::TestPki, bool)>) -> Result<ZkServer, String> {
     have_zookeeper()?;
     remove_stale_dirs();
     let dir = std::env::temp_dir().join(format!("tenure-zk-test-{}-{}", std::process::id(), free_port()));
@@ -111,8 +145,31 @@ fn start_server() -> Result<ZkServer, String> {
          4lw.commands.whitelist=ruok,srvr\nminSessionTimeout=200\nmaxSessionTimeout=10000\nmaxClientCnxns=0\n",
         dir.join("data").display()
     );
+    let mut config = config;
+    let mut servers = format!("127.0.0.1:{port}");
+    if let Some((pki, client_auth)) = tls {
+        // ZooKeeper's PEM key store wants the key and the certificate in one file.
+        let bundle = dir.join("server-bundle.pem");
+        let pem = [std::fs::read(&pki.server_key), std::fs::read(&pki.server_cert)]
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?
+            .concat();
+        std::fs::write(&bundle, pem).map_err(|e| e.to_string())?;
+        let secure_port = free_port();
+        config.push_str(&format!(
+            "secureClientPort={secure_port}\nsecureClientPortAddress=127.0.0.1\n\
+             serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+             ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
+             ssl.trustStore.location={}\nssl.trustStore.type=PEM\nssl.clientAuth={}\n",
+            bundle.display(),
+            pki.ca.display(),
+            if client_auth { "need" } else { "none" }
+        ));
+        servers = format!("127.0.0.1:{secure_port}");
+    }
     std::fs::write(dir.join("zoo.cfg"), config).map_err(|e| e.to_string())?;
-    let server = ZkServer { servers: format!("127.0.0.1:{port}"), port, dir, pid: Mutex::new(0) };
+    let server = ZkServer { servers, port, dir, pid: Mutex::new(0) };
     server.launch()?;
     Ok(server)
 }
