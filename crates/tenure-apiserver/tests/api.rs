@@ -376,9 +376,18 @@ async fn kubectl_get_watch_keeps_the_holder_column_on_every_row() {
         .args(["get", "lease", "watched", "-w"])
         .env("KUBECONFIG", &kubeconfig)
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("kubectl is installed (scripts/test checks for it)");
+    // kubectl's complaints, for the failure message.
+    let complaints = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let stderr = child.stderr.take().unwrap();
+    let sink = complaints.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
     let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
     let stdout = child.stdout.take().unwrap();
     std::thread::spawn(move || {
@@ -386,19 +395,24 @@ async fn kubectl_get_watch_keeps_the_holder_column_on_every_row() {
             let _ = lines_tx.send(line);
         }
     });
-    async fn next_line(lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
-        let line = tokio::time::timeout(WAIT, lines.recv()).await.ok().flatten();
-        line.unwrap_or_else(|| panic!("kubectl printed no further line"))
+    // kubectl is a large program that makes discovery requests before it prints: on a loaded
+    // machine its first line can take a while, hence a generous bound (it answers in ~0.1 s).
+    async fn next_line(
+        lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+        complaints: &std::sync::Mutex<String>,
+    ) -> String {
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.recv()).await.ok().flatten();
+        line.unwrap_or_else(|| panic!("kubectl printed no further line; its stderr: {}", complaints.lock().unwrap()))
     }
     let mut seen = Vec::new();
-    let header = next_line(&mut lines).await;
+    let header = next_line(&mut lines, &complaints).await;
     assert!(header.contains("HOLDER"), "{header}");
-    seen.push(next_line(&mut lines).await);
+    seen.push(next_line(&mut lines, &complaints).await);
     assert!(seen[0].contains("pod-a"), "{seen:?}");
     let moved = json!({"spec": {"holderIdentity": "pod-b"}});
     leases.patch("watched", &PatchParams::default(), &Patch::Merge(&moved)).await.unwrap();
     loop {
-        let line = next_line(&mut lines).await;
+        let line = next_line(&mut lines, &complaints).await;
         let done = line.contains("pod-b");
         seen.push(line);
         if done {
