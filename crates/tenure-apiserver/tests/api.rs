@@ -409,17 +409,40 @@ async fn kubectl_get_watch_keeps_the_holder_column_on_every_row() {
     assert!(header.contains("HOLDER"), "{header}");
     seen.push(next_line(&mut lines, &complaints).await);
     assert!(seen[0].contains("pod-a"), "{seen:?}");
-    let moved = json!({"spec": {"holderIdentity": "pod-b"}});
-    leases.patch("watched", &PatchParams::default(), &Patch::Merge(&moved)).await.unwrap();
-    loop {
-        let line = next_line(&mut lines, &complaints).await;
-        let done = line.contains("pod-b");
-        seen.push(line);
-        if done {
+    // kubectl prints the object it got, then watches from resourceVersion=0 and skips the first
+    // ADDED event (the object it already printed). A change made before that watch is open would
+    // be that skipped event, so change the holder only once kubectl watches, and again if the
+    // first change raced the watch's opening.
+    let watching = || {
+        server
+            .faults()
+            .request_counts()
+            .iter()
+            .any(|((client, verb), n)| client.starts_with("kubectl") && *verb == Verb::Watch && *n > 0)
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !watching() {
+        assert!(tokio::time::Instant::now() < deadline, "kubectl never watched: {}", complaints.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut shown = false;
+    for attempt in 0..3 {
+        let holder = format!("pod-b{attempt}");
+        let moved = json!({"spec": {"holderIdentity": holder}});
+        leases.patch("watched", &PatchParams::default(), &Patch::Merge(&moved)).await.unwrap();
+        while let Ok(Some(line)) = tokio::time::timeout(Duration::from_secs(10), lines.recv()).await {
+            let found = line.contains(&holder);
+            seen.push(line);
+            if found {
+                shown = true;
+                break;
+            }
+        }
+        if shown {
             break;
         }
-        assert!(seen.len() < 5, "no row with the new holder: {seen:?}");
     }
+    assert!(shown, "no row with the new holder: {seen:?}; kubectl's stderr: {}", complaints.lock().unwrap());
     child.kill().ok();
     child.wait().ok();
     std::fs::remove_dir_all(&directory).ok();
