@@ -97,10 +97,12 @@ fn run(args: &Args) -> Result<bool, ChaosError> {
         return Err(ChaosError::Io("--rounds must be between 1 and 10000".into()));
     }
     let tenure = tenure_binary(args)?;
-    let logs = args.out.join("logs");
-    let _ = std::fs::remove_dir_all(&logs);
     std::fs::create_dir_all(args.out.join("timelines"))
         .map_err(|e| ChaosError::Io(format!("{}: {e}", args.out.display())))?;
+    // Absolute, so that the lock URLs built from it (file:///...) are valid whatever --out was.
+    let out = std::fs::canonicalize(&args.out).map_err(|e| ChaosError::Io(format!("{}: {e}", args.out.display())))?;
+    let logs = out.join("logs");
+    let _ = std::fs::remove_dir_all(&logs);
     let mut rows: Vec<Row> = Vec::new();
     for &backend in &args.backends {
         let mut store = Store::start(backend, &logs.join(backend.name()).join("store"), &tenure)?;
@@ -139,7 +141,7 @@ fn run(args: &Args) -> Result<bool, ChaosError> {
                     let name = format!("{}-{}.svg", row.backend, fault.slug());
                     let svg =
                         timeline::svg(&title, &outcome.candidates, &outcome.tenures, &outcome.faults, &outcome.verdict);
-                    write(&args.out.join("timelines").join(name), &svg)?;
+                    write(&out.join("timelines").join(name), &svg)?;
                 }
                 rows.push(row);
             }
@@ -156,7 +158,7 @@ fn run(args: &Args) -> Result<bool, ChaosError> {
         "clock_rate_inside": scenario::RATE_INSIDE,
         "clock_rate_outside": scenario::RATE_OUTSIDE,
     });
-    write(&args.out.join("results.txt"), &table)?;
-    write(&args.out.join("results.json"), &json_table(&rows, &settings))?;
+    write(&out.join("results.txt"), &table)?;
+    write(&out.join("results.json"), &json_table(&rows, &settings))?;
     Ok(rows.iter().all(Row::passed))
 }
