@@ -82,8 +82,43 @@ pub struct ObjectLock<K: RecordObject> {
     api: Api<K>,
     namespace: String,
     name: String,
-    last_seen: Arc<Mutex<Option<K>>>,
+    last_seen: Arc<Mutex<LastSeen<K>>>,
     watch_open_timeout: Duration,
+}
+
+/// The object as last seen, and the ticket of the request that saw it.
+///
+/// Requests overlap (the watch's list, the elector's create or update), and their answers can
+/// arrive out of order: a list sent before the object was created may answer "absent" after the
+/// create has answered with the object. Each request takes a ticket when it is sent; an answer
+/// replaces the memory only if its ticket is not older than the one that wrote it, so an answer
+/// overtaken by a newer request's never erases what that request saw.
+struct LastSeen<K> {
+    next_ticket: u64,
+    ticket: u64,
+    object: Option<K>,
+}
+
+impl<K> Default for LastSeen<K> {
+    fn default() -> Self {
+        LastSeen { next_ticket: 0, ticket: 0, object: None }
+    }
+}
+
+impl<K: Clone> LastSeen<K> {
+    /// A ticket for a request about to be sent.
+    fn ticket(&mut self) -> u64 {
+        self.next_ticket += 1;
+        self.next_ticket
+    }
+
+    /// Remembers what the request holding `ticket` saw, unless a newer request already answered.
+    fn remember(&mut self, ticket: u64, object: Option<&K>) {
+        if ticket >= self.ticket {
+            self.ticket = ticket;
+            self.object = object.cloned();
+        }
+    }
 }
 
 impl<K: RecordObject> Clone for ObjectLock<K> {
@@ -111,7 +146,7 @@ impl<K: RecordObject> ObjectLock<K> {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_owned(),
             name: name.to_owned(),
-            last_seen: Arc::new(Mutex::new(None)),
+            last_seen: Arc::new(Mutex::new(LastSeen::default())),
             watch_open_timeout: Duration::from_secs(5),
         }
     }
@@ -122,21 +157,31 @@ impl<K: RecordObject> ObjectLock<K> {
         self
     }
 
-    fn remember(&self, object: Option<&K>) {
-        let mut last = self.last_seen.lock().unwrap_or_else(|e| e.into_inner());
-        *last = object.cloned();
+    fn last_seen(&self) -> std::sync::MutexGuard<'_, LastSeen<K>> {
+        self.last_seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A ticket for a request about to be sent (see [`LastSeen`]).
+    fn ticket(&self) -> u64 {
+        self.last_seen().ticket()
+    }
+
+    /// Remembers what the request holding `ticket` saw, unless a newer request already answered.
+    fn remember(&self, ticket: u64, object: Option<&K>) {
+        self.last_seen().remember(ticket, object);
     }
 
     fn remembered_at(&self, version: &Version) -> Option<K> {
-        let last = self.last_seen.lock().unwrap_or_else(|e| e.into_inner());
-        last.as_ref().filter(|o| o.resource_version().as_deref() == Some(version.0.as_str())).cloned()
+        let last = self.last_seen();
+        last.object.as_ref().filter(|o| o.resource_version().as_deref() == Some(version.0.as_str())).cloned()
     }
 
     /// Reads the object.
     pub(crate) async fn get_object(&self) -> Result<Option<K>, LockError> {
+        let ticket = self.ticket();
         let object =
             self.api.get_opt(&self.name).await.map_err(|e| lock_error(Call::Get, e))?.map(versioned).transpose()?;
-        self.remember(object.as_ref());
+        self.remember(ticket, object.as_ref());
         Ok(object)
     }
 
@@ -144,10 +189,11 @@ impl<K: RecordObject> ObjectLock<K> {
     pub(crate) async fn create_object(&self, record: &LeaderElectionRecord) -> Result<K, LockError> {
         let mut object = K::with_record(&self.namespace, &self.name, record)?;
         object.stamp_write(chrono::Utc::now());
+        let ticket = self.ticket();
         let created = versioned(
             self.api.create(&PostParams::default(), &object).await.map_err(|e| lock_error(Call::Create, e))?,
         )?;
-        self.remember(Some(&created));
+        self.remember(ticket, Some(&created));
         Ok(created)
     }
 
@@ -174,13 +220,14 @@ impl<K: RecordObject> ObjectLock<K> {
         object.set_record(record)?;
         object.stamp_write(chrono::Utc::now());
         object.meta_mut().resource_version = Some(expected.0.clone());
+        let ticket = self.ticket();
         let updated = versioned(
             self.api
                 .replace(&self.name, &PostParams::default(), &object)
                 .await
                 .map_err(|e| lock_error(Call::Update, e))?,
         )?;
-        self.remember(Some(&updated));
+        self.remember(ticket, Some(&updated));
         if updated.resource_version().as_deref() == Some(expected.0.as_str()) {
             // Applied as a no-op: nobody watching saw a change, so it must not count as one.
             return Err(LockError::Unavailable(format!(
@@ -217,6 +264,7 @@ impl<K: RecordObject> ObjectLock<K> {
     /// receiver is gone).
     async fn pump(&self, sender: &mpsc::Sender<Result<Option<K>, LockError>>) -> Result<(), LockError> {
         let selector = format!("metadata.name={}", self.name);
+        let ticket = self.ticket();
         let list =
             tokio::time::timeout(self.watch_open_timeout, self.api.list(&ListParams::default().fields(&selector)))
                 .await
@@ -224,7 +272,7 @@ impl<K: RecordObject> ObjectLock<K> {
                 .map_err(|e| lock_error(Call::Watch, e))?;
         let mut version = list.metadata.resource_version.unwrap_or_default();
         let current = list.items.into_iter().find(|o| o.name_any() == self.name).map(versioned).transpose()?;
-        self.remember(current.as_ref());
+        self.remember(ticket, current.as_ref());
         if sender.send(Ok(current)).await.is_err() {
             return Ok(());
         }
@@ -242,7 +290,7 @@ impl<K: RecordObject> ObjectLock<K> {
                     WatchEvent::Added(object) | WatchEvent::Modified(object) => Some(versioned(object)?),
                     WatchEvent::Deleted(object) => {
                         version = object.resource_version().unwrap_or(version);
-                        self.remember(None);
+                        self.remember(self.ticket(), None);
                         any = true;
                         if sender.send(Ok(None)).await.is_err() {
                             return Ok(());
@@ -258,7 +306,7 @@ impl<K: RecordObject> ObjectLock<K> {
                 any = true;
                 if let Some(object) = state.filter(|o| o.name_any() == self.name) {
                     version = object.resource_version().unwrap_or(version);
-                    self.remember(Some(&object));
+                    self.remember(self.ticket(), Some(&object));
                     if sender.send(Ok(Some(object))).await.is_err() {
                         return Ok(());
                     }
@@ -278,7 +326,8 @@ impl<K: RecordObject> ObjectLock<K> {
     /// object last seen, as client-go's `RecordEvent` uses its cached object, so that
     /// `kubectl describe` finds the event; name and kind only if the object was never seen.
     pub fn object_reference(&self) -> ObjectReference {
-        let last = self.last_seen.lock().unwrap_or_else(|e| e.into_inner());
+        let last = self.last_seen();
+        let last = &last.object;
         ObjectReference {
             api_version: Some(K::api_version(&()).into_owned()),
             kind: Some(K::kind(&()).into_owned()),
@@ -335,5 +384,22 @@ mod tests {
         assert!(matches!(lock_error(Call::Get, api_error(500, "InternalError")), LockError::Unavailable(_)));
         assert!(matches!(lock_error(Call::Update, api_error(429, "TooManyRequests")), LockError::Unavailable(_)));
         assert!(matches!(lock_error(Call::Watch, api_error(410, "Expired")), LockError::Unavailable(_)));
+    }
+
+    #[test]
+    fn an_answer_overtaken_by_a_newer_request_never_erases_what_that_request_saw() {
+        // The watch's list is sent while the object is absent, the elector's create answers
+        // first, then the list's "absent" arrives: the created object (and its uid, which Events
+        // need) stays remembered.
+        let mut last = LastSeen::<&str>::default();
+        let list = last.ticket();
+        let create = last.ticket();
+        last.remember(create, Some(&"created"));
+        last.remember(list, None);
+        assert_eq!(last.object, Some("created"));
+        // A later answer (a watch event after the delete) still replaces it.
+        let deleted = last.ticket();
+        last.remember(deleted, None);
+        assert_eq!(last.object, None);
     }
 }
