@@ -424,6 +424,9 @@ impl Run<'_> {
         let target = self.candidates[leader].id.clone();
         let start = now();
         let mut takeover_expected = true;
+        // When the fault was undone: taken just before the thaw or heal, since the processes it
+        // wakes compete with the harness for the CPU and may run for a while before it does.
+        let mut undone = None;
         match fault {
             Fault::Sigkill => {
                 if let Some(process) = self.candidates[leader].process.as_mut() {
@@ -454,6 +457,7 @@ impl Run<'_> {
                 }
                 self.wait_takeover(term, self.takeover_limit());
                 wait_for(self.lease * 2, || past_lease.passed());
+                undone = Some(now());
                 if fault == Fault::Sigstop {
                     if let Some(process) = self.candidates[leader].process.as_ref() {
                         process.signal_all(Signal::SIGCONT);
@@ -473,7 +477,7 @@ impl Run<'_> {
             }
             Fault::ClockInside | Fault::ClockOutside | Fault::SplitLock => {}
         }
-        Ok(FaultSpan { kind: fault.name(), target, start, end: now(), takeover_expected })
+        Ok(FaultSpan { kind: fault.name(), target, start, end: undone.unwrap_or_else(now), takeover_expected })
     }
 
     /// Rounds of the clock faults and of the broken configuration: each round a fresh election.
