@@ -198,14 +198,14 @@ mod tests {
         command.args(["-c", "setsid sh -c 'setsid sleep 60 & wait' & wait"]);
         let mut process = Process::start("tree", &mut command, &log).unwrap();
         let mut tree = Vec::new();
+        let leads_its_group = |pid: i32| getpgid(Some(Pid::from_raw(pid))) == Ok(Pid::from_raw(pid));
         let found = wait_for(Duration::from_secs(5), || {
             let middle = children(process.pid());
             tree = middle.iter().copied().chain(middle.iter().flat_map(|&p| children(p))).collect();
-            tree.len() == 2
+            tree.len() == 2 && tree.iter().all(|&pid| leads_its_group(pid))
         });
         assert!(found, "the tree did not start: {tree:?}");
         let grandchild = tree[1];
-        assert_eq!(getpgid(Some(Pid::from_raw(grandchild))), Ok(Pid::from_raw(grandchild)));
 
         process.signal_all(Signal::SIGSTOP);
         let everyone = [process.pid(), tree[0], grandchild];

@@ -188,7 +188,6 @@ struct Run<'a> {
     lease: Duration,
     dir: PathBuf,
     witness_out: PathBuf,
-    fence: PathBuf,
     script: PathBuf,
     recorder: Recorder,
     candidates: Vec<Candidate>,
@@ -212,7 +211,6 @@ pub fn run(settings: &Settings, store: &mut Store, fault: Fault, mode: Mode) -> 
         timing: CheckTiming { renew_deadline: ttl.as_secs_f64() / 2.0, drift: 1.0 / 3.0 },
         lease: ttl,
         witness_out: dir.join("witness.log"),
-        fence: dir.join("fence"),
         script,
         dir,
         recorder: Recorder::default(),
@@ -322,7 +320,7 @@ impl Run<'_> {
             command.args(["--http", &address.to_string()]);
         }
         if self.mode == Mode::Run {
-            command.arg("--").arg(PYTHON).arg(&self.script).arg(&self.witness_out).arg(&self.fence);
+            command.arg("--").arg(PYTHON).arg(&self.script).arg(&self.witness_out);
             command.args([candidate.id.as_str(), &witness::ALIVE_PERIOD_MS.to_string()]);
         }
         if let Some(rate) = candidate.clock_rate {
