@@ -79,8 +79,8 @@ pub struct WitnessLine {
     pub term: u64,
     /// `start`, `alive` or `stop`.
     pub kind: WitnessKind,
-    /// Whether the fencing check let the write through (its term was not below the highest term
-    /// written before it).
+    /// Whether the fence let the write through: its term was not below a term appended before
+    /// it (decided by [`crate::witness::read`] from the log's order; true as parsed).
     pub accepted: bool,
 }
 
@@ -95,11 +95,11 @@ pub enum WitnessKind {
     Stop,
 }
 
-/// Parses one witness line: `NANOSECONDS CANDIDATE TERM start|alive|stop ok|fenced`.
+/// Parses one witness line: `NANOSECONDS CANDIDATE TERM start|alive|stop`.
 pub fn parse_witness_line(line: &str) -> Result<WitnessLine, String> {
     let fields: Vec<&str> = line.split_whitespace().collect();
-    let [at, candidate, term, kind, verdict] = fields[..] else {
-        return Err(format!("witness line {line:?} does not have 5 fields"));
+    let [at, candidate, term, kind] = fields[..] else {
+        return Err(format!("witness line {line:?} does not have 4 fields"));
     };
     let at: u64 = at.parse().map_err(|_| format!("witness line {line:?}: bad time"))?;
     let term = term.parse().map_err(|_| format!("witness line {line:?}: bad term"))?;
@@ -109,12 +109,7 @@ pub fn parse_witness_line(line: &str) -> Result<WitnessLine, String> {
         "stop" => WitnessKind::Stop,
         other => return Err(format!("witness line {line:?}: unknown kind {other}")),
     };
-    let accepted = match verdict {
-        "ok" => true,
-        "fenced" => false,
-        other => return Err(format!("witness line {line:?}: unknown verdict {other}")),
-    };
-    Ok(WitnessLine { at: at as f64 / 1e9, candidate: candidate.to_owned(), term, kind, accepted })
+    Ok(WitnessLine { at: at as f64 / 1e9, candidate: candidate.to_owned(), term, kind, accepted: true })
 }
 
 /// A fault as injected, for failover times and for the shading of the timeline.
@@ -162,13 +157,10 @@ mod tests {
 
     #[test]
     fn witness_lines_parse_and_bad_ones_are_refused() {
-        let line = parse_witness_line("1500000000 c1 4 alive fenced").unwrap();
+        let line = parse_witness_line("1500000000 c1 4 alive").unwrap();
         assert_eq!(line.at, 1.5);
-        assert_eq!(
-            (line.candidate.as_str(), line.term, line.kind, line.accepted),
-            ("c1", 4, WitnessKind::Alive, false)
-        );
-        for bad in ["", "1 c1 4 alive", "x c1 4 alive ok", "1 c1 4 running ok", "1 c1 4 alive maybe"] {
+        assert_eq!((line.candidate.as_str(), line.term, line.kind), ("c1", 4, WitnessKind::Alive));
+        for bad in ["", "1 c1 4", "x c1 4 alive", "1 c1 4 running", "1 c1 4 alive ok"] {
             assert!(parse_witness_line(bad).is_err(), "{bad:?}");
         }
     }

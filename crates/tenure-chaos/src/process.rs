@@ -10,10 +10,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use nix::sys::signal::{kill, killpg, Signal};
-use nix::unistd::Pid;
+use nix::unistd::{getpgid, Pid};
 
 use crate::clock::{now, Deadline};
 use crate::ChaosError;
+
+/// The most processes [`Process::signal_all`] walks (a bound on a tree that forks without end).
+const MAX_DESCENDANTS: usize = 10_000;
 
 /// A started child process; killed (with its whole process group) when dropped.
 pub struct Process {
@@ -57,14 +60,40 @@ impl Process {
         let _ = kill(Pid::from_raw(self.pid()), signal);
     }
 
-    /// Sends `signal` to the process group and to the process groups of its children (what
-    /// `tenure run` starts runs in a group of its own): all of what the process runs, as a frozen
-    /// or killed container would be.
+    /// Sends `signal` to the process and every descendant, and to each process group one of
+    /// them leads: all of what the process runs, as a frozen or killed container would be.
+    ///
+    /// Why every descendant and not the children only: `tenure run`'s command runs two levels
+    /// down (tenure, its supervisor, the command), each in a group of its own; a freeze that
+    /// missed it would leave the "frozen" command running all along. The tree is frozen top
+    /// down before anything else is sent (each process is stopped before its children are
+    /// listed, so it cannot add one unseen, and a parent killed first cannot hand its children
+    /// to init unseen); SIGCONT goes top down too, the process itself first.
     pub fn signal_all(&self, signal: Signal) {
-        let _ = killpg(Pid::from_raw(self.pid()), signal);
-        for child in children(self.pid()) {
-            let _ = killpg(Pid::from_raw(child), signal);
+        let freeze = (signal != Signal::SIGCONT).then_some(Signal::SIGSTOP);
+        let tree = self.tree(freeze);
+        if signal != Signal::SIGSTOP {
+            for &process in &tree {
+                send(process, signal);
+            }
         }
+    }
+
+    /// The process and its descendants, parents before children, each sent `on_the_way` (if
+    /// any) before its children are listed.
+    fn tree(&self, on_the_way: Option<Signal>) -> Vec<Pid> {
+        let mut tree = Vec::new();
+        let mut next = 0;
+        tree.push(Pid::from_raw(self.pid()));
+        while next < tree.len() && tree.len() <= MAX_DESCENDANTS {
+            let process = tree[next];
+            next += 1;
+            if let Some(signal) = on_the_way {
+                send(process, signal);
+            }
+            tree.extend(children(process.as_raw()).into_iter().map(Pid::from_raw));
+        }
+        tree
     }
 
     /// Whether the process still runs (reaps it if it exited).
@@ -90,7 +119,6 @@ impl Process {
         if self.reaped {
             return;
         }
-        self.signal_all(Signal::SIGCONT);
         self.signal_all(Signal::SIGKILL);
         let _ = self.child.wait();
         self.reaped = true;
@@ -101,6 +129,15 @@ impl Drop for Process {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Sends `signal` to `process`, and to its process group as a whole when it leads one (what it
+/// started there that is no longer its descendant).
+fn send(process: Pid, signal: Signal) {
+    if getpgid(Some(process)) == Ok(process) {
+        let _ = killpg(process, signal);
+    }
+    let _ = kill(process, signal);
 }
 
 /// The children of `pid`, from `/proc` (all of its threads).
@@ -140,4 +177,48 @@ pub fn wait_for(limit: Duration, mut probe: impl FnMut() -> bool) -> bool {
 /// Seconds since an arbitrary start, for messages.
 pub fn stamp() -> String {
     format!("{:.3}", now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The state letter of `pid` in `/proc` (`T` stopped, `Z` zombie), `None` once it is gone.
+    fn state(pid: i32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(')')?.1.split_whitespace().next()?.chars().next()
+    }
+
+    #[test]
+    fn a_freeze_reaches_a_grandchild_that_leads_a_process_group_of_its_own() {
+        // Shaped as `tenure run` runs: tenure, its supervisor and the command, each leading a
+        // process group of its own, the command two levels down.
+        let log = std::env::temp_dir().join(format!("tenure-chaos-freeze-{}.log", std::process::id()));
+        let mut command = Command::new("sh");
+        command.args(["-c", "setsid sh -c 'setsid sleep 60 & wait' & wait"]);
+        let mut process = Process::start("tree", &mut command, &log).unwrap();
+        let mut tree = Vec::new();
+        let leads_its_group = |pid: i32| getpgid(Some(Pid::from_raw(pid))) == Ok(Pid::from_raw(pid));
+        let found = wait_for(Duration::from_secs(5), || {
+            let middle = children(process.pid());
+            tree = middle.iter().copied().chain(middle.iter().flat_map(|&p| children(p))).collect();
+            tree.len() == 2 && tree.iter().all(|&pid| leads_its_group(pid))
+        });
+        assert!(found, "the tree did not start: {tree:?}");
+        let grandchild = tree[1];
+
+        process.signal_all(Signal::SIGSTOP);
+        let everyone = [process.pid(), tree[0], grandchild];
+        let frozen = wait_for(Duration::from_secs(5), || everyone.iter().all(|&p| state(p) == Some('T')));
+        assert!(frozen, "not all frozen: {:?}", everyone.map(state));
+
+        process.signal_all(Signal::SIGCONT);
+        let thawed = wait_for(Duration::from_secs(5), || everyone.iter().all(|&p| state(p) != Some('T')));
+        assert!(thawed, "not all thawed: {:?}", everyone.map(state));
+
+        process.kill();
+        let gone = wait_for(Duration::from_secs(5), || matches!(state(grandchild), None | Some('Z')));
+        assert!(gone, "the grandchild outlived the kill: {:?}", state(grandchild));
+        let _ = std::fs::remove_file(log);
+    }
 }

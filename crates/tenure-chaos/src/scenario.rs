@@ -188,7 +188,6 @@ struct Run<'a> {
     lease: Duration,
     dir: PathBuf,
     witness_out: PathBuf,
-    fence: PathBuf,
     script: PathBuf,
     recorder: Recorder,
     candidates: Vec<Candidate>,
@@ -212,7 +211,6 @@ pub fn run(settings: &Settings, store: &mut Store, fault: Fault, mode: Mode) -> 
         timing: CheckTiming { renew_deadline: ttl.as_secs_f64() / 2.0, drift: 1.0 / 3.0 },
         lease: ttl,
         witness_out: dir.join("witness.log"),
-        fence: dir.join("fence"),
         script,
         dir,
         recorder: Recorder::default(),
@@ -322,7 +320,7 @@ impl Run<'_> {
             command.args(["--http", &address.to_string()]);
         }
         if self.mode == Mode::Run {
-            command.arg("--").arg(PYTHON).arg(&self.script).arg(&self.witness_out).arg(&self.fence);
+            command.arg("--").arg(PYTHON).arg(&self.script).arg(&self.witness_out);
             command.args([candidate.id.as_str(), &witness::ALIVE_PERIOD_MS.to_string()]);
         }
         if let Some(rate) = candidate.clock_rate {
@@ -424,6 +422,9 @@ impl Run<'_> {
         let target = self.candidates[leader].id.clone();
         let start = now();
         let mut takeover_expected = true;
+        // When the fault was undone: taken just before the thaw or heal, since the processes it
+        // wakes compete with the harness for the CPU and may run for a while before it does.
+        let mut undone = None;
         match fault {
             Fault::Sigkill => {
                 if let Some(process) = self.candidates[leader].process.as_mut() {
@@ -454,6 +455,7 @@ impl Run<'_> {
                 }
                 self.wait_takeover(term, self.takeover_limit());
                 wait_for(self.lease * 2, || past_lease.passed());
+                undone = Some(now());
                 if fault == Fault::Sigstop {
                     if let Some(process) = self.candidates[leader].process.as_ref() {
                         process.signal_all(Signal::SIGCONT);
@@ -473,7 +475,7 @@ impl Run<'_> {
             }
             Fault::ClockInside | Fault::ClockOutside | Fault::SplitLock => {}
         }
-        Ok(FaultSpan { kind: fault.name(), target, start, end: now(), takeover_expected })
+        Ok(FaultSpan { kind: fault.name(), target, start, end: undone.unwrap_or_else(now), takeover_expected })
     }
 
     /// Rounds of the clock faults and of the broken configuration: each round a fresh election.

@@ -23,12 +23,7 @@ impl Cluster {
     fn start(label: &str) -> Cluster {
         let dir = TempDir::new(label);
         let kubeconfig = dir.join("kubeconfig");
-        let server = Tenure::start(
-            "apiserver",
-            &["apiserver", "--listen", "127.0.0.1:0", "--kubeconfig", kubeconfig.to_str().unwrap()],
-        );
-        wait_until(Duration::from_secs(10), || server.output().lines().next().map(str::to_owned))
-            .unwrap_or_else(|| panic!("the API server printed no URL; log:\n{}", server.log()));
+        let server = common::start_apiserver(&kubeconfig);
         Cluster { _server: server, dir }
     }
 

@@ -4,7 +4,7 @@
 mod common;
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{file_url, run_to_end, wait_until, TempDir, Tenure};
 use tenure::locks::file::FileLock;
@@ -434,4 +434,57 @@ fn if_the_supervisor_is_killed_tenure_kills_the_tree_itself_and_exits_1() {
         assert!(gone.is_some(), "the tree survived its supervisor; log:\n{log}");
         assert!(!std::path::Path::new(cgroup).exists(), "the cgroup was left behind");
     }
+}
+
+/// Sends `signal` to each of `pids`, in order.
+fn signal_each(pids: &[i32], signal: i32) {
+    for &pid in pids {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(pid, signal) };
+    }
+}
+
+#[test]
+fn a_frozen_run_kills_its_command_as_soon_as_it_is_thawed_past_its_deadline_even_while_the_store_hangs() {
+    // A frozen container (tenure, its supervisor and the command all stopped) thawed long after
+    // its fencing deadline, with a store that does not answer (the API server frozen too: the
+    // kernel still accepts connections, nobody answers them). The fencing deadline and the kill
+    // deadline after it have passed on the local clock, so the command must die at once, before
+    // anything is heard from the store, and without waiting for its grace period.
+    let dir = TempDir::new("run-frozen");
+    let kubeconfig = dir.join("kubeconfig");
+    let server = common::start_apiserver(&kubeconfig);
+    let (ttl, lease, renew_deadline) = ("4s", Duration::from_secs(4), Duration::from_secs(2));
+    let lock_args = ["--lock", "kube://default/leases/frozen", "--kubeconfig", kubeconfig.to_str().unwrap()];
+    let runner = Tenure::start_with(
+        "runner",
+        common::without_cluster(&mut Command::new(common::TENURE))
+            .args(["run", "--election", "frozen", "--ttl", ttl])
+            .args(lock_args)
+            // It ignores SIGTERM: only the SIGKILL, due long ago, ends it.
+            .args(["--", "sh", "-c", "trap '' TERM; while :; do sleep 0.02; done"]),
+    );
+    runner.wait_for_log("leading; started the command", Duration::from_secs(10));
+    let supervisor = children_of(runner.pid());
+    assert_eq!(supervisor.len(), 1, "one supervisor under tenure");
+    let command = children_of(supervisor[0]);
+    assert_eq!(command.len(), 1, "the command under the supervisor");
+    let tree = [runner.pid(), supervisor[0], command[0]];
+
+    signal_each(&[server.pid()], libc::SIGSTOP);
+    signal_each(&tree, libc::SIGSTOP);
+    // The fault itself, not a wait for an event: the tree stays frozen past the lease.
+    std::thread::sleep(lease + Duration::from_millis(500));
+    let thawed = Instant::now();
+    signal_each(&tree, libc::SIGCONT);
+    let dead = wait_until(Duration::from_secs(10), || (!is_alive(command[0])).then(|| thawed.elapsed()));
+    // The part of the margin (lease - renew deadline) that the guarantee leaves for the kill.
+    let kill_allowance = (lease - renew_deadline) / 4;
+    let log = runner.log();
+    match dead {
+        Some(after) => assert!(after < kill_allowance, "the command died {after:?} after the thaw; log:\n{log}"),
+        None => panic!("the command outlived its thawed tenure; log:\n{log}"),
+    }
+    assert!(log.contains("lost leadership; stopping the command"), "{log}");
+    signal_each(&[server.pid()], libc::SIGCONT);
 }

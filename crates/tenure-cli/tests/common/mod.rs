@@ -323,3 +323,15 @@ pub fn assert_watch_follows_a_handover(election: &str, lock_url: &str) {
     wait_for_watched_leaders(&watch, &["one", "two"]);
     assert_eq!(first.exit_code(Duration::from_secs(5)), 0);
 }
+
+/// Starts `tenure apiserver` on a free loopback port, writing its kubeconfig to `kubeconfig`;
+/// returns once it serves.
+pub fn start_apiserver(kubeconfig: &Path) -> Tenure {
+    let server = Tenure::start(
+        "apiserver",
+        &["apiserver", "--listen", "127.0.0.1:0", "--kubeconfig", kubeconfig.to_str().unwrap()],
+    );
+    wait_until(Duration::from_secs(10), || server.output().lines().next().map(str::to_owned))
+        .unwrap_or_else(|| panic!("the API server printed no URL; log:\n{}", server.log()));
+    server
+}
