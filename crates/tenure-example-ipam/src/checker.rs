@@ -17,6 +17,13 @@
 //! Faults, in rotation, each followed by waiting for the next leader: SIGKILL of the leader,
 //! SIGSTOP past the lease then SIGCONT, SIGTERM (graceful stop), and an injected crash between
 //! allocate and annotate (a Pod labelled [`CRASH_LABEL`]). Exited replicas are restarted.
+//!
+//! In Active/Active mode ([`Mode::ActiveActive`]) the same faults hit the group's members in
+//! turn (see [`active_active`]), every restart is a join, and one more check runs on the
+//! replicas' witness files ([`crate::witness`]): no Pod handled by two replicas at overlapping
+//! times.
+
+mod active_active;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::Ipv4Addr;
@@ -38,9 +45,10 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::controller::{annotated_ip, CRASH_EXIT_CODE, CRASH_LABEL, ELECTION, POOL_PREFIX, RESUME_FAILED_LINE};
+use crate::controller::{annotated_ip, Mode, CRASH_EXIT_CODE, CRASH_LABEL, ELECTION, POOL_PREFIX, RESUME_FAILED_LINE};
 use crate::etcd_server::{EtcdServer, EtcdServerError};
 use crate::pool::IpPool;
+use crate::witness::{self, Frozen};
 
 /// The pool the checker gives the controllers: 10.0.0.1 ..= 10.0.3.232.
 const POOL_BASE: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 0);
@@ -77,6 +85,13 @@ pub struct Scenario {
     /// Shorter than a leader change, every resume fails with `410 Expired` and only the relist
     /// plus the collector can release the addresses of Pods deleted meanwhile.
     pub event_window: Option<Duration>,
+    /// Active/Passive (a leader) or Active/Active (a group of members sharing partitions).
+    pub mode: Mode,
+    /// Active/Active: the group's partition count.
+    pub partitions: u32,
+    /// Active/Active, the control: replicas that ignore revocations (no drain); the checker must
+    /// report overlapping handlers.
+    pub ignore_revocation: bool,
 }
 
 impl Scenario {
@@ -94,7 +109,15 @@ impl Scenario {
             churn_every: Duration::from_millis(50),
             seed: 10,
             event_window: None,
+            mode: Mode::ActivePassive,
+            partitions: 64,
+            ignore_revocation: false,
         }
+    }
+
+    /// [`Scenario::short`] in Active/Active mode: three members sharing 64 partitions.
+    pub fn active_active(controller: PathBuf, faults: usize) -> Scenario {
+        Scenario { mode: Mode::ActiveActive, ..Scenario::short(controller, true, faults) }
     }
 
     /// The orphan collection bound the checker holds the controllers to.
@@ -106,8 +129,17 @@ impl Scenario {
 /// What a run observed.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
-    /// Distinct leader terms seen, minus the first.
+    /// Active/Passive: distinct leader terms seen, minus the first.
     pub leader_changes: usize,
+    /// Active/Active: members that left (killed, paused past the lease, stopped, crashed) or
+    /// joined, each followed by the group settling.
+    pub membership_changes: usize,
+    /// Active/Active: handlers in the witness files, and how many ended fenced.
+    pub handlers: usize,
+    /// See `handlers`.
+    pub fenced_handlers: usize,
+    /// Violations (Active/Active): one Pod handled by two replicas at overlapping times.
+    pub handler_overlaps: Vec<String>,
     /// Faults injected, by kind.
     pub kills: usize,
     /// SIGSTOP/SIGCONT pauses.
@@ -150,6 +182,7 @@ impl Report {
     /// True if no safety violation happened and every deletion and orphan was handled.
     pub fn is_clean(&self) -> bool {
         self.double_allocations.is_empty()
+            && self.handler_overlaps.is_empty()
             && self.pods_with_two_ips.is_empty()
             && self.in_use_collected.is_empty()
             && self.missed_deletions.is_empty()
@@ -160,7 +193,8 @@ impl Report {
     /// The numbers, one per line.
     pub fn summary(&self) -> String {
         format!(
-            "leader changes: {} (kills {}, pauses {}, stops {}, injected crashes {})\n\
+            "leader changes: {}, membership changes: {} (kills {}, pauses {}, stops {}, injected crashes {})\n\
+             handlers witnessed: {} ({} fenced), overlapping on one pod: {}\n\
              samples: {}, pods created: {}, deleted: {}\n\
              double allocations: {}\npods with two IPs: {}\nlive resources collected: {}\n\
              missed deletions: {}\nunannotated live pods at the end: {}\n\
@@ -168,10 +202,14 @@ impl Report {
              failed resumes (relists): {}\n\
              elapsed: {:?}",
             self.leader_changes,
+            self.membership_changes,
             self.kills,
             self.pauses,
             self.stops,
             self.injected_crashes,
+            self.handlers,
+            self.fenced_handlers,
+            self.handler_overlaps.len(),
             self.samples,
             self.pods_created,
             self.pods_deleted,
@@ -257,43 +295,18 @@ pub async fn run(scenario: &Scenario) -> Result<Report, CheckerError> {
     let churn = tokio::spawn(churn(pods.clone(), scenario.clone(), observer.clone(), stop_churn.clone()));
 
     let mut report = Report { orphan_bound: scenario.orphan_bound(), ..Report::default() };
-    let mut term = wait_for_leader(&election, None, "start").await?;
-    for fault in 0..scenario.faults {
-        tokio::time::sleep(scenario.fault_spacing).await;
-        let leader = election.leader().await?.ok_or_else(|| CheckerError::NoLeader(LEADER_BOUND, "a fault".into()))?;
-        let Some(index) = harness.replicas.iter().position(|r| r.identity == leader.identity) else {
-            return Err(CheckerError::Process(format!("leader {} is not one of the replicas", leader.identity)));
-        };
-        let pid = harness.pid(index)?;
-        let what = match fault % 4 {
-            0 => {
-                signal(pid, Signal::SIGKILL)?;
-                report.kills += 1;
-                "SIGKILL"
-            }
-            1 => {
-                signal(pid, Signal::SIGSTOP)?;
-                report.pauses += 1;
-                let paused = wait_for_leader(&election, Some(term), "SIGSTOP").await;
-                // Stay paused past the lease for sure, then let the old leader wake up and try.
-                tokio::time::sleep(scenario.ttl).await;
-                signal(pid, Signal::SIGCONT)?;
-                term = paused?;
-                harness.restart_exited(&mut report)?;
-                continue;
-            }
-            2 => {
-                signal(pid, Signal::SIGTERM)?;
-                report.stops += 1;
-                "SIGTERM"
-            }
-            _ => {
-                create_pod(&pods, &format!("crash-{fault}"), true).await?;
-                "an injected crash"
-            }
-        };
-        term = wait_for_leader(&election, Some(term), what).await?;
-        harness.restart_exited(&mut report)?;
+    let mut frozen = Frozen::new();
+    let faults = match scenario.mode {
+        Mode::ActivePassive => leader_faults(&mut harness, &election, &pods, &mut report).await,
+        Mode::ActiveActive => {
+            active_active::member_faults(&mut harness, &pods, &observer, &mut report, &mut frozen).await
+        }
+    };
+    if let Err(error) = faults {
+        if std::env::var_os("TENURE_IPAM_KEEP_LOGS").is_some() {
+            eprintln!("replica logs kept in {}", logs.display());
+        }
+        return Err(error);
     }
     stop_churn.cancel();
     let _ = churn.await;
@@ -322,6 +335,13 @@ pub async fn run(scenario: &Scenario) -> Result<Report, CheckerError> {
     let observations = observer.lock().unwrap_or_else(|e| e.into_inner()).clone();
     observations.finish(&mut report);
     report.failed_resumes = count_lines(&logs, RESUME_FAILED_LINE);
+    if scenario.mode == Mode::ActiveActive {
+        let handled = witness::read_dir(&logs);
+        report.handlers = handled.len();
+        report.fenced_handlers = handled.iter().filter(|h| h.outcome == Some(witness::Outcome::Fenced)).count();
+        report.handler_overlaps = witness::overlaps(&handled, &frozen);
+        report.leader_changes = 0;
+    }
     if std::env::var_os("TENURE_IPAM_KEEP_LOGS").is_none() {
         let _ = std::fs::remove_dir_all(&logs);
     }
@@ -329,6 +349,54 @@ pub async fn run(scenario: &Scenario) -> Result<Report, CheckerError> {
     apiserver.shutdown().await;
     drop(etcd);
     Ok(report)
+}
+
+/// Active/Passive faults: each hits the leader and waits for the next one.
+async fn leader_faults(
+    harness: &mut Harness,
+    election: &EtcdElection,
+    pods: &Api<Pod>,
+    report: &mut Report,
+) -> Result<(), CheckerError> {
+    let mut term = wait_for_leader(election, None, "start").await?;
+    for fault in 0..harness.scenario.faults {
+        tokio::time::sleep(harness.scenario.fault_spacing).await;
+        let leader = election.leader().await?.ok_or_else(|| CheckerError::NoLeader(LEADER_BOUND, "a fault".into()))?;
+        let Some(index) = harness.replicas.iter().position(|r| r.identity == leader.identity) else {
+            return Err(CheckerError::Process(format!("leader {} is not one of the replicas", leader.identity)));
+        };
+        let pid = harness.pid(index)?;
+        let what = match fault % 4 {
+            0 => {
+                signal(pid, Signal::SIGKILL)?;
+                report.kills += 1;
+                "SIGKILL"
+            }
+            1 => {
+                signal(pid, Signal::SIGSTOP)?;
+                report.pauses += 1;
+                let paused = wait_for_leader(election, Some(term), "SIGSTOP").await;
+                // Stay paused past the lease for sure, then let the old leader wake up and try.
+                tokio::time::sleep(harness.scenario.ttl).await;
+                signal(pid, Signal::SIGCONT)?;
+                term = paused?;
+                harness.restart_exited(report)?;
+                continue;
+            }
+            2 => {
+                signal(pid, Signal::SIGTERM)?;
+                report.stops += 1;
+                "SIGTERM"
+            }
+            _ => {
+                create_pod(pods, &format!("crash-{fault}"), true).await?;
+                "an injected crash"
+            }
+        };
+        term = wait_for_leader(election, Some(term), what).await?;
+        harness.restart_exited(report)?;
+    }
+    Ok(())
 }
 
 /// A client of the API server at `url`.
@@ -368,6 +436,15 @@ impl Harness {
             .kill_on_drop(true);
         if !s.resume {
             command.arg("--no-resume");
+        }
+        if s.mode == Mode::ActiveActive {
+            command
+                .args(["--mode", "active-active", "--partitions", &s.partitions.to_string()])
+                .arg("--witness")
+                .arg(self.logs.join(format!("{identity}.witness")));
+            if s.ignore_revocation {
+                command.arg("--unsafe-ignore-revocation");
+            }
         }
         let child = command.spawn().map_err(|e| CheckerError::Process(format!("{}: {e}", s.controller.display())))?;
         self.replicas.push(Replica { identity, child });
@@ -480,6 +557,9 @@ struct Observations {
     created: usize,
     deleted: HashSet<String>,
     terms: Vec<(u64, Instant)>,
+    /// Active/Active: when the group settled after each membership change (the moment the
+    /// partitions of a departed member have a new owner).
+    takeovers: Vec<Instant>,
     /// The first address each Pod was annotated with.
     annotated: HashMap<String, Ipv4Addr>,
     /// Who each allocation (address, create revision) was for.
@@ -502,6 +582,7 @@ impl Observations {
             created: 0,
             deleted: HashSet::new(),
             terms: Vec::new(),
+            takeovers: Vec::new(),
             annotated: HashMap::new(),
             allocations: HashMap::new(),
             orphans: HashMap::new(),
@@ -613,7 +694,13 @@ impl Observations {
         report.orphans_collected = self.collected.len();
         for (id, appeared) in &self.orphans {
             let Some(gone) = self.collected.get(id) else { continue };
-            let takeover = self.terms.iter().map(|(_, at)| *at).filter(|at| at <= gone).max();
+            let takeover = self
+                .terms
+                .iter()
+                .map(|(_, at)| *at)
+                .chain(self.takeovers.iter().copied())
+                .filter(|at| at <= gone)
+                .max();
             let from = takeover.map_or(*appeared, |t| t.max(*appeared));
             report.orphan_latency_max = report.orphan_latency_max.max(gone.saturating_duration_since(from));
         }

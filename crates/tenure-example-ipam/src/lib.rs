@@ -8,7 +8,9 @@
 //! is collected while nothing in use is.
 #![warn(missing_docs)]
 
+pub mod active_active;
 pub mod checker;
 pub mod controller;
 pub mod etcd_server;
 pub mod pool;
+pub mod witness;

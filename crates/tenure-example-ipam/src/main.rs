@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use tenure_example_ipam::checker::{self, Scenario};
-use tenure_example_ipam::controller::{self, ControllerConfig};
+use tenure_example_ipam::controller::{self, ControllerConfig, Mode};
 
 #[derive(Parser)]
 #[command(about = "A Kuryr-like Pod IP allocator on the Tenure HA runtime, and its checker")]
@@ -59,6 +59,23 @@ enum Command {
         /// The pool's size.
         #[arg(long, default_value_t = 1000)]
         pool_size: u32,
+        /// active-passive (one leader works) or active-active (every replica works on the Pods of
+        /// its partitions).
+        #[arg(long, value_enum, default_value_t = Mode::ActivePassive)]
+        mode: Mode,
+        /// Active/Active: the group's partition count.
+        #[arg(long, default_value_t = 64)]
+        partitions: u32,
+        /// Active/Active: append a line per handler start and end to this file (for the checker).
+        #[arg(long)]
+        witness: Option<std::path::PathBuf>,
+        /// A delay before every call to the pool, modelling a slow external IPAM.
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        pool_delay: Duration,
+        /// Deliberately broken Active/Active (the checker's control): keep handling the partitions
+        /// this replica once owned and do not drain them on a handoff.
+        #[arg(long)]
+        unsafe_ignore_revocation: bool,
     },
     /// Run the checker's scenario and print its numbers; exits 1 if it found a violation.
     Check {
@@ -75,6 +92,17 @@ enum Command {
         /// resume fail, so the relist and the collector must recover the deletions.
         #[arg(long, value_parser = humantime::parse_duration)]
         event_window: Option<Duration>,
+        /// active-passive (faults hit the leader) or active-active (faults hit the members in
+        /// turn, each followed by a join; handlers are checked for overlaps in the witness).
+        #[arg(long, value_enum, default_value_t = Mode::ActivePassive)]
+        mode: Mode,
+        /// Active/Active: the group's partition count.
+        #[arg(long, default_value_t = 64)]
+        partitions: u32,
+        /// Active/Active control: run replicas that ignore revocations; the checker must report
+        /// overlapping handlers (exit 1).
+        #[arg(long)]
+        unsafe_ignore_revocation: bool,
     },
 }
 
@@ -104,6 +132,11 @@ fn main() -> ExitCode {
             exit_with_parent,
             pool_base,
             pool_size,
+            mode,
+            partitions,
+            witness,
+            pool_delay,
+            unsafe_ignore_revocation,
         } => {
             if exit_with_parent {
                 if let Err(error) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL) {
@@ -112,6 +145,11 @@ fn main() -> ExitCode {
                 }
             }
             let config = ControllerConfig {
+                mode,
+                partitions,
+                witness,
+                pool_delay,
+                ignore_revocation: unsafe_ignore_revocation,
                 identity,
                 etcd,
                 apiserver,
@@ -132,7 +170,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Check { no_resume, faults, seed, event_window } => {
+        Command::Check { no_resume, faults, seed, event_window, mode, partitions, unsafe_ignore_revocation } => {
             let exe = match std::env::current_exe() {
                 Ok(exe) => exe,
                 Err(error) => {
@@ -140,15 +178,23 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let scenario = Scenario { seed, event_window, ..Scenario::short(exe, !no_resume, faults) };
+            let scenario = Scenario {
+                seed,
+                event_window,
+                mode,
+                partitions,
+                ignore_revocation: unsafe_ignore_revocation,
+                ..Scenario::short(exe, !no_resume, faults)
+            };
             match runtime.block_on(checker::run(&scenario)) {
                 Ok(report) => {
-                    println!("resume: {}\n{}", scenario.resume, report.summary());
+                    println!("mode: {:?}, resume: {}\n{}", scenario.mode, scenario.resume, report.summary());
                     if report.is_clean() {
                         ExitCode::SUCCESS
                     } else {
                         println!(
-                            "violations: {:?} {:?} {:?}\nmissed: {:?}",
+                            "violations: {:?} {:?} {:?} {:?}\nmissed: {:?}",
+                            report.handler_overlaps.iter().take(5).collect::<Vec<_>>(),
                             report.double_allocations,
                             report.pods_with_two_ips,
                             report.in_use_collected,
