@@ -54,6 +54,10 @@ use crate::witness::{HandlerKind, Outcome, Witness};
 /// The group all Active/Active replicas join (its keys are under `ipam/group/`).
 pub const GROUP: &str = "ipam/group";
 
+/// What a replica prints (stdout) once its watch has listed and the pass over that list is done:
+/// from then on it handles Pod events as they come (the benchmark waits for it).
+pub const WATCHING_LINE: &str = "watching Pods";
+
 /// At most this many fences are raised at once when partitions are gained.
 const PARALLEL_FENCE_RAISES: usize = 16;
 
@@ -159,8 +163,19 @@ pub async fn run(config: ControllerConfig) -> Result<(), ControllerError> {
         .timeout_seconds(30)
         .backoff(Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(2) });
     let mut watcher = ResumableWatcher::new(pods, watch, None)?;
+    // The watch runs on its own task, so that a long handler or pass never stalls or restarts its
+    // requests; events wait in order in the channel.
+    let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let watch_task = tokio::spawn(async move {
+        loop {
+            if events_tx.send(watcher.next_event().await).is_err() {
+                return;
+            }
+        }
+    });
     let mut assignment = replica.group.assignment();
-    let mut resync = tokio::time::interval(replica.config.gc_period);
+    let mut resync =
+        tokio::time::interval_at(tokio::time::Instant::now() + replica.config.gc_period, replica.config.gc_period);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     println!("joined group {GROUP} as {}", replica.config.identity);
@@ -176,18 +191,28 @@ pub async fn run(config: ControllerConfig) -> Result<(), ControllerError> {
                 }
                 replica.follow_assignment().await;
             }
-            event = watcher.next_event() => match event {
+            Some(event) = events.recv() => match event {
                 Ok(ResumeEvent::Applied(pod)) => {
                     if let Some(permit) = replica.permit(&replica.key_of(&pod.name_any())) {
-                        replica.reconcile(permit, pod).await;
+                        // The echo of this replica's own intent write: that handler has ended
+                        // (annotated, or failed and left to the next pass).
+                        let own_intent = pod.annotations().get(PENDING_ANNOTATION) == Some(&permit.term().0.to_string());
+                        if !own_intent {
+                            replica.reconcile(permit, pod).await;
+                        }
                     }
                 }
                 Ok(ResumeEvent::Deleted(pod)) => {
+                    tracing::debug!(pod = %pod.name_any(), "deleted");
                     if let Some(permit) = replica.permit(&replica.key_of(&pod.name_any())) {
                         replica.release_pod(permit, &pod).await;
                     }
                 }
-                Ok(ResumeEvent::Listed { .. }) => replica.resync(None).await,
+                Ok(ResumeEvent::Listed { cause, .. }) => {
+                    tracing::debug!(?cause, "the watch listed");
+                    replica.resync(None).await;
+                    println!("{WATCHING_LINE}");
+                }
                 Ok(ResumeEvent::Progress(_)) => {}
                 Err(error) => tracing::warn!(%error, "watch failed; retrying"),
             },
@@ -197,6 +222,7 @@ pub async fn run(config: ControllerConfig) -> Result<(), ControllerError> {
             }
         }
     }
+    watch_task.abort();
     tracing::info!("stopping: the handler in flight has finished; leaving the group");
     let Replica { group, .. } = replica;
     group.leave().await.map_err(|e| ControllerError::Group(e.to_string()))?;
@@ -254,6 +280,7 @@ impl Replica {
     /// The pass over the partitions in `scope` (all owned if `None`): release what Pods that no
     /// longer exist hold, release orphans, give unannotated Pods an address.
     async fn resync(&mut self, scope: Option<&BTreeSet<u32>>) {
+        tracing::debug!(partitions = ?scope.map(BTreeSet::len), "resync pass");
         // The pool first, then the Pods: an allocation is made only after its Pod exists, so one
         // whose Pod is missing from the later listing belongs to a deleted Pod.
         let allocations = match self.pool.list().await {

@@ -23,7 +23,7 @@
 //! replicas' witness files ([`crate::witness`]): no Pod handled by two replicas at overlapping
 //! times.
 
-mod active_active;
+pub(crate) mod active_active;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::Ipv4Addr;
@@ -54,7 +54,7 @@ use crate::witness::{self, Frozen};
 const POOL_BASE: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 0);
 const POOL_SIZE: u32 = 1000;
 /// How often the checker samples the pool and the Pods.
-const SAMPLE_EVERY: Duration = Duration::from_millis(20);
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_millis(20);
 /// The longest wait for a new leader after a fault.
 const LEADER_BOUND: Duration = Duration::from_secs(30);
 
@@ -92,6 +92,8 @@ pub struct Scenario {
     /// Active/Active, the control: replicas that ignore revocations (no drain); the checker must
     /// report overlapping handlers.
     pub ignore_revocation: bool,
+    /// A delay before every pool call (the throughput benchmark's slow external IPAM).
+    pub pool_delay: Duration,
 }
 
 impl Scenario {
@@ -112,6 +114,7 @@ impl Scenario {
             mode: Mode::ActivePassive,
             partitions: 64,
             ignore_revocation: false,
+            pool_delay: Duration::ZERO,
         }
     }
 
@@ -252,9 +255,9 @@ pub enum CheckerError {
 }
 
 /// One controller process.
-struct Replica {
-    identity: String,
-    child: Child,
+pub(crate) struct Replica {
+    pub(crate) identity: String,
+    pub(crate) child: Child,
 }
 
 /// Starts etcd, the API server and three controllers, runs the scenario, and reports.
@@ -276,14 +279,7 @@ pub async fn run(scenario: &Scenario) -> Result<Report, CheckerError> {
         etcd.endpoint().replace([':', '.'], "-")
     ));
     std::fs::create_dir_all(&logs).map_err(|e| CheckerError::Process(format!("{}: {e}", logs.display())))?;
-    let mut harness = Harness {
-        logs: logs.clone(),
-        scenario: scenario.clone(),
-        etcd: etcd.endpoint(),
-        url: apiserver.url(),
-        replicas: Vec::new(),
-        generation: 0,
-    };
+    let mut harness = Harness::new(logs.clone(), scenario.clone(), etcd.endpoint(), apiserver.url());
     for _ in 0..3 {
         harness.spawn()?;
     }
@@ -405,18 +401,24 @@ pub fn kube_client(url: &str) -> Result<Client, CheckerError> {
     Client::try_from(kube::Config::new(uri)).map_err(|e| CheckerError::Kube(e.to_string()))
 }
 
-struct Harness {
+/// The controller processes of a run (the checker's, or the benchmark's).
+pub(crate) struct Harness {
     /// Where each replica's stdout goes.
     logs: PathBuf,
     scenario: Scenario,
-    etcd: String,
+    pub(crate) etcd: String,
     url: String,
-    replicas: Vec<Replica>,
+    pub(crate) replicas: Vec<Replica>,
     generation: usize,
 }
 
 impl Harness {
-    fn spawn(&mut self) -> Result<(), CheckerError> {
+    pub(crate) fn new(logs: PathBuf, scenario: Scenario, etcd: String, url: String) -> Harness {
+        Harness { logs, scenario, etcd, url, replicas: Vec::new(), generation: 0 }
+    }
+
+    /// Starts one more replica (a new identity).
+    pub(crate) fn spawn(&mut self) -> Result<(), CheckerError> {
         self.generation += 1;
         let identity = format!("replica-{}", self.generation);
         let s = &self.scenario;
@@ -430,6 +432,7 @@ impl Harness {
             .args(["--gc-period", &format!("{}ms", s.gc_period.as_millis())])
             .args(["--gc-grace", &format!("{}ms", s.gc_grace.as_millis())])
             .args(["--crash-after-allocate", "--exit-with-parent"])
+            .args(["--pool-delay", &format!("{}ms", s.pool_delay.as_millis())])
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| CheckerError::Process(e.to_string()))?)
             .stderr(log)
@@ -490,7 +493,7 @@ fn count_lines(dir: &std::path::Path, needle: &str) -> usize {
         .sum()
 }
 
-fn signal(pid: Pid, signal: Signal) -> Result<(), CheckerError> {
+pub(crate) fn signal(pid: Pid, signal: Signal) -> Result<(), CheckerError> {
     kill(pid, signal).map_err(|e| CheckerError::Process(format!("{signal} to {pid}: {e}")))
 }
 
@@ -510,7 +513,7 @@ async fn wait_for_leader(election: &EtcdElection, old: Option<u64>, after: &str)
     }
 }
 
-async fn create_pod(pods: &Api<Pod>, name: &str, crash: bool) -> Result<Pod, CheckerError> {
+pub(crate) async fn create_pod(pods: &Api<Pod>, name: &str, crash: bool) -> Result<Pod, CheckerError> {
     let mut labels = serde_json::Map::new();
     labels.insert("app".into(), "churn".into());
     if crash {

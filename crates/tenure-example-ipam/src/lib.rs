@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod active_active;
+pub mod bench;
 pub mod checker;
 pub mod controller;
 pub mod etcd_server;

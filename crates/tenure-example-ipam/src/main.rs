@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use tenure_example_ipam::bench::{self, BenchConfig};
 use tenure_example_ipam::checker::{self, Scenario};
 use tenure_example_ipam::controller::{self, ControllerConfig, Mode};
 
@@ -104,6 +105,21 @@ enum Command {
         #[arg(long)]
         unsafe_ignore_revocation: bool,
     },
+    /// Active/Active throughput: Pods handled per second by 1 and by 3 replicas with a slow pool.
+    Bench {
+        /// Replica counts to compare; the ratio is of the last to the first.
+        #[arg(long, value_delimiter = ',', default_value = "1,3")]
+        replicas: Vec<usize>,
+        /// Pods per round (enough that the hash spreads them over the replicas about evenly).
+        #[arg(long, default_value_t = 600)]
+        pods: usize,
+        /// Rounds per replica count (the median is printed).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// The delay before every pool call.
+        #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
+        pool_delay: Duration,
+    },
 }
 
 fn main() -> ExitCode {
@@ -166,6 +182,40 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     eprintln!("controller failed: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Bench { replicas, pods, rounds, pool_delay } => {
+            let Ok(controller) = std::env::current_exe() else {
+                eprintln!("cannot find this program");
+                return ExitCode::FAILURE;
+            };
+            if replicas.is_empty() || pods == 0 || rounds == 0 {
+                eprintln!("--replicas, --pods and --rounds must not be empty or zero");
+                return ExitCode::FAILURE;
+            }
+            let config = BenchConfig { controller, replicas: replicas.clone(), pods, rounds, pool_delay };
+            match runtime.block_on(bench::run(&config)) {
+                Ok(results) => {
+                    println!("pool delay {pool_delay:?} per call, {pods} Pods per round, median of {rounds} rounds:");
+                    for &count in &replicas {
+                        if let Some((allocations, releases)) = bench::medians(&results, count) {
+                            println!("replicas {count}: {allocations:.1} allocations/s, {releases:.1} releases/s");
+                        }
+                    }
+                    let (first, last) = (replicas[0], replicas[replicas.len() - 1]);
+                    if let (Some(a), Some(b)) = (bench::medians(&results, first), bench::medians(&results, last)) {
+                        println!(
+                            "ratio {last} vs {first} replicas: {:.2}x allocations, {:.2}x releases",
+                            b.0 / a.0,
+                            b.1 / a.1
+                        );
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("the benchmark failed: {error}");
                     ExitCode::FAILURE
                 }
             }

@@ -108,7 +108,7 @@ async fn wait_for_exit(harness: &mut Harness, identity: Option<&str>, after: &st
 
 /// Polls the partition table until every partition is owned by a running replica not in
 /// `excluded` and every such replica owns at least one.
-async fn settle(
+pub(crate) async fn settle(
     store: &EtcdGroupStore,
     harness: &mut Harness,
     excluded: &[String],
