@@ -53,7 +53,7 @@ pub(super) async fn member_faults(
                 let from = now_nanos();
                 signal(pid, Signal::SIGSTOP)?;
                 report.pauses += 1;
-                let settled = settle(&store, harness, &[identity.clone()], "SIGSTOP").await;
+                let settled = settle(&store, harness, std::slice::from_ref(&identity), "SIGSTOP").await;
                 // Stay paused past the lease for sure, then let the old owner wake up and try.
                 tokio::time::sleep(harness.scenario.ttl).await;
                 signal(pid, Signal::SIGCONT)?;
