@@ -671,6 +671,19 @@ impl Observations {
                 }
             }
         }
+        // An allocation seen earlier, gone now, whose Pod holds another address was an orphan
+        // that was collected between two samples (before one sample could show both): counted,
+        // with no latency.
+        for (id, uid) in &self.allocations {
+            if live.contains(id) || self.orphans.contains_key(id) {
+                continue;
+            }
+            if let Some((_, Some(ip))) = second.get(uid) {
+                if *ip != id.0 {
+                    self.orphans.insert(*id, now);
+                }
+            }
+        }
         for id in self.orphans.keys() {
             if !live.contains(id) {
                 self.collected.entry(*id).or_insert(now);
@@ -816,6 +829,21 @@ mod tests {
         assert_eq!((report.orphans_seen, report.orphans_collected), (1, 1));
         assert_eq!(report.orphan_latency_max, Duration::from_secs(1));
         assert_eq!(report.leader_changes, 1);
+    }
+
+    #[test]
+    fn an_orphan_collected_before_a_sample_could_show_it_with_its_pods_new_address_still_counts() {
+        let mut observations = Observations::new();
+        let start = Instant::now();
+        let pending = [pod("a", "1", None)];
+        observations.record(&pending, &[allocation("10.0.0.1", "a", 5)], &pending, None, start);
+        let annotated = [pod("a", "2", Some("10.0.0.2"))];
+        let later = start + Duration::from_secs(1);
+        observations.record(&annotated, &[allocation("10.0.0.2", "a", 6)], &annotated, None, later);
+        let mut report = Report::default();
+        observations.finish(&mut report);
+        assert_eq!((report.orphans_seen, report.orphans_collected), (1, 1));
+        assert_eq!(report.orphan_latency_max, Duration::ZERO);
     }
 
     #[test]
