@@ -17,6 +17,13 @@
 //! Faults, in rotation, each followed by waiting for the next leader: SIGKILL of the leader,
 //! SIGSTOP past the lease then SIGCONT, SIGTERM (graceful stop), and an injected crash between
 //! allocate and annotate (a Pod labelled [`CRASH_LABEL`]). Exited replicas are restarted.
+//!
+//! In Active/Active mode ([`Mode::ActiveActive`]) the same faults hit the group's members in
+//! turn (see [`active_active`]), every restart is a join, and one more check runs on the
+//! replicas' witness files ([`crate::witness`]): no Pod handled by two replicas at overlapping
+//! times.
+
+pub(crate) mod active_active;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::Ipv4Addr;
@@ -38,15 +45,16 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::controller::{annotated_ip, CRASH_EXIT_CODE, CRASH_LABEL, ELECTION, POOL_PREFIX, RESUME_FAILED_LINE};
+use crate::controller::{annotated_ip, Mode, CRASH_EXIT_CODE, CRASH_LABEL, ELECTION, POOL_PREFIX, RESUME_FAILED_LINE};
 use crate::etcd_server::{EtcdServer, EtcdServerError};
 use crate::pool::IpPool;
+use crate::witness::{self, Frozen};
 
 /// The pool the checker gives the controllers: 10.0.0.1 ..= 10.0.3.232.
 const POOL_BASE: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 0);
 const POOL_SIZE: u32 = 1000;
 /// How often the checker samples the pool and the Pods.
-const SAMPLE_EVERY: Duration = Duration::from_millis(20);
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_millis(20);
 /// The longest wait for a new leader after a fault.
 const LEADER_BOUND: Duration = Duration::from_secs(30);
 
@@ -77,6 +85,15 @@ pub struct Scenario {
     /// Shorter than a leader change, every resume fails with `410 Expired` and only the relist
     /// plus the collector can release the addresses of Pods deleted meanwhile.
     pub event_window: Option<Duration>,
+    /// Active/Passive (a leader) or Active/Active (a group of members sharing partitions).
+    pub mode: Mode,
+    /// Active/Active: the group's partition count.
+    pub partitions: u32,
+    /// Active/Active, the control: replicas that ignore revocations (no drain); the checker must
+    /// report overlapping handlers.
+    pub ignore_revocation: bool,
+    /// A delay before every pool call (the throughput benchmark's slow external IPAM).
+    pub pool_delay: Duration,
 }
 
 impl Scenario {
@@ -94,7 +111,16 @@ impl Scenario {
             churn_every: Duration::from_millis(50),
             seed: 10,
             event_window: None,
+            mode: Mode::ActivePassive,
+            partitions: 64,
+            ignore_revocation: false,
+            pool_delay: Duration::ZERO,
         }
+    }
+
+    /// [`Scenario::short`] in Active/Active mode: three members sharing 64 partitions.
+    pub fn active_active(controller: PathBuf, faults: usize) -> Scenario {
+        Scenario { mode: Mode::ActiveActive, ..Scenario::short(controller, true, faults) }
     }
 
     /// The orphan collection bound the checker holds the controllers to.
@@ -106,8 +132,17 @@ impl Scenario {
 /// What a run observed.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
-    /// Distinct leader terms seen, minus the first.
+    /// Active/Passive: distinct leader terms seen, minus the first.
     pub leader_changes: usize,
+    /// Active/Active: members that left (killed, paused past the lease, stopped, crashed) or
+    /// joined, each followed by the group settling.
+    pub membership_changes: usize,
+    /// Active/Active: handlers in the witness files, and how many ended fenced.
+    pub handlers: usize,
+    /// See `handlers`.
+    pub fenced_handlers: usize,
+    /// Violations (Active/Active): one Pod handled by two replicas at overlapping times.
+    pub handler_overlaps: Vec<String>,
     /// Faults injected, by kind.
     pub kills: usize,
     /// SIGSTOP/SIGCONT pauses.
@@ -150,6 +185,7 @@ impl Report {
     /// True if no safety violation happened and every deletion and orphan was handled.
     pub fn is_clean(&self) -> bool {
         self.double_allocations.is_empty()
+            && self.handler_overlaps.is_empty()
             && self.pods_with_two_ips.is_empty()
             && self.in_use_collected.is_empty()
             && self.missed_deletions.is_empty()
@@ -160,7 +196,8 @@ impl Report {
     /// The numbers, one per line.
     pub fn summary(&self) -> String {
         format!(
-            "leader changes: {} (kills {}, pauses {}, stops {}, injected crashes {})\n\
+            "leader changes: {}, membership changes: {} (kills {}, pauses {}, stops {}, injected crashes {})\n\
+             handlers witnessed: {} ({} fenced), overlapping on one pod: {}\n\
              samples: {}, pods created: {}, deleted: {}\n\
              double allocations: {}\npods with two IPs: {}\nlive resources collected: {}\n\
              missed deletions: {}\nunannotated live pods at the end: {}\n\
@@ -168,10 +205,14 @@ impl Report {
              failed resumes (relists): {}\n\
              elapsed: {:?}",
             self.leader_changes,
+            self.membership_changes,
             self.kills,
             self.pauses,
             self.stops,
             self.injected_crashes,
+            self.handlers,
+            self.fenced_handlers,
+            self.handler_overlaps.len(),
             self.samples,
             self.pods_created,
             self.pods_deleted,
@@ -214,9 +255,9 @@ pub enum CheckerError {
 }
 
 /// One controller process.
-struct Replica {
-    identity: String,
-    child: Child,
+pub(crate) struct Replica {
+    pub(crate) identity: String,
+    pub(crate) child: Child,
 }
 
 /// Starts etcd, the API server and three controllers, runs the scenario, and reports.
@@ -238,14 +279,7 @@ pub async fn run(scenario: &Scenario) -> Result<Report, CheckerError> {
         etcd.endpoint().replace([':', '.'], "-")
     ));
     std::fs::create_dir_all(&logs).map_err(|e| CheckerError::Process(format!("{}: {e}", logs.display())))?;
-    let mut harness = Harness {
-        logs: logs.clone(),
-        scenario: scenario.clone(),
-        etcd: etcd.endpoint(),
-        url: apiserver.url(),
-        replicas: Vec::new(),
-        generation: 0,
-    };
+    let mut harness = Harness::new(logs.clone(), scenario.clone(), etcd.endpoint(), apiserver.url());
     for _ in 0..3 {
         harness.spawn()?;
     }
@@ -257,43 +291,18 @@ pub async fn run(scenario: &Scenario) -> Result<Report, CheckerError> {
     let churn = tokio::spawn(churn(pods.clone(), scenario.clone(), observer.clone(), stop_churn.clone()));
 
     let mut report = Report { orphan_bound: scenario.orphan_bound(), ..Report::default() };
-    let mut term = wait_for_leader(&election, None, "start").await?;
-    for fault in 0..scenario.faults {
-        tokio::time::sleep(scenario.fault_spacing).await;
-        let leader = election.leader().await?.ok_or_else(|| CheckerError::NoLeader(LEADER_BOUND, "a fault".into()))?;
-        let Some(index) = harness.replicas.iter().position(|r| r.identity == leader.identity) else {
-            return Err(CheckerError::Process(format!("leader {} is not one of the replicas", leader.identity)));
-        };
-        let pid = harness.pid(index)?;
-        let what = match fault % 4 {
-            0 => {
-                signal(pid, Signal::SIGKILL)?;
-                report.kills += 1;
-                "SIGKILL"
-            }
-            1 => {
-                signal(pid, Signal::SIGSTOP)?;
-                report.pauses += 1;
-                let paused = wait_for_leader(&election, Some(term), "SIGSTOP").await;
-                // Stay paused past the lease for sure, then let the old leader wake up and try.
-                tokio::time::sleep(scenario.ttl).await;
-                signal(pid, Signal::SIGCONT)?;
-                term = paused?;
-                harness.restart_exited(&mut report)?;
-                continue;
-            }
-            2 => {
-                signal(pid, Signal::SIGTERM)?;
-                report.stops += 1;
-                "SIGTERM"
-            }
-            _ => {
-                create_pod(&pods, &format!("crash-{fault}"), true).await?;
-                "an injected crash"
-            }
-        };
-        term = wait_for_leader(&election, Some(term), what).await?;
-        harness.restart_exited(&mut report)?;
+    let mut frozen = Frozen::new();
+    let faults = match scenario.mode {
+        Mode::ActivePassive => leader_faults(&mut harness, &election, &pods, &mut report).await,
+        Mode::ActiveActive => {
+            active_active::member_faults(&mut harness, &pods, &observer, &mut report, &mut frozen).await
+        }
+    };
+    if let Err(error) = faults {
+        if std::env::var_os("TENURE_IPAM_KEEP_LOGS").is_some() {
+            eprintln!("replica logs kept in {}", logs.display());
+        }
+        return Err(error);
     }
     stop_churn.cancel();
     let _ = churn.await;
@@ -322,6 +331,13 @@ pub async fn run(scenario: &Scenario) -> Result<Report, CheckerError> {
     let observations = observer.lock().unwrap_or_else(|e| e.into_inner()).clone();
     observations.finish(&mut report);
     report.failed_resumes = count_lines(&logs, RESUME_FAILED_LINE);
+    if scenario.mode == Mode::ActiveActive {
+        let handled = witness::read_dir(&logs);
+        report.handlers = handled.len();
+        report.fenced_handlers = handled.iter().filter(|h| h.outcome == Some(witness::Outcome::Fenced)).count();
+        report.handler_overlaps = witness::overlaps(&handled, &frozen);
+        report.leader_changes = 0;
+    }
     if std::env::var_os("TENURE_IPAM_KEEP_LOGS").is_none() {
         let _ = std::fs::remove_dir_all(&logs);
     }
@@ -331,24 +347,78 @@ pub async fn run(scenario: &Scenario) -> Result<Report, CheckerError> {
     Ok(report)
 }
 
+/// Active/Passive faults: each hits the leader and waits for the next one.
+async fn leader_faults(
+    harness: &mut Harness,
+    election: &EtcdElection,
+    pods: &Api<Pod>,
+    report: &mut Report,
+) -> Result<(), CheckerError> {
+    let mut term = wait_for_leader(election, None, "start").await?;
+    for fault in 0..harness.scenario.faults {
+        tokio::time::sleep(harness.scenario.fault_spacing).await;
+        let leader = election.leader().await?.ok_or_else(|| CheckerError::NoLeader(LEADER_BOUND, "a fault".into()))?;
+        let Some(index) = harness.replicas.iter().position(|r| r.identity == leader.identity) else {
+            return Err(CheckerError::Process(format!("leader {} is not one of the replicas", leader.identity)));
+        };
+        let pid = harness.pid(index)?;
+        let what = match fault % 4 {
+            0 => {
+                signal(pid, Signal::SIGKILL)?;
+                report.kills += 1;
+                "SIGKILL"
+            }
+            1 => {
+                signal(pid, Signal::SIGSTOP)?;
+                report.pauses += 1;
+                let paused = wait_for_leader(election, Some(term), "SIGSTOP").await;
+                // Stay paused past the lease for sure, then let the old leader wake up and try.
+                tokio::time::sleep(harness.scenario.ttl).await;
+                signal(pid, Signal::SIGCONT)?;
+                term = paused?;
+                harness.restart_exited(report)?;
+                continue;
+            }
+            2 => {
+                signal(pid, Signal::SIGTERM)?;
+                report.stops += 1;
+                "SIGTERM"
+            }
+            _ => {
+                create_pod(pods, &format!("crash-{fault}"), true).await?;
+                "an injected crash"
+            }
+        };
+        term = wait_for_leader(election, Some(term), what).await?;
+        harness.restart_exited(report)?;
+    }
+    Ok(())
+}
+
 /// A client of the API server at `url`.
 pub fn kube_client(url: &str) -> Result<Client, CheckerError> {
     let uri = url.parse().map_err(|e| CheckerError::Kube(format!("{url}: {e}")))?;
     Client::try_from(kube::Config::new(uri)).map_err(|e| CheckerError::Kube(e.to_string()))
 }
 
-struct Harness {
+/// The controller processes of a run (the checker's, or the benchmark's).
+pub(crate) struct Harness {
     /// Where each replica's stdout goes.
     logs: PathBuf,
     scenario: Scenario,
-    etcd: String,
+    pub(crate) etcd: String,
     url: String,
-    replicas: Vec<Replica>,
+    pub(crate) replicas: Vec<Replica>,
     generation: usize,
 }
 
 impl Harness {
-    fn spawn(&mut self) -> Result<(), CheckerError> {
+    pub(crate) fn new(logs: PathBuf, scenario: Scenario, etcd: String, url: String) -> Harness {
+        Harness { logs, scenario, etcd, url, replicas: Vec::new(), generation: 0 }
+    }
+
+    /// Starts one more replica (a new identity).
+    pub(crate) fn spawn(&mut self) -> Result<(), CheckerError> {
         self.generation += 1;
         let identity = format!("replica-{}", self.generation);
         let s = &self.scenario;
@@ -362,12 +432,22 @@ impl Harness {
             .args(["--gc-period", &format!("{}ms", s.gc_period.as_millis())])
             .args(["--gc-grace", &format!("{}ms", s.gc_grace.as_millis())])
             .args(["--crash-after-allocate", "--exit-with-parent"])
+            .args(["--pool-delay", &format!("{}ms", s.pool_delay.as_millis())])
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| CheckerError::Process(e.to_string()))?)
             .stderr(log)
             .kill_on_drop(true);
         if !s.resume {
             command.arg("--no-resume");
+        }
+        if s.mode == Mode::ActiveActive {
+            command
+                .args(["--mode", "active-active", "--partitions", &s.partitions.to_string()])
+                .arg("--witness")
+                .arg(self.logs.join(format!("{identity}.witness")));
+            if s.ignore_revocation {
+                command.arg("--unsafe-ignore-revocation");
+            }
         }
         let child = command.spawn().map_err(|e| CheckerError::Process(format!("{}: {e}", s.controller.display())))?;
         self.replicas.push(Replica { identity, child });
@@ -413,7 +493,7 @@ fn count_lines(dir: &std::path::Path, needle: &str) -> usize {
         .sum()
 }
 
-fn signal(pid: Pid, signal: Signal) -> Result<(), CheckerError> {
+pub(crate) fn signal(pid: Pid, signal: Signal) -> Result<(), CheckerError> {
     kill(pid, signal).map_err(|e| CheckerError::Process(format!("{signal} to {pid}: {e}")))
 }
 
@@ -433,7 +513,7 @@ async fn wait_for_leader(election: &EtcdElection, old: Option<u64>, after: &str)
     }
 }
 
-async fn create_pod(pods: &Api<Pod>, name: &str, crash: bool) -> Result<Pod, CheckerError> {
+pub(crate) async fn create_pod(pods: &Api<Pod>, name: &str, crash: bool) -> Result<Pod, CheckerError> {
     let mut labels = serde_json::Map::new();
     labels.insert("app".into(), "churn".into());
     if crash {
@@ -480,6 +560,9 @@ struct Observations {
     created: usize,
     deleted: HashSet<String>,
     terms: Vec<(u64, Instant)>,
+    /// Active/Active: when the group settled after each membership change (the moment the
+    /// partitions of a departed member have a new owner).
+    takeovers: Vec<Instant>,
     /// The first address each Pod was annotated with.
     annotated: HashMap<String, Ipv4Addr>,
     /// Who each allocation (address, create revision) was for.
@@ -502,6 +585,7 @@ impl Observations {
             created: 0,
             deleted: HashSet::new(),
             terms: Vec::new(),
+            takeovers: Vec::new(),
             annotated: HashMap::new(),
             allocations: HashMap::new(),
             orphans: HashMap::new(),
@@ -587,6 +671,19 @@ impl Observations {
                 }
             }
         }
+        // An allocation seen earlier, gone now, whose Pod holds another address was an orphan
+        // that was collected between two samples (before one sample could show both): counted,
+        // with no latency.
+        for (id, uid) in &self.allocations {
+            if live.contains(id) || self.orphans.contains_key(id) {
+                continue;
+            }
+            if let Some((_, Some(ip))) = second.get(uid) {
+                if *ip != id.0 {
+                    self.orphans.insert(*id, now);
+                }
+            }
+        }
         for id in self.orphans.keys() {
             if !live.contains(id) {
                 self.collected.entry(*id).or_insert(now);
@@ -613,7 +710,13 @@ impl Observations {
         report.orphans_collected = self.collected.len();
         for (id, appeared) in &self.orphans {
             let Some(gone) = self.collected.get(id) else { continue };
-            let takeover = self.terms.iter().map(|(_, at)| *at).filter(|at| at <= gone).max();
+            let takeover = self
+                .terms
+                .iter()
+                .map(|(_, at)| *at)
+                .chain(self.takeovers.iter().copied())
+                .filter(|at| at <= gone)
+                .max();
             let from = takeover.map_or(*appeared, |t| t.max(*appeared));
             report.orphan_latency_max = report.orphan_latency_max.max(gone.saturating_duration_since(from));
         }
@@ -726,6 +829,21 @@ mod tests {
         assert_eq!((report.orphans_seen, report.orphans_collected), (1, 1));
         assert_eq!(report.orphan_latency_max, Duration::from_secs(1));
         assert_eq!(report.leader_changes, 1);
+    }
+
+    #[test]
+    fn an_orphan_collected_before_a_sample_could_show_it_with_its_pods_new_address_still_counts() {
+        let mut observations = Observations::new();
+        let start = Instant::now();
+        let pending = [pod("a", "1", None)];
+        observations.record(&pending, &[allocation("10.0.0.1", "a", 5)], &pending, None, start);
+        let annotated = [pod("a", "2", Some("10.0.0.2"))];
+        let later = start + Duration::from_secs(1);
+        observations.record(&annotated, &[allocation("10.0.0.2", "a", 6)], &annotated, None, later);
+        let mut report = Report::default();
+        observations.finish(&mut report);
+        assert_eq!((report.orphans_seen, report.orphans_collected), (1, 1));
+        assert_eq!(report.orphan_latency_max, Duration::ZERO);
     }
 
     #[test]

@@ -50,9 +50,22 @@ pub const POOL_PREFIX: &str = "ipam/ips/";
 /// The checkpoint key.
 pub const CHECKPOINT_KEY: &str = "ipam/checkpoint";
 
+/// How the replicas share the work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Mode {
+    /// One leader (elected on etcd) handles every Pod; the others stand by (Kuryr's design).
+    #[default]
+    ActivePassive,
+    /// Every replica joins a group on etcd and handles the Pods of the partitions it owns
+    /// ([`crate::active_active`]).
+    ActiveActive,
+}
+
 /// Everything one replica needs.
 #[derive(Debug, Clone)]
 pub struct ControllerConfig {
+    /// Active/Passive (default) or Active/Active.
+    pub mode: Mode,
     /// This replica's name in the election.
     pub identity: String,
     /// etcd endpoints (`host:port`).
@@ -76,6 +89,15 @@ pub struct ControllerConfig {
     pub pool_base: Ipv4Addr,
     /// The pool's size.
     pub pool_size: u32,
+    /// A delay before every pool call (models a slow external IPAM; benchmarks).
+    pub pool_delay: Duration,
+    /// Active/Active: the group's partition count.
+    pub partitions: u32,
+    /// Active/Active: the witness file (handler start/end lines for the checker).
+    pub witness: Option<std::path::PathBuf>,
+    /// Active/Active, deliberately broken (the checker's control): keep handling every partition
+    /// this replica ever owned, without holding its guard (no drain on revoke).
+    pub ignore_revocation: bool,
 }
 
 /// Why a replica or a tenure's work failed.
@@ -102,6 +124,12 @@ pub enum ControllerError {
     /// Installing the signal handler failed.
     #[error("signals: {0}")]
     Signals(#[from] std::io::Error),
+    /// The group could not be joined or its configuration is invalid.
+    #[error("group: {0}")]
+    Group(String),
+    /// The witness file could not be opened.
+    #[error("witness {0}: {1}")]
+    Witness(String, std::io::Error),
 }
 
 /// What every tenure's work shares.
@@ -112,16 +140,18 @@ struct Shared {
     store: Arc<dyn CheckpointStore>,
 }
 
-/// Runs one replica until SIGTERM/SIGINT, then stops its work and releases the lock.
+/// Runs one replica until SIGTERM/SIGINT, then stops its work and releases the lock (or leaves
+/// the group).
 pub async fn run(config: ControllerConfig) -> Result<(), ControllerError> {
+    if config.mode == Mode::ActiveActive {
+        return crate::active_active::run(config).await;
+    }
     let election = EtcdElection::connect(&config.etcd, ELECTION).await?.with_drain_timeout(config.ttl / 4);
-    let uri = config.apiserver.parse().map_err(|e| ControllerError::Kube(format!("{}: {e}", config.apiserver)))?;
-    let mut kube_config = kube::Config::new(uri);
-    kube_config.default_namespace = config.namespace.clone();
-    let client = Client::try_from(kube_config).map_err(|e| ControllerError::Kube(e.to_string()))?;
+    let client = client(&config)?;
     let shared = Arc::new(Shared {
         pods: Api::namespaced(client, &config.namespace),
-        pool: IpPool::new(election.clone(), POOL_PREFIX, config.pool_base, config.pool_size),
+        pool: IpPool::new(election.clone(), POOL_PREFIX, config.pool_base, config.pool_size)
+            .with_call_delay(config.pool_delay),
         store: Arc::new(EtcdCheckpointStore::new(election.clone(), CHECKPOINT_KEY, "ipam")),
         config: config.clone(),
     });
@@ -139,6 +169,14 @@ pub async fn run(config: ControllerConfig) -> Result<(), ControllerError> {
     gate.shutdown().await;
     elector.shutdown().await?;
     Ok(())
+}
+
+/// A client of the configured API server.
+pub(crate) fn client(config: &ControllerConfig) -> Result<Client, ControllerError> {
+    let uri = config.apiserver.parse().map_err(|e| ControllerError::Kube(format!("{}: {e}", config.apiserver)))?;
+    let mut kube_config = kube::Config::new(uri);
+    kube_config.default_namespace = config.namespace.clone();
+    Client::try_from(kube_config).map_err(|e| ControllerError::Kube(e.to_string()))
 }
 
 /// One tenure's work: resume (or not), watch, allocate and release, collect orphans.
@@ -226,7 +264,12 @@ async fn reconcile(shared: &Shared, term: Term, mut pod: Pod) -> Result<(), Cont
 
 /// Writes `pod` if it is unchanged since read (its resourceVersion); `None` if it changed or is gone.
 async fn replace(shared: &Shared, name: &str, pod: &Pod) -> Result<Option<Pod>, ControllerError> {
-    match shared.pods.replace(name, &PostParams::default(), pod).await {
+    replace_pod(&shared.pods, name, pod).await
+}
+
+/// Writes `pod` if it is unchanged since read (its resourceVersion); `None` if it changed or is gone.
+pub(crate) async fn replace_pod(pods: &Api<Pod>, name: &str, pod: &Pod) -> Result<Option<Pod>, ControllerError> {
+    match pods.replace(name, &PostParams::default(), pod).await {
         Ok(pod) => Ok(Some(pod)),
         Err(kube::Error::Api(response)) if response.code == 409 || response.code == 404 => Ok(None),
         Err(error) => Err(ControllerError::Kube(error.to_string())),

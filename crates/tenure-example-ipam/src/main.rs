@@ -7,8 +7,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use tenure_example_ipam::bench::{self, BenchConfig};
 use tenure_example_ipam::checker::{self, Scenario};
-use tenure_example_ipam::controller::{self, ControllerConfig};
+use tenure_example_ipam::controller::{self, ControllerConfig, Mode};
 
 #[derive(Parser)]
 #[command(about = "A Kuryr-like Pod IP allocator on the Tenure HA runtime, and its checker")]
@@ -59,6 +60,23 @@ enum Command {
         /// The pool's size.
         #[arg(long, default_value_t = 1000)]
         pool_size: u32,
+        /// active-passive (one leader works) or active-active (every replica works on the Pods of
+        /// its partitions).
+        #[arg(long, value_enum, default_value_t = Mode::ActivePassive)]
+        mode: Mode,
+        /// Active/Active: the group's partition count.
+        #[arg(long, default_value_t = 64)]
+        partitions: u32,
+        /// Active/Active: append a line per handler start and end to this file (for the checker).
+        #[arg(long)]
+        witness: Option<std::path::PathBuf>,
+        /// A delay before every call to the pool, modelling a slow external IPAM.
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        pool_delay: Duration,
+        /// Deliberately broken Active/Active (the checker's control): keep handling the partitions
+        /// this replica once owned and do not drain them on a handoff.
+        #[arg(long)]
+        unsafe_ignore_revocation: bool,
     },
     /// Run the checker's scenario and print its numbers; exits 1 if it found a violation.
     Check {
@@ -75,6 +93,32 @@ enum Command {
         /// resume fail, so the relist and the collector must recover the deletions.
         #[arg(long, value_parser = humantime::parse_duration)]
         event_window: Option<Duration>,
+        /// active-passive (faults hit the leader) or active-active (faults hit the members in
+        /// turn, each followed by a join; handlers are checked for overlaps in the witness).
+        #[arg(long, value_enum, default_value_t = Mode::ActivePassive)]
+        mode: Mode,
+        /// Active/Active: the group's partition count.
+        #[arg(long, default_value_t = 64)]
+        partitions: u32,
+        /// Active/Active control: run replicas that ignore revocations; the checker must report
+        /// overlapping handlers (exit 1).
+        #[arg(long)]
+        unsafe_ignore_revocation: bool,
+    },
+    /// Active/Active throughput: Pods handled per second by 1 and by 3 replicas with a slow pool.
+    Bench {
+        /// Replica counts to compare; the ratio is of the last to the first.
+        #[arg(long, value_delimiter = ',', default_value = "1,3")]
+        replicas: Vec<usize>,
+        /// Pods per round (enough that the hash spreads them over the replicas about evenly).
+        #[arg(long, default_value_t = 600)]
+        pods: usize,
+        /// Rounds per replica count (the median is printed).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// The delay before every pool call.
+        #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
+        pool_delay: Duration,
     },
 }
 
@@ -104,6 +148,11 @@ fn main() -> ExitCode {
             exit_with_parent,
             pool_base,
             pool_size,
+            mode,
+            partitions,
+            witness,
+            pool_delay,
+            unsafe_ignore_revocation,
         } => {
             if exit_with_parent {
                 if let Err(error) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL) {
@@ -112,6 +161,11 @@ fn main() -> ExitCode {
                 }
             }
             let config = ControllerConfig {
+                mode,
+                partitions,
+                witness,
+                pool_delay,
+                ignore_revocation: unsafe_ignore_revocation,
                 identity,
                 etcd,
                 apiserver,
@@ -132,7 +186,41 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Check { no_resume, faults, seed, event_window } => {
+        Command::Bench { replicas, pods, rounds, pool_delay } => {
+            let Ok(controller) = std::env::current_exe() else {
+                eprintln!("cannot find this program");
+                return ExitCode::FAILURE;
+            };
+            if replicas.is_empty() || pods == 0 || rounds == 0 {
+                eprintln!("--replicas, --pods and --rounds must not be empty or zero");
+                return ExitCode::FAILURE;
+            }
+            let config = BenchConfig { controller, replicas: replicas.clone(), pods, rounds, pool_delay };
+            match runtime.block_on(bench::run(&config)) {
+                Ok(results) => {
+                    println!("pool delay {pool_delay:?} per call, {pods} Pods per round, median of {rounds} rounds:");
+                    for &count in &replicas {
+                        if let Some((allocations, releases)) = bench::medians(&results, count) {
+                            println!("replicas {count}: {allocations:.1} allocations/s, {releases:.1} releases/s");
+                        }
+                    }
+                    let (first, last) = (replicas[0], replicas[replicas.len() - 1]);
+                    if let (Some(a), Some(b)) = (bench::medians(&results, first), bench::medians(&results, last)) {
+                        println!(
+                            "ratio {last} vs {first} replicas: {:.2}x allocations, {:.2}x releases",
+                            b.0 / a.0,
+                            b.1 / a.1
+                        );
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("the benchmark failed: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Check { no_resume, faults, seed, event_window, mode, partitions, unsafe_ignore_revocation } => {
             let exe = match std::env::current_exe() {
                 Ok(exe) => exe,
                 Err(error) => {
@@ -140,15 +228,23 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let scenario = Scenario { seed, event_window, ..Scenario::short(exe, !no_resume, faults) };
+            let scenario = Scenario {
+                seed,
+                event_window,
+                mode,
+                partitions,
+                ignore_revocation: unsafe_ignore_revocation,
+                ..Scenario::short(exe, !no_resume, faults)
+            };
             match runtime.block_on(checker::run(&scenario)) {
                 Ok(report) => {
-                    println!("resume: {}\n{}", scenario.resume, report.summary());
+                    println!("mode: {:?}, resume: {}\n{}", scenario.mode, scenario.resume, report.summary());
                     if report.is_clean() {
                         ExitCode::SUCCESS
                     } else {
                         println!(
-                            "violations: {:?} {:?} {:?}\nmissed: {:?}",
+                            "violations: {:?} {:?} {:?} {:?}\nmissed: {:?}",
+                            report.handler_overlaps.iter().take(5).collect::<Vec<_>>(),
                             report.double_allocations,
                             report.pods_with_two_ips,
                             report.in_use_collected,

@@ -47,3 +47,39 @@ async fn a_deposed_leader_can_neither_allocate_nor_release_and_the_new_one_gets_
     b.shutdown().await.expect("shut down");
     let _ = a.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_partition_write_under_an_older_term_is_refused_once_the_next_owner_opened_the_partition() {
+    use tenure::Term;
+    use tenure_example_ipam::pool::Fence;
+    if !etcd_installed() {
+        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "etcd is not installed and CI=true");
+        return;
+    }
+    let etcd = EtcdServer::start().await.expect("etcd starts");
+    let connection = EtcdElection::connect(&[etcd.endpoint()], "unused-election").await.expect("connected");
+    let pool = IpPool::new(connection, "partitioned-ips/", Ipv4Addr::new(10, 0, 0, 0), 50);
+    let old = Fence::Partition { partition: 3, term: Term(4) };
+    let new = Fence::Partition { partition: 3, term: Term(5) };
+
+    let unopened = pool.allocate(old, "uid-1", "pod-1").await;
+    assert!(matches!(unopened, Err(PoolError::NotOpened { partition: 3, .. })), "{unopened:?}");
+    pool.open_partition(3, Term(4)).await.expect("opened under term 4");
+    let first = pool.allocate(old, "uid-1", "pod-1").await.expect("term 4 allocates");
+
+    pool.open_partition(3, Term(5)).await.expect("the next owner opens under term 5");
+    let late = pool.allocate(old, "uid-2", "pod-2").await;
+    assert!(matches!(late, Err(PoolError::Fenced(Term(4)))), "{late:?}");
+    let late = pool.release(old, first.ip, first.create_revision).await;
+    assert!(matches!(late, Err(PoolError::Fenced(Term(4)))), "{late:?}");
+    let reopen = pool.open_partition(3, Term(4)).await;
+    assert!(matches!(reopen, Err(PoolError::Fenced(Term(4)))), "a fence never goes back: {reopen:?}");
+    assert_eq!(pool.fence_of(3).await.expect("read"), Some(Term(5)));
+
+    // Another partition's fence is its own: term 1 there is not older than term 5 here.
+    pool.open_partition(7, Term(1)).await.expect("opened");
+    pool.allocate(Fence::Partition { partition: 7, term: Term(1) }, "uid-3", "pod-3").await.expect("allocates");
+    assert!(pool.release(new, first.ip, first.create_revision).await.expect("term 5 releases"));
+    let owners: Vec<String> = pool.list().await.expect("listed").into_iter().map(|a| a.record.pod_uid).collect();
+    assert_eq!(owners, vec!["uid-3".to_owned()]);
+}
