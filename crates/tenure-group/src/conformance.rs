@@ -144,3 +144,45 @@ pub async fn requests_at_rest_do_not_grow_with_partitions(
     }
     Ok((few, many))
 }
+
+/// Requests per minute of one member among `members` settled members at rest over `window`
+/// (16 partitions): the load a member puts on the store while nothing happens but renews.
+pub async fn requests_per_member_per_minute_at_rest(
+    join: Join<'_>,
+    name: &str,
+    members: usize,
+    window: Duration,
+) -> Result<f64, ScenarioError> {
+    const P: u32 = 16;
+    let first = join(name, "m00", P).await;
+    let mut groups = vec![first.group];
+    for index in 1..members {
+        groups.push(join(name, &format!("m{index:02}"), P).await.group);
+    }
+    let all: Vec<&Group> = groups.iter().collect();
+    let settled = || all_owned_once(&all, P) && all.iter().all(|g| g.members().len() == members);
+    wait_safely(&all, P, SETTLE, settled).await?.ok_or_else(|| ScenarioError::Stuck("never settled".into()))?;
+    // Let the claims' and the joins' notifications die down before counting.
+    wait_safely(&all, P, timing().retry_period * 5, || false).await?;
+    let before = (first.requests)();
+    let start = Instant::now();
+    wait_safely(&all, P, window, || false).await?;
+    let sent = (first.requests)() - before;
+    Ok(sent as f64 * 60.0 / start.elapsed().as_secs_f64())
+}
+
+/// The requests per minute of a member at rest among 3 and among 10 members (3 s each); fails if
+/// the 10-member figure is more than 1.5 times the 3-member one (at rest a member renews, and
+/// applies the others' renews from its watch without reading the whole group).
+pub async fn requests_at_rest_do_not_grow_with_members(
+    join: Join<'_>,
+    name: &str,
+) -> Result<(f64, f64), ScenarioError> {
+    let window = Duration::from_secs(3);
+    let three = requests_per_member_per_minute_at_rest(join, &format!("{name}3"), 3, window).await?;
+    let ten = requests_per_member_per_minute_at_rest(join, &format!("{name}10"), 10, window).await?;
+    if ten > three * 1.5 {
+        return Err(ScenarioError::Stuck(format!("{three:.0} requests/min among 3 members, {ten:.0} among 10")));
+    }
+    Ok((three, ten))
+}
