@@ -247,6 +247,8 @@ pub struct MemberCore {
     assignment_cache: Option<(AssignmentKey, Vec<Option<usize>>)>,
     /// False once the store refused a deletion: departed members' records are then kept.
     can_delete: bool,
+    /// The highest epoch this process has joined with.
+    last_epoch: u64,
     /// Counts [`Change::Resync`]s received, and the last one a completed read was issued after:
     /// while they differ the view may miss changes, and nothing is decided on it.
     resyncs_requested: u64,
@@ -316,6 +318,7 @@ impl MemberCore {
             reported_corrupt: false,
             assignment_cache: None,
             can_delete: true,
+            last_epoch: 0,
             resyncs_requested: 0,
             resyncs_read: 0,
         })
@@ -691,6 +694,13 @@ impl MemberCore {
                         return None;
                     }
                 }
+                // No record: a first join, or one after the record of an earlier epoch of this
+                // identity was deleted (departed members' records are). A process of that epoch
+                // may still have writes in flight that name it, so the new epoch must differ from
+                // every earlier one: it starts at a point drawn from this process's incarnation
+                // (and above every epoch this process had), so two processes never share one.
+                let drawn = u64::from(self.incarnation as u32);
+                let epoch = epoch.max(self.last_epoch + 1).saturating_add(drawn);
                 let record = self.own_record(epoch, MemberState::Alive, 0);
                 Some(self.start_write(now, key, None, Value::Member(record), WriteKind::Join { epoch }))
             }
@@ -917,7 +927,17 @@ impl MemberCore {
         }
         let mark_leaving =
             self.leaving && !releases.is_empty() && self.held.values().all(|h| h.state == Holding::Drained);
-        if releases.is_empty() && claims.is_empty() {
+        // Leaving marks of epochs that are over are dropped by the next table write; when no other
+        // write comes, the live member with the smallest identity makes one, so that the record of
+        // a member that left is not named forever (and can be deleted).
+        let over = |o: &Owner| {
+            self.members.get(&o.member).is_some_and(|observed| {
+                observed.stored.value.epoch != o.epoch || observed.stored.value.state != MemberState::Alive
+            })
+        };
+        let first = live.first().is_some_and(|m| m.identity == self.identity);
+        let tidy = may_claim && first && table.value.leaving.iter().any(|o| *o != me && over(o));
+        if releases.is_empty() && claims.is_empty() && !tidy {
             return None;
         }
         let version = table.version;
@@ -1108,6 +1128,7 @@ impl MemberCore {
                 let renewals = record.renewals;
                 self.observe_member(now, self.identity.clone(), Stored { version, value: record });
                 self.absent_since.remove(&self.identity);
+                self.last_epoch = self.last_epoch.max(epoch);
                 self.membership = Some(Membership {
                     epoch,
                     version,

@@ -53,7 +53,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tenure::{MonotonicTime, Timing};
 use tenure_group::handoff::{Action, GroupEvent, MemberCore};
-use tenure_group::record::{MemberRecord, PartitionTable};
+use tenure_group::record::{MemberRecord, MemberState, PartitionTable};
 use tenure_group::store::{Change, Key, Snapshot, StoreError, Stored, Value, Version};
 use tenure_group::GroupConfig;
 
@@ -905,6 +905,19 @@ impl World {
         let (floor, ceil) = (self.partitions / count, self.partitions.div_ceil(count));
         if shares.values().any(|s| *s < floor || *s > ceil) {
             self.failure = Some(format!("balance: shares {shares:?} outside [{floor}, {ceil}] after the calm"));
+            return;
+        }
+        // Records of members that left are deleted by then (they need no lease to pass).
+        let left: Vec<&String> = self
+            .store
+            .iter()
+            .filter_map(|(key, (_, value))| match (key, value) {
+                (Key::Member(id), Value::Member(record)) if record.state == MemberState::Left => Some(id),
+                _ => None,
+            })
+            .collect();
+        if !left.is_empty() {
+            self.failure = Some(format!("cleanup: records of members that left remain after the calm: {left:?}"));
             return;
         }
         // Crash the member with the most partitions; everything must be owned again in time.
