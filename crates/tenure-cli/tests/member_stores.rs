@@ -6,6 +6,9 @@
 //! every wait polls with a bounded deadline and checks at every poll that no partition is owned
 //! by two members.
 
+// Both server harnesses below include the shared test PKI helper as their own module.
+#![allow(clippy::duplicate_mod)]
+
 mod common;
 
 #[path = "../../tenure-etcd/tests/common/mod.rs"]

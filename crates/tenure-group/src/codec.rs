@@ -67,7 +67,7 @@ pub fn hex(identity: &str) -> String {
 
 /// The identity whose [`hex`] form is `name`, if it is one.
 pub fn unhex(name: &str) -> Option<String> {
-    if name.len() % 2 != 0 {
+    if !name.len().is_multiple_of(2) {
         return None;
     }
     let bytes: Option<Vec<u8>> =
