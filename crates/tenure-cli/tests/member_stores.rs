@@ -10,18 +10,19 @@
 #![allow(clippy::duplicate_mod)]
 
 mod common;
+mod member_support;
 
 #[path = "../../tenure-etcd/tests/common/mod.rs"]
 mod etcd_server;
 #[path = "../../tenure-zk/tests/common/mod.rs"]
 mod zk_server;
 
-use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{get, post, wait_until, TempDir, Tenure, TENURE};
+use common::{wait_until, TempDir, Tenure, TENURE};
 use etcd_server::EtcdCluster;
+use member_support::{assert_single_owners, owned, owns, release_draining};
 
 const PARTITIONS: usize = 16;
 const LEASE: Duration = Duration::from_secs(2);
@@ -39,44 +40,6 @@ fn start_member(id: &str, url: &str, env: &[(&str, &str)]) -> (Tenure, String) {
     let member = Tenure::start_with(id, &mut command);
     let address = member.http_address();
     (member, address)
-}
-
-/// A member's partitions by state (`owned`, `draining`, `suspended`) with their terms.
-fn partitions(address: &str) -> BTreeMap<u32, (String, u64)> {
-    let Some((200, body)) = get(address, "/assignment") else { return BTreeMap::new() };
-    let report: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-    let list = report["partitions"].as_array().cloned().unwrap_or_default();
-    list.iter()
-        .filter_map(|p| {
-            let state = p["state"].as_str()?.to_owned();
-            Some((u32::try_from(p["partition"].as_u64()?).ok()?, (state, p["term"].as_u64()?)))
-        })
-        .collect()
-}
-
-fn owned(address: &str) -> Vec<u32> {
-    partitions(address).into_iter().filter(|(_, (s, _))| s == "owned").map(|(p, _)| p).collect()
-}
-
-/// What the application does: releases every partition the sidecar shows draining.
-fn release_draining(address: &str) {
-    for (partition, (state, term)) in partitions(address) {
-        if state == "draining" {
-            let _ = post(address, &format!("/release?partition={partition}&term={term}"));
-        }
-    }
-}
-
-/// Fails if a partition is owned by two of the members (as each reports it).
-fn assert_single_owners(addresses: &[&str]) {
-    let mut seen = BTreeMap::new();
-    for address in addresses {
-        for partition in owned(address) {
-            if let Some(other) = seen.insert(partition, *address) {
-                panic!("partition {partition} owned by {other} and {address}");
-            }
-        }
-    }
 }
 
 /// Polls (releasing what drains, checking single owners) until `done` holds; its elapsed time.
@@ -97,10 +60,12 @@ fn split_evenly(addresses: &[&str]) -> bool {
     shares.iter().sum::<usize>() == PARTITIONS && shares.iter().all(|s| (low..=high).contains(s))
 }
 
-fn owns(address: &str, key: &str) -> serde_json::Value {
-    let (code, body) = get(address, &format!("/owns?key={key}")).expect("/owns answers");
-    assert_eq!(code, 200, "{body}");
-    serde_json::from_str(&body).expect("/owns answers JSON")
+/// Starts a member on `url` that must be refused: its exit code (bounded wait) and its log.
+fn refused_member(url: &str) -> (i32, String) {
+    let mut member =
+        Tenure::start("refused", &["member", "--group", "g", "--http", "127.0.0.1:0", "--id", "x", "--lock", url]);
+    let code = member.exit_code(Duration::from_secs(20));
+    (code, member.log())
 }
 
 /// The scenario every store must pass, with members started by `start` (`id`).
@@ -201,9 +166,33 @@ async fn members_reach_an_etcd_with_tls_client_certificates_and_a_user() {
     });
     // A wrong password is refused with the reason, not ignored.
     std::fs::write(&password_file, "guess\n").expect("write the password file");
-    let (code, _, stderr) =
-        common::run_to_end(&["member", "--group", "g", "--http", "127.0.0.1:0", "--id", "x", "--lock", &url]);
+    let (code, stderr) = refused_member(&url);
     assert_ne!(code, 0, "{stderr}");
     assert!(stderr.contains("refused to authenticate user \"tenure\""), "{stderr}");
+    assert!(!stderr.contains("guess"), "the password shows: {stderr}");
+}
+
+/// A `tenure member` takes the same ZooKeeper URL with a digest user as `tenure elect`; a wrong
+/// password is refused with the reason.
+#[test]
+fn members_reach_a_zookeeper_with_a_digest_user_and_a_wrong_password_is_refused() {
+    let Some(server) = zk_server::server() else { return };
+    let dir = TempDir::new("member-zk-digest");
+    let path = zk_server::unique_path("cli-member-digest");
+    let url = |password: &str| {
+        let file = dir.join(&format!("pw-{password}"));
+        std::fs::write(&file, format!("{password}\n")).expect("write the password file");
+        format!("zk://tenure@{}{path}?password-file={}", server.servers, file.display())
+    };
+    let right = url("s3cret");
+    let (a_process, a) = start_member("a", &right, &[]);
+    let (_b_process, b) = start_member("b", &right, &[]);
+    let both = [a.as_str(), b.as_str()];
+    wait_safely(&both, Duration::from_secs(30), || split_evenly(&both))
+        .unwrap_or_else(|| panic!("the members never split the partitions; log:\n{}", a_process.log()));
+    let wrong = url("guess");
+    let (code, stderr) = refused_member(&wrong);
+    assert_ne!(code, 0, "{stderr}");
+    assert!(stderr.contains("wrong password"), "{stderr}");
     assert!(!stderr.contains("guess"), "the password shows: {stderr}");
 }

@@ -182,6 +182,29 @@ async fn at_rest_a_member_writes_once_per_retry_period_whatever_the_partition_co
 }
 
 #[tokio::test(start_paused = true)]
+async fn at_rest_a_member_reads_nothing_whatever_the_member_count() {
+    for members in [3, 10] {
+        let store = MemoryGroupStore::new();
+        let groups: Vec<Group> = (0..members).map(|i| join(&store, &format!("m{i:02}"))).collect();
+        let refs: Vec<&Group> = groups.iter().collect();
+        let settled = wait_until(Duration::from_secs(10), || {
+            (0..PARTITIONS).all(|p| refs.iter().filter(|g| g.guard(p).is_some()).count() == 1)
+                && refs.iter().all(|g| g.members().len() == members)
+        });
+        assert!(settled.await.is_some(), "{members} members never settled");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let before = store.requests("m00");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let after = store.requests("m00");
+        // The others' renews arrive with the watch: no read, and one renew per retry period.
+        assert_eq!(after.reads - before.reads, 0, "{members} members");
+        assert_eq!(after.writes - before.writes, 60, "{members} members");
+        // And the view stays live: every member still sees all the others.
+        assert!(refs.iter().all(|g| g.members().len() == members));
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_leave_without_guards_hands_over_without_waiting_for_a_retry_period() {
     let store = MemoryGroupStore::new();
     let (a, b) = (join(&store, "a"), join(&store, "b"));

@@ -66,12 +66,17 @@ impl ZkGroupStore {
 
     /// Connects like [`ZkGroupStore::connect`] with the digest user and TLS of `options`: the
     /// same access as an election's ([`crate::ZkElection::connect_with`]), so a group can live on
-    /// a secured ensemble; with a user, the nodes it creates are writable by that user only.
+    /// a secured ensemble; with a user, the nodes it creates are writable by that user only, and
+    /// a session the group's path shuts out (a wrong password) fails here with
+    /// [`ZkError::NotAuthorized`].
     pub async fn connect_with(servers: &str, path: &str, options: ZkOptions) -> Result<ZkGroupStore, ZkError> {
         validate_path(path)?;
         let session_timeout = Duration::from_secs(10);
         let servers = options.connect_string(servers);
         let client = open_session(&servers, session_timeout, &options).await?;
+        // A wrong password authenticates as another digest identity, which the group's nodes
+        // shut out: say so now rather than failing every write.
+        crate::with_timeout_of(session_timeout, options.check_may_campaign(&client, path)).await?;
         Ok(ZkGroupStore {
             servers,
             path: path.to_owned(),

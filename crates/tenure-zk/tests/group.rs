@@ -58,8 +58,8 @@ async fn at_rest_a_member_reads_one_node_per_change_never_the_whole_group() {
     let Some(server) = common::server() else { return };
     let window = std::time::Duration::from_secs(3);
     let join = joiner(&server.servers);
-    let three = conformance::requests_per_member_per_minute_at_rest(&join, "members3", 3, window).await.unwrap();
-    let ten = conformance::requests_per_member_per_minute_at_rest(&join, "members10", 10, window).await.unwrap();
+    let three = conformance::requests_per_member_per_minute_at_rest(&join, "members3", 3, 16, window).await.unwrap();
+    let ten = conformance::requests_per_member_per_minute_at_rest(&join, "members10", 10, 16, window).await.unwrap();
     println!(
         "ZooKeeper, retry 100 ms, 16 partitions: {three:.0} requests/member/min among 3 members, {ten:.0} among 10"
     );
