@@ -196,3 +196,17 @@ fn members_reach_a_zookeeper_with_a_digest_user_and_a_wrong_password_is_refused(
     assert!(stderr.contains("wrong password"), "{stderr}");
     assert!(!stderr.contains("guess"), "the password shows: {stderr}");
 }
+
+/// `tenure member` on a ZooKeeper that serves TLS, with the CA named in the URL as for `tenure elect`.
+#[cfg(feature = "zk-tls")]
+#[test]
+fn members_reach_a_zookeeper_over_tls() {
+    let Some((server, pki)) = zk_server::tls_server(false) else { return };
+    let url =
+        format!("zk://{}{}?cacert={}", server.servers, zk_server::unique_path("cli-member-tls"), pki.ca.display());
+    let (a_process, a) = start_member("a", &url, &[]);
+    let (_b_process, b) = start_member("b", &url, &[]);
+    let both = [a.as_str(), b.as_str()];
+    wait_safely(&both, Duration::from_secs(30), || split_evenly(&both))
+        .unwrap_or_else(|| panic!("the members never split the partitions; log:\n{}", a_process.log()));
+}
