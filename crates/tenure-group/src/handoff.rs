@@ -1211,24 +1211,26 @@ mod tests {
     }
 
     impl Store {
+        fn snapshot(&self) -> Snapshot {
+            let mut snapshot = Snapshot::default();
+            for (key, (version, value)) in &self.records {
+                match (key, value) {
+                    (Key::Table, Value::Table(t)) => {
+                        snapshot.table = Some(Stored { version: *version, value: t.clone() })
+                    }
+                    (Key::Member(id), Value::Member(m)) => {
+                        snapshot.members.insert(id.clone(), Stored { version: *version, value: m.clone() });
+                    }
+                    _ => unreachable!(),
+                }
+            }
+            snapshot
+        }
+
         fn apply(&mut self, core: &mut MemberCore, now: MonotonicTime) {
             while let Some(action) = core.poll_action(now) {
                 match action {
-                    Action::Read => {
-                        let mut snapshot = Snapshot::default();
-                        for (key, (version, value)) in &self.records {
-                            match (key, value) {
-                                (Key::Table, Value::Table(t)) => {
-                                    snapshot.table = Some(Stored { version: *version, value: t.clone() })
-                                }
-                                (Key::Member(id), Value::Member(m)) => {
-                                    snapshot.members.insert(id.clone(), Stored { version: *version, value: m.clone() });
-                                }
-                                _ => unreachable!(),
-                            }
-                        }
-                        core.on_read(now, Ok(snapshot));
-                    }
+                    Action::Read => core.on_read(now, Ok(self.snapshot())),
                     Action::Write { key, expected, value } => {
                         let current = self.records.get(&key).map(|(v, _)| *v);
                         let result = if current == expected {
@@ -1332,5 +1334,69 @@ mod tests {
             store.records.get(&Key::Member("a".into())),
             Some((_, Value::Member(MemberRecord { state: MemberState::Expired, .. })))
         ));
+    }
+
+    #[test]
+    fn after_a_resync_a_member_claims_nothing_until_the_snapshot_read_is_in() {
+        let mut store = Store::default();
+        let mut a = member("a");
+        store.apply(&mut a, at(0));
+        store.apply(&mut a, at(0));
+        let mut b = member("b");
+        store.apply(&mut b, at(0));
+        a.on_change(at(0));
+        store.apply(&mut a, at(0));
+        // a crashes; b renews; b's watch breaks and re-opens exactly when a's lease runs out.
+        let lease = timing().lease_duration.as_millis() as u64;
+        for t in (100..lease).step_by(100) {
+            store.apply(&mut b, at(t));
+        }
+        b.on_store_change(at(lease), Change::Resync);
+        let mut actions = Vec::new();
+        while let Some(action) = b.poll_action(at(lease)) {
+            actions.push(action);
+        }
+        assert!(actions.contains(&Action::Read));
+        let decisions: Vec<&Action> = actions
+            .iter()
+            .filter(|action| matches!(action, Action::Write { key, .. } if *key != Key::Member("b".into())))
+            .collect();
+        assert!(decisions.is_empty(), "b acted on a view that may miss changes: {decisions:?}");
+        b.on_read(at(lease), Ok(store.snapshot()));
+        for action in actions.into_iter().filter(|action| *action != Action::Read) {
+            if let Action::Write { key, .. } = action {
+                b.on_write(at(lease), &key, Err(StoreError::Unavailable("dropped by the test".into())));
+            }
+        }
+        store.apply(&mut b, at(lease + 1));
+        assert_eq!(b.owned(at(lease + 1)).len(), PARTITIONS as usize, "b never took over after the read");
+    }
+
+    #[test]
+    fn a_pushed_record_older_than_the_view_is_ignored_and_a_newer_one_applied() {
+        let mut store = Store::default();
+        let mut a = member("a");
+        store.apply(&mut a, at(0));
+        store.apply(&mut a, at(0));
+        let mut b = member("b");
+        store.apply(&mut b, at(0));
+        let (version, Value::Member(record)) = store.records[&Key::Member("a".into())].clone() else { unreachable!() };
+        // A late event of an earlier version of a's record, in which a has left: ignored.
+        let stale = Stored {
+            version: Version(version.0 - 1),
+            value: Value::Member(MemberRecord { state: MemberState::Left, ..record.clone() }),
+        };
+        b.on_store_change(at(100), Change::Put(Key::Member("a".into()), stale));
+        assert!(b.live_members(at(100)).iter().any(|m| m.identity == "a"), "a late event ended a's membership");
+        // The same at a newer version: applied, a is gone from b's view at once.
+        let newer = Stored {
+            version: Version(version.0 + 100),
+            value: Value::Member(MemberRecord { state: MemberState::Left, ..record }),
+        };
+        b.on_store_change(at(200), Change::Put(Key::Member("a".into()), newer));
+        assert!(b.live_members(at(200)).iter().all(|m| m.identity != "a"), "a newer record was not applied");
+        // A deletion removes the record from the view.
+        b.on_store_change(at(300), Change::Deleted(Key::Member("a".into())));
+        assert!(b.live_members(at(300)).iter().all(|m| m.identity != "a"));
     }
 }
