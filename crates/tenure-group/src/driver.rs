@@ -354,8 +354,10 @@ impl<S: GroupStore> Driver<S> {
             let mono = self.mono(now);
             if reopen_watch_at.is_some_and(|at| now >= at) {
                 reopen_watch_at = None;
-                // The new stream starts with a resync once its watch is established.
+                // A record stream starts with a resync once its watch is established; a plain
+                // change stream does not, so read now too (changes during the outage are missed).
                 watch = self.store.watch_records();
+                self.core.on_change(mono);
             }
             // Until nothing changes: a revoke may be drained at once (no guards), which lets the
             // core write the release right away.
