@@ -1261,6 +1261,19 @@ mod tests {
         MemberCore::new(identity, identity.len() as u64, config, true).unwrap()
     }
 
+    /// a joins and owns everything, then b joins and a revokes b's share (all at time 0).
+    fn a_and_b_at_zero() -> (Store, MemberCore, MemberCore) {
+        let mut store = Store::default();
+        let mut a = member("a");
+        store.apply(&mut a, at(0));
+        store.apply(&mut a, at(0));
+        let mut b = member("b");
+        store.apply(&mut b, at(0));
+        a.on_change(at(0));
+        store.apply(&mut a, at(0));
+        (store, a, b)
+    }
+
     #[test]
     fn a_lone_member_owns_every_partition_and_stops_believing_at_its_renew_deadline() {
         let mut store = Store::default();
@@ -1311,14 +1324,7 @@ mod tests {
 
     #[test]
     fn a_crashed_members_partitions_are_claimed_only_after_its_lease_on_the_claimers_clock() {
-        let mut store = Store::default();
-        let mut a = member("a");
-        store.apply(&mut a, at(0));
-        store.apply(&mut a, at(0));
-        let mut b = member("b");
-        store.apply(&mut b, at(0));
-        a.on_change(at(0));
-        store.apply(&mut a, at(0));
+        let (mut store, _a, mut b) = a_and_b_at_zero();
         // a crashes now (no more calls); b renews and watches.
         let lease = timing().lease_duration.as_millis() as u64;
         for t in (100..lease).step_by(100) {
@@ -1338,14 +1344,7 @@ mod tests {
 
     #[test]
     fn after_a_resync_a_member_claims_nothing_until_the_snapshot_read_is_in() {
-        let mut store = Store::default();
-        let mut a = member("a");
-        store.apply(&mut a, at(0));
-        store.apply(&mut a, at(0));
-        let mut b = member("b");
-        store.apply(&mut b, at(0));
-        a.on_change(at(0));
-        store.apply(&mut a, at(0));
+        let (mut store, _a, mut b) = a_and_b_at_zero();
         // a crashes; b renews; b's watch breaks and re-opens exactly when a's lease runs out.
         let lease = timing().lease_duration.as_millis() as u64;
         for t in (100..lease).step_by(100) {
@@ -1374,12 +1373,7 @@ mod tests {
 
     #[test]
     fn a_pushed_record_older_than_the_view_is_ignored_and_a_newer_one_applied() {
-        let mut store = Store::default();
-        let mut a = member("a");
-        store.apply(&mut a, at(0));
-        store.apply(&mut a, at(0));
-        let mut b = member("b");
-        store.apply(&mut b, at(0));
+        let (store, _a, mut b) = a_and_b_at_zero();
         let (version, Value::Member(record)) = store.records[&Key::Member("a".into())].clone() else { unreachable!() };
         // A late event of an earlier version of a's record, in which a has left: ignored.
         let stale = Stored {
