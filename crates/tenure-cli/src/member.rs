@@ -260,29 +260,26 @@ async fn open_store(
     identity: &str,
     cluster: &tenure_kube::ClusterOptions,
 ) -> Result<Arc<dyn GroupStore>, CliError> {
-    let secured = match url {
-        LockUrl::Etcd { access, .. } | LockUrl::Zk { access, .. } => *access != Default::default(),
-        _ => false,
-    };
-    if secured {
-        // The group stores connect without TLS or authentication; refusing is safer than
-        // silently connecting without what the URL asks for.
-        return Err(CliError::Usage(format!(
-            "tenure member does not support TLS or authentication on {url} yet: use a store without them"
-        )));
-    }
+    // The same user and TLS files as `tenure elect` on the same URL.
+    let access = url.access();
     match url {
         LockUrl::File(dir) => tenure_group::stores::file::FileGroupStore::open(dir)
             .map(|store| Arc::new(store) as Arc<dyn GroupStore>)
             .map_err(|e| CliError::Failed(e.to_string())),
-        LockUrl::Etcd { endpoints, election, .. } => tenure_etcd::EtcdGroupStore::connect(endpoints, election)
-            .await
-            .map(|store| Arc::new(store) as Arc<dyn GroupStore>)
-            .map_err(|e| CliError::Failed(format!("cannot reach etcd for group {group}: {e}"))),
-        LockUrl::Zk { servers, path, .. } => tenure_zk::ZkGroupStore::connect(servers, path)
-            .await
-            .map(|store| Arc::new(store) as Arc<dyn GroupStore>)
-            .map_err(|e| CliError::Failed(format!("cannot reach ZooKeeper for group {group}: {e}"))),
+        LockUrl::Etcd { endpoints, election, .. } => {
+            let options = access.etcd_options().map_err(|e| CliError::Usage(e.to_string()))?;
+            tenure_etcd::EtcdGroupStore::connect_with(endpoints, election, &options)
+                .await
+                .map(|store| Arc::new(store) as Arc<dyn GroupStore>)
+                .map_err(|e| CliError::Failed(format!("cannot reach etcd for group {group}: {e}")))
+        }
+        LockUrl::Zk { servers, path, .. } => {
+            let options = access.zk_options().map_err(|e| CliError::Usage(e.to_string()))?;
+            tenure_zk::ZkGroupStore::connect_with(servers, path, options)
+                .await
+                .map(|store| Arc::new(store) as Arc<dyn GroupStore>)
+                .map_err(|e| CliError::Failed(format!("cannot reach ZooKeeper for group {group}: {e}")))
+        }
         LockUrl::Kube(reference) if reference.kind == tenure_kube::LockKind::Leases => {
             let client = cluster.client(identity).await.map_err(|e| CliError::Failed(e.to_string()))?;
             Ok(Arc::new(tenure_kube::KubeGroupStore::new(client, &reference.namespace, &reference.name)))

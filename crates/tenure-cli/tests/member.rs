@@ -4,11 +4,12 @@
 //! (lease 2 s, renew deadline 1 s); waits poll with bounded deadlines.
 
 mod common;
+mod member_support;
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::{file_url, get, post, wait_until, TempDir, Tenure};
+use member_support::{assert_single_owners, owned, owns, partitions, release_draining};
 
 const PARTITIONS: u32 = 16;
 const LEASE: Duration = Duration::from_secs(2);
@@ -39,48 +40,6 @@ fn start_member(id: &str, dir: &TempDir, drain_timeout: &str) -> (Tenure, String
     (member, address)
 }
 
-/// A member's partitions by state (`owned`, `draining`, `suspended`) with their terms.
-fn partitions(address: &str) -> Option<BTreeMap<u32, (String, u64)>> {
-    let (code, body) = get(address, "/assignment")?;
-    assert_eq!(code, 200, "{body}");
-    let report: serde_json::Value = serde_json::from_str(&body).ok()?;
-    let list = report["partitions"].as_array()?;
-    Some(
-        list.iter()
-            .map(|p| {
-                let state = p["state"].as_str().unwrap().to_owned();
-                (p["partition"].as_u64().unwrap() as u32, (state, p["term"].as_u64().unwrap()))
-            })
-            .collect(),
-    )
-}
-
-fn owned(address: &str) -> Vec<u32> {
-    partitions(address).unwrap_or_default().into_iter().filter(|(_, (s, _))| s == "owned").map(|(p, _)| p).collect()
-}
-
-/// What the application does: releases every partition the sidecar shows draining.
-fn release_draining(address: &str) {
-    for (partition, (state, term)) in partitions(address).unwrap_or_default() {
-        if state == "draining" {
-            let (code, body) = post(address, &format!("/release?partition={partition}&term={term}")).unwrap();
-            assert_eq!(code, 200, "{body}");
-        }
-    }
-}
-
-/// Fails if a partition is owned by two of the members (as each reports it).
-fn assert_single_owners(addresses: &[&str]) {
-    let mut seen = BTreeMap::new();
-    for address in addresses {
-        for partition in owned(address) {
-            if let Some(other) = seen.insert(partition, *address) {
-                panic!("partition {partition} owned by {other} and {address}");
-            }
-        }
-    }
-}
-
 /// Waits (releasing draining partitions, checking single owners) until the members split the
 /// partitions evenly.
 fn settle(addresses: &[&str]) {
@@ -91,12 +50,6 @@ fn settle(addresses: &[&str]) {
         addresses.iter().all(|a| owned(a).len() == even).then_some(())
     });
     assert!(settled.is_some(), "members never split the partitions");
-}
-
-fn owns(address: &str, key: &str) -> serde_json::Value {
-    let (code, body) = get(address, &format!("/owns?key={key}")).unwrap();
-    assert_eq!(code, 200, "{body}");
-    serde_json::from_str(&body).unwrap()
 }
 
 #[test]

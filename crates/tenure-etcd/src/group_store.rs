@@ -6,24 +6,28 @@
 //! shows the group). The version of a record is its key's `mod_revision`, which etcd never reuses;
 //! a write is a transaction comparing it (or, for a create, `create_revision == 0`) before the put;
 //! a read is one range over the prefix, so a snapshot is consistent at one revision; changes come
-//! from one prefix watch.
+//! from one prefix watch, whose events carry the records (so a member at rest reads nothing: it
+//! applies the others' renews from the watch). A departed member's record is deleted by a
+//! transaction comparing its `mod_revision`.
 //!
 //! Member keys are not bound to an etcd lease: a dead member's record must stay readable so that
 //! the others end its epoch by compare-and-swap after its lease ran out on their own clocks (the
 //! core's rule, the same on every backend). A key deleted by the server at lease expiry would let
 //! a member claim partitions while the old owner's client-side deadline may still be running.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tenure_group::record::{MemberRecord, PartitionTable};
-use tenure_group::store::{ChangeStream, GroupStore, Key, Snapshot, StoreError, Stored, Value, Version};
+use tenure_group::codec;
+use tenure_group::store::{Change, GroupStore, Key, RecordStream, Snapshot, StoreError, Value, Version};
 use tonic::Code;
 
 use crate::client::{self, Connection};
-use crate::proto::etcdserverpb::{compare, request_op, Compare, PutRequest, RequestOp, TxnRequest};
-use crate::EtcdError;
+use crate::proto::etcdserverpb::{compare, request_op, Compare, DeleteRangeRequest, PutRequest, RequestOp, TxnRequest};
+use crate::proto::mvccpb::event::EventType;
+use crate::{EtcdError, EtcdOptions};
 
 /// Time limit of one call of the store (a read, a write, opening the watch).
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -42,12 +46,22 @@ impl EtcdGroupStore {
     /// Connects to the cluster at `endpoints` (`host:port`, several for failover), checks that one
     /// of them answers, and uses the keys under `<group>/`.
     pub async fn connect(endpoints: &[String], group: &str) -> Result<EtcdGroupStore, EtcdError> {
+        Self::connect_with(endpoints, group, &EtcdOptions::new()).await
+    }
+
+    /// Connects like [`EtcdGroupStore::connect`] with TLS and a user as `options` say: the same
+    /// access as an election's ([`crate::EtcdElection::connect_with`]), so a group can live on a
+    /// secured cluster.
+    pub async fn connect_with(
+        endpoints: &[String],
+        group: &str,
+        options: &EtcdOptions,
+    ) -> Result<EtcdGroupStore, EtcdError> {
         if group.is_empty() {
             return Err(EtcdError::EmptyElection);
         }
-        let options = crate::EtcdOptions::new();
         let store =
-            EtcdGroupStore { conn: Arc::new(Connection::new(endpoints, &options)?), prefix: format!("{group}/") };
+            EtcdGroupStore { conn: Arc::new(Connection::new(endpoints, options)?), prefix: format!("{group}/") };
         let probe = crate::proto::etcdserverpb::RangeRequest {
             limit: 1,
             keys_only: true,
@@ -69,6 +83,55 @@ impl EtcdGroupStore {
             Key::Table => format!("{}{TABLE}", self.prefix),
             Key::Member(identity) => format!("{}{MEMBERS}{identity}", self.prefix),
         }
+    }
+
+    /// The record an etcd key holds, if it is one of the group's.
+    fn record_key(&self, etcd_key: &[u8]) -> Option<Key> {
+        let name = std::str::from_utf8(etcd_key).ok()?.strip_prefix(&self.prefix)?;
+        if name == TABLE {
+            return Some(Key::Table);
+        }
+        name.strip_prefix(MEMBERS).map(|identity| Key::Member(identity.to_owned()))
+    }
+
+    /// A transaction that runs `then` only if the record at `etcd_key` is at `expected` (`None`:
+    /// does not exist).
+    fn if_at(etcd_key: &str, expected: Option<Version>, then: request_op::Request) -> TxnRequest {
+        let condition = match expected {
+            None => Compare {
+                result: compare::CompareResult::Equal as i32,
+                target: compare::CompareTarget::Create as i32,
+                key: etcd_key.as_bytes().to_vec(),
+                range_end: Vec::new(),
+                target_union: Some(compare::TargetUnion::CreateRevision(0)),
+            },
+            Some(version) => Compare {
+                result: compare::CompareResult::Equal as i32,
+                target: compare::CompareTarget::Mod as i32,
+                key: etcd_key.as_bytes().to_vec(),
+                range_end: Vec::new(),
+                target_union: Some(compare::TargetUnion::ModRevision(i64::try_from(version.0).unwrap_or(i64::MAX))),
+            },
+        };
+        TxnRequest { compare: vec![condition], success: vec![RequestOp { request: Some(then) }], failure: Vec::new() }
+    }
+
+    /// The changes of one watch response, in order.
+    fn changes_of(&self, events: Vec<crate::proto::mvccpb::Event>) -> Result<Vec<Change>, StoreError> {
+        let mut changes = Vec::new();
+        for event in events {
+            let Some(kv) = event.kv else { continue };
+            let Some(key) = self.record_key(&kv.key) else { continue };
+            if event.r#type == EventType::Delete as i32 {
+                changes.push(Change::Deleted(key));
+                continue;
+            }
+            let location = String::from_utf8_lossy(&kv.key).into_owned();
+            if let Some(stored) = codec::decode(&key, &location, &kv.value, version_of(kv.mod_revision)?)? {
+                changes.push(Change::Put(key, stored));
+            }
+        }
+        Ok(changes)
     }
 }
 
@@ -100,61 +163,32 @@ impl GroupStore for EtcdGroupStore {
         let response = self.conn.range(CALL_TIMEOUT, client::prefix_range(&self.prefix)).await.map_err(store_error)?;
         let mut snapshot = Snapshot::default();
         for kv in response.kvs {
-            let key = String::from_utf8_lossy(&kv.key);
-            let Some(name) = key.strip_prefix(&self.prefix) else { continue };
+            let location = String::from_utf8_lossy(&kv.key);
             let version = version_of(kv.mod_revision)?;
-            if name == TABLE {
-                let table = serde_json::from_slice::<PartitionTable>(&kv.value)
-                    .map_err(|error| StoreError::Rejected(format!("corrupt partition table at {key}: {error}")))?;
-                snapshot.table = Some(Stored { version, value: table });
-            } else if let Some(identity) = name.strip_prefix(MEMBERS) {
-                match serde_json::from_slice::<MemberRecord>(&kv.value) {
-                    Ok(record) if record.identity == identity => {
-                        snapshot.members.insert(identity.to_owned(), Stored { version, value: record });
+            match self.record_key(&kv.key) {
+                Some(Key::Table) => snapshot.table = Some(codec::decode_table(&location, &kv.value, version)?),
+                Some(Key::Member(identity)) => {
+                    if let Some(stored) =
+                        codec::decode_member(&location, &kv.value, version, |record| record.identity == identity)
+                    {
+                        snapshot.members.insert(identity, stored);
                     }
-                    Ok(record) => {
-                        tracing::warn!(key = %key, identity = %record.identity, "member record under another identity's key; ignored");
-                    }
-                    Err(error) => tracing::warn!(key = %key, %error, "member record does not parse; ignored"),
                 }
+                None => {}
             }
         }
         Ok(snapshot)
     }
 
     async fn write(&self, key: &Key, expected: Option<Version>, value: &Value) -> Result<Version, StoreError> {
-        let document = match (key, value) {
-            (Key::Table, Value::Table(table)) => serde_json::to_vec(table),
-            (Key::Member(_), Value::Member(record)) => serde_json::to_vec(record),
-            _ => return Err(StoreError::Rejected(format!("{key}: wrong kind of record"))),
-        }
-        .map_err(|error| StoreError::Rejected(format!("{key}: cannot encode: {error}")))?;
+        let document = codec::encode(key, value)?;
         let etcd_key = self.key_of(key);
-        let condition = match expected {
-            None => Compare {
-                result: compare::CompareResult::Equal as i32,
-                target: compare::CompareTarget::Create as i32,
-                key: etcd_key.as_bytes().to_vec(),
-                range_end: Vec::new(),
-                target_union: Some(compare::TargetUnion::CreateRevision(0)),
-            },
-            Some(version) => Compare {
-                result: compare::CompareResult::Equal as i32,
-                target: compare::CompareTarget::Mod as i32,
-                key: etcd_key.as_bytes().to_vec(),
-                range_end: Vec::new(),
-                target_union: Some(compare::TargetUnion::ModRevision(i64::try_from(version.0).unwrap_or(i64::MAX))),
-            },
-        };
-        let put = RequestOp {
-            request: Some(request_op::Request::RequestPut(PutRequest {
-                key: etcd_key.into_bytes(),
-                value: document,
-                ..Default::default()
-            })),
-        };
-        let request = TxnRequest { compare: vec![condition], success: vec![put], failure: Vec::new() };
-        let response = self.conn.txn(CALL_TIMEOUT, request).await.map_err(store_error)?;
+        let put = request_op::Request::RequestPut(PutRequest {
+            key: etcd_key.clone().into_bytes(),
+            value: document,
+            ..Default::default()
+        });
+        let response = self.conn.txn(CALL_TIMEOUT, Self::if_at(&etcd_key, expected, put)).await.map_err(store_error)?;
         if !response.succeeded {
             return Err(if expected.is_none() { StoreError::AlreadyExists } else { StoreError::Conflict });
         }
@@ -165,30 +199,55 @@ impl GroupStore for EtcdGroupStore {
         version_of(revision)
     }
 
-    fn watch(&self) -> Option<ChangeStream> {
-        let conn = self.conn.clone();
-        let prefix = self.prefix.clone();
-        // The watch opens on the first poll; every batch of events is one notification. An error
-        // ends the stream (the driver re-opens it after a retry period and reads a snapshot).
-        let stream = futures::stream::unfold(Some(None), move |state| {
-            let conn = conn.clone();
-            let prefix = prefix.clone();
+    async fn delete(&self, key: &Key, expected: Version) -> Result<(), StoreError> {
+        let etcd_key = self.key_of(key);
+        let delete = request_op::Request::RequestDeleteRange(DeleteRangeRequest {
+            key: etcd_key.clone().into_bytes(),
+            ..Default::default()
+        });
+        let response =
+            self.conn.txn(CALL_TIMEOUT, Self::if_at(&etcd_key, Some(expected), delete)).await.map_err(store_error)?;
+        if response.succeeded {
+            Ok(())
+        } else {
+            Err(StoreError::Conflict)
+        }
+    }
+
+    fn watch_records(&self) -> Option<RecordStream> {
+        let store = self.clone();
+        // The watch opens on the first poll and then says `Resync` (the member reads once, after
+        // the watch is in place, so nothing falls between the two); every event after that is a
+        // record. An error ends the stream (the driver re-opens it after a retry period).
+        let stream = futures::stream::unfold(Some((None, VecDeque::new())), move |state| {
+            let store = store.clone();
             async move {
-                let mut watch = match state? {
+                let (watch, mut ready) = state?;
+                if let Some(change) = ready.pop_front() {
+                    return Some((Ok(change), Some((watch, ready))));
+                }
+                let mut watch = match watch {
                     Some(watch) => watch,
-                    None => match conn.watch_prefix(CALL_TIMEOUT, &prefix, 0).await {
-                        Ok(watch) => watch,
+                    None => match store.conn.watch_prefix(CALL_TIMEOUT, &store.prefix, 0).await {
+                        Ok(watch) => return Some((Ok(Change::Resync), Some((Some(watch), ready)))),
                         Err(error) => return Some((Err(store_error(error)), None)),
                     },
                 };
                 loop {
-                    match watch.next(&conn).await {
+                    match watch.next(&store.conn).await {
                         Ok(response) if response.canceled => {
                             let reason = format!("etcd cancelled the group watch: {}", response.cancel_reason);
                             return Some((Err(StoreError::Unavailable(reason)), None));
                         }
-                        Ok(response) if response.events.is_empty() => continue,
-                        Ok(_) => return Some((Ok(()), Some(Some(watch)))),
+                        Ok(response) => match store.changes_of(response.events) {
+                            Ok(changes) => {
+                                ready.extend(changes);
+                                if let Some(change) = ready.pop_front() {
+                                    return Some((Ok(change), Some((Some(watch), ready))));
+                                }
+                            }
+                            Err(error) => return Some((Err(error), None)),
+                        },
                         Err(error) => return Some((Err(store_error(error)), None)),
                     }
                 }

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use crate::assignment::partition_of;
 use crate::config::GroupConfig;
 use crate::handoff::{Action, CoreError, GroupEvent, MemberCore};
-use crate::store::{ChangeStream, GroupStore, Key, Snapshot, StoreError, Version};
+use crate::store::{Change, GroupStore, Key, RecordStream, Snapshot, StoreError, Version};
 
 /// Why a group could not be joined or left.
 #[derive(Debug, thiserror::Error)]
@@ -190,7 +190,7 @@ impl<S: GroupStore> GroupBuilder<S> {
     /// Joins the group: starts the driver task (needs a tokio runtime).
     pub fn join(self) -> Result<Group, GroupError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| GroupError::NoRuntime)?;
-        let watch = self.store.watch();
+        let watch = self.store.watch_records();
         let core = MemberCore::new(self.identity.clone(), rand::random(), self.config, watch.is_some())?;
         let shared = Arc::new(Shared::default());
         {
@@ -320,6 +320,7 @@ type Completion = Pin<Box<dyn Future<Output = Done> + Send>>;
 enum Done {
     Read(Result<Snapshot, StoreError>),
     Write(Key, Result<Version, StoreError>),
+    Delete(Key, Result<(), StoreError>),
 }
 
 struct Driver<S> {
@@ -344,7 +345,7 @@ impl<S: GroupStore> Driver<S> {
         self.origin + at.0
     }
 
-    async fn run(mut self, mut watch: Option<ChangeStream>) {
+    async fn run(mut self, mut watch: Option<RecordStream>) {
         let mut inflight: FuturesUnordered<Completion> = FuturesUnordered::new();
         let mut reopen_watch_at: Option<Instant> = None;
         let store_name = self.store.describe();
@@ -353,7 +354,9 @@ impl<S: GroupStore> Driver<S> {
             let mono = self.mono(now);
             if reopen_watch_at.is_some_and(|at| now >= at) {
                 reopen_watch_at = None;
-                watch = self.store.watch();
+                // A record stream starts with a resync once its watch is established; a plain
+                // change stream does not, so read now too (changes during the outage are missed).
+                watch = self.store.watch_records();
                 self.core.on_change(mono);
             }
             // Until nothing changes: a revoke may be drained at once (no guards), which lets the
@@ -401,11 +404,20 @@ impl<S: GroupStore> Driver<S> {
                             }
                             self.core.on_write(mono, &key, result);
                         }
+                        Done::Delete(key, result) => {
+                            match &result {
+                                Err(StoreError::Rejected(error)) => tracing::warn!(store = %store_name, %key, %error, "the store cannot delete the records of departed members; they stay"),
+                                Err(error) if !error.is_conflict() => tracing::warn!(store = %store_name, %key, %error, "deleting a departed member's record failed"),
+                                Err(_) => {}
+                                Ok(()) => tracing::debug!(store = %store_name, %key, "deleted a departed member's record"),
+                            }
+                            self.core.on_delete(mono, &key, result);
+                        }
                     }
                 }
                 change = next_change(&mut watch), if watch.is_some() => {
                     match change {
-                        Some(Ok(())) => self.core.on_change(self.mono(Instant::now())),
+                        Some(Ok(change)) => self.core.on_store_change(self.mono(Instant::now()), change),
                         other => {
                             if let Some(Err(error)) = other {
                                 tracing::warn!(store = %store_name, %error, "the group watch failed; re-opening it");
@@ -442,6 +454,12 @@ impl<S: GroupStore> Driver<S> {
                     .await
                     .unwrap_or(Err(StoreError::Timeout(timeout)));
                 Done::Write(key, result)
+            }),
+            Action::Delete { key, expected } => Box::pin(async move {
+                let result = tokio::time::timeout(timeout, store.delete(&key, expected))
+                    .await
+                    .unwrap_or(Err(StoreError::Timeout(timeout)));
+                Done::Delete(key, result)
             }),
         }
     }
@@ -541,7 +559,7 @@ impl<S: GroupStore> Driver<S> {
     }
 }
 
-async fn next_change(watch: &mut Option<ChangeStream>) -> Option<Result<(), StoreError>> {
+async fn next_change(watch: &mut Option<RecordStream>) -> Option<Result<Change, StoreError>> {
     match watch {
         Some(stream) => stream.next().await,
         None => std::future::pending().await,

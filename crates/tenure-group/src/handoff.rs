@@ -41,7 +41,7 @@ use tenure::{MonotonicTime, Term};
 use crate::assignment::{assign, WeightedMember};
 use crate::config::{record_lease, GroupConfig};
 use crate::record::{MemberRecord, MemberState, Owner, PartitionTable, Slot};
-use crate::store::{Key, Snapshot, StoreError, Stored, Value, Version};
+use crate::store::{Change, Key, Snapshot, StoreError, Stored, Value, Version};
 
 /// What the driver must do next on the store.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,6 +57,14 @@ pub enum Action {
         expected: Option<Version>,
         /// The new content.
         value: Value,
+    },
+    /// Delete a record ([`crate::store::GroupStore::delete`]) if it is still at `expected`, then
+    /// call [`MemberCore::on_delete`] with the same key.
+    Delete {
+        /// Which record (the record of a member whose epoch is over).
+        key: Key,
+        /// The version it must still have.
+        expected: Version,
     },
 }
 
@@ -171,6 +179,7 @@ enum WriteKind {
     Renew { epoch: u64 },
     Leave,
     Tombstone,
+    Delete,
     CreateTable,
     Table { epoch: u64, claims: Vec<(u32, u64)>, releases: Vec<(u32, u64)> },
 }
@@ -187,6 +196,8 @@ struct PendingWrite {
 #[derive(Debug, Clone, Copy)]
 struct PendingRead {
     issued_at_write: u64,
+    /// [`MemberCore::resyncs_requested`] when it was issued.
+    resyncs: u64,
 }
 
 /// The decision state of one member of one group. See the module documentation.
@@ -220,7 +231,8 @@ pub struct MemberCore {
     next_poll: MonotonicTime,
     retry_at: BTreeMap<Key, MonotonicTime>,
     read_retry_at: MonotonicTime,
-    /// Counts completed writes; `written_at[key]` is the count when `key` was last written.
+    /// Counts completed writes and applied pushed changes; `written_at[key]` is the count when
+    /// `key` last changed in this member's view by either (a read issued before is older there).
     writes_completed: u64,
     written_at: BTreeMap<Key, u64>,
     leaving: bool,
@@ -233,6 +245,14 @@ pub struct MemberCore {
     reported_corrupt: bool,
     /// The last assignment computed, and what it was computed from.
     assignment_cache: Option<(AssignmentKey, Vec<Option<usize>>)>,
+    /// False once the store refused a deletion: departed members' records are then kept.
+    can_delete: bool,
+    /// The highest epoch this process has joined with.
+    last_epoch: u64,
+    /// Counts [`Change::Resync`]s received, and the last one a completed read was issued after:
+    /// while they differ the view may miss changes, and nothing is decided on it.
+    resyncs_requested: u64,
+    resyncs_read: u64,
 }
 
 /// What an assignment is a function of.
@@ -297,6 +317,10 @@ impl MemberCore {
             reported_duplicate: None,
             reported_corrupt: false,
             assignment_cache: None,
+            can_delete: true,
+            last_epoch: 0,
+            resyncs_requested: 0,
+            resyncs_read: 0,
         })
     }
 
@@ -424,6 +448,73 @@ impl MemberCore {
         self.read_wanted = true;
     }
 
+    /// A change pushed by the store's record watch ([`crate::store::GroupStore::watch_records`]):
+    /// applied to this member's view like the same record in a snapshot, without reading the
+    /// group. A record at a version no newer than the one in the view is a late event and is
+    /// ignored; a change applied while a read is in flight wins over that read's reply.
+    ///
+    /// Why this is as safe as a snapshot: every decision that ends someone's ownership is a
+    /// compare-and-swap at the version this member saw, so a view that lags only makes a write
+    /// fail and a read follow; a record's lease is counted from when its version arrived here,
+    /// which is never earlier than when it was written.
+    pub fn on_store_change(&mut self, now: MonotonicTime, change: Change) {
+        self.check_lapse(now);
+        let key = match change {
+            Change::Changed => {
+                self.read_wanted = true;
+                return;
+            }
+            Change::Resync => {
+                self.read_wanted = true;
+                self.resyncs_requested += 1;
+                return;
+            }
+            Change::Put(key, stored) => {
+                let known = match &key {
+                    Key::Table => self.table.as_ref().map(|t| t.version),
+                    Key::Member(id) => self.members.get(id).map(|o| o.stored.version),
+                };
+                if known.is_some_and(|known| stored.version <= known) {
+                    return;
+                }
+                match (&key, stored.value) {
+                    (Key::Table, Value::Table(table)) => {
+                        self.table = Some(Stored { version: stored.version, value: table })
+                    }
+                    (Key::Member(id), Value::Member(record)) if record.identity == *id => {
+                        self.observe_member(now, id.clone(), Stored { version: stored.version, value: record })
+                    }
+                    _ => return,
+                }
+                key
+            }
+            Change::Deleted(Key::Table) => {
+                // Tenure never deletes the table: someone did by hand; see what is left.
+                self.read_wanted = true;
+                return;
+            }
+            Change::Deleted(key) => {
+                if let Key::Member(id) = &key {
+                    if self.members.remove(id).is_none() {
+                        return;
+                    }
+                }
+                key
+            }
+        };
+        self.mark_changed(&key);
+        if key == Key::Member(self.identity.clone()) {
+            self.check_own_record();
+        }
+        self.after_view_change(now);
+    }
+
+    /// Records that `key` changed in this member's view now (a read issued earlier is older).
+    fn mark_changed(&mut self, key: &Key) {
+        self.writes_completed += 1;
+        self.written_at.insert(key.clone(), self.writes_completed);
+    }
+
     /// The application finished its work on a revoked partition.
     pub fn on_drained(&mut self, now: MonotonicTime, partition: u32) {
         self.check_lapse(now);
@@ -496,7 +587,8 @@ impl MemberCore {
         let poll_due = !self.has_watch && now >= self.next_poll;
         if self.pending_read.is_none() && now >= self.read_retry_at && (self.read_wanted || poll_due) {
             self.read_wanted = false;
-            self.pending_read = Some(PendingRead { issued_at_write: self.writes_completed });
+            self.pending_read =
+                Some(PendingRead { issued_at_write: self.writes_completed, resyncs: self.resyncs_requested });
             return Some(Action::Read);
         }
         if !self.has_read {
@@ -505,10 +597,17 @@ impl MemberCore {
         if let Some(action) = self.own_record_action(now) {
             return Some(action);
         }
+        if self.resyncs_read < self.resyncs_requested {
+            // Changes were lost: until the read is in, only release what this member owns.
+            return self.table_action(now, false);
+        }
         if let Some(action) = self.tombstone_action(now) {
             return Some(action);
         }
-        self.table_action(now)
+        if let Some(action) = self.table_action(now, true) {
+            return Some(action);
+        }
+        self.cleanup_action(now)
     }
 
     fn may_write(&self, key: &Key, now: MonotonicTime) -> bool {
@@ -595,6 +694,13 @@ impl MemberCore {
                         return None;
                     }
                 }
+                // No record: a first join, or one after the record of an earlier epoch of this
+                // identity was deleted (departed members' records are). A process of that epoch
+                // may still have writes in flight that name it, so the new epoch must differ from
+                // every earlier one: it starts at a point drawn from this process's incarnation
+                // (and above every epoch this process had), so two processes never share one.
+                let drawn = u64::from(self.incarnation as u32);
+                let epoch = epoch.max(self.last_epoch + 1).saturating_add(drawn);
                 let record = self.own_record(epoch, MemberState::Alive, 0);
                 Some(self.start_write(now, key, None, Value::Member(record), WriteKind::Join { epoch }))
             }
@@ -634,6 +740,69 @@ impl MemberCore {
         Some(self.start_write(now, key, Some(stored.version), Value::Member(record), WriteKind::Tombstone))
     }
 
+    /// Deletes the record of a departed member, so that records do not accumulate as members
+    /// come and go. The rule: only a record whose epoch is over (`Left`: it released everything
+    /// itself; `Expired`: another member saw it silent for its whole lease), that the table names
+    /// in no slot and no leaving mark (so no partition can be believed owned under any epoch of
+    /// that identity, and no claim needs the record to decide), and, for an expired one, only
+    /// once it has been seen expired for another lease stretched by the drift bound on this
+    /// member's clock. One member deletes: the live member with the smallest identity, by
+    /// compare-and-swap at the version it saw.
+    fn cleanup_action(&mut self, now: MonotonicTime) -> Option<Action> {
+        if !self.can_delete || self.leaving || !self.is_member(now) {
+            return None;
+        }
+        let live = self.live_members(now);
+        if live.first().map(|m| m.identity.as_str()) != Some(self.identity.as_str()) {
+            return None;
+        }
+        let table = &self.table.as_ref()?.value;
+        let stretch = 1.0 + self.config.timing.max_clock_drift();
+        let (key, stored) = self.members.iter().find_map(|(id, observed)| {
+            let record = &observed.stored.value;
+            if *id == self.identity || record.state == MemberState::Alive {
+                return None;
+            }
+            let named =
+                table.slots.iter().filter_map(|s| s.owner.as_ref()).chain(&table.leaving).any(|o| o.member == *id);
+            let wait = match record.state {
+                MemberState::Left => Duration::ZERO,
+                _ => record_lease(record.lease_millis).mul_f64(stretch),
+            };
+            let key = Key::Member(id.clone());
+            (!named && now >= observed.seen_at + wait && self.may_write(&key, now))
+                .then(|| (key, observed.stored.clone()))
+        })?;
+        let pending = PendingWrite { started: now, kind: WriteKind::Delete, value: Value::Member(stored.value) };
+        self.pending.insert(key.clone(), pending);
+        Some(Action::Delete { key, expected: stored.version })
+    }
+
+    /// The reply to [`Action::Delete`] for `key`.
+    pub fn on_delete(&mut self, now: MonotonicTime, key: &Key, result: Result<(), StoreError>) {
+        self.check_lapse(now);
+        if self.pending.remove(key).is_none() {
+            return;
+        }
+        match result {
+            Ok(()) => {
+                self.retry_at.remove(key);
+                if let Key::Member(id) = key {
+                    self.members.remove(id);
+                }
+                self.mark_changed(key);
+                self.after_view_change(now);
+            }
+            Err(StoreError::Rejected(_)) => self.can_delete = false,
+            Err(error) => {
+                self.read_wanted = true;
+                if !error.is_conflict() {
+                    self.retry_at.insert(key.clone(), now + self.config.timing.retry_period);
+                }
+            }
+        }
+    }
+
     /// May a slot owned by `owner` be claimed now (its owner certainly stopped working on it)?
     fn owner_is_gone(&self, owner: &Owner, now: MonotonicTime) -> bool {
         if owner.member == self.identity {
@@ -649,8 +818,11 @@ impl MemberCore {
                 } else if record.epoch == owner.epoch {
                     record.state != MemberState::Alive
                 } else {
-                    // A record older than the ownership: replaced by hand. Wait a lease.
-                    now >= observed.seen_at + self.absent_lease(&owner.member)
+                    // A record older than the ownership (replaced by hand, or a view that has not
+                    // caught up yet): wait a lease from when this member first saw it so.
+                    self.absent_since
+                        .get(&owner.member)
+                        .is_some_and(|since| now >= *since + self.absent_lease(&owner.member))
                 }
             }
             None => self
@@ -660,12 +832,17 @@ impl MemberCore {
         }
     }
 
-    fn table_action(&mut self, now: MonotonicTime) -> Option<Action> {
+    /// The table write to make now, if any: releases of drained partitions and, if `may_claim`,
+    /// claims.
+    fn table_action(&mut self, now: MonotonicTime, may_claim: bool) -> Option<Action> {
         let membership = self.membership.filter(|m| now < m.valid_until)?;
         if !self.may_write(&Key::Table, now) {
             return None;
         }
         let Some(table) = self.table.as_ref() else {
+            if !may_claim {
+                return None;
+            }
             let value = Value::Table(PartitionTable::new(self.config.partition_count));
             return Some(self.start_write(now, Key::Table, None, value, WriteKind::CreateTable));
         };
@@ -735,7 +912,7 @@ impl MemberCore {
             if self.held.contains_key(&partition) {
                 continue;
             }
-            if mine(partition) && !self.leaving {
+            if mine(partition) && !self.leaving && may_claim {
                 let claimable = match &slot.owner {
                     None => true,
                     Some(owner) => self.owner_is_gone(owner, now),
@@ -750,7 +927,17 @@ impl MemberCore {
         }
         let mark_leaving =
             self.leaving && !releases.is_empty() && self.held.values().all(|h| h.state == Holding::Drained);
-        if releases.is_empty() && claims.is_empty() {
+        // Leaving marks of epochs that are over are dropped by the next table write; when no other
+        // write comes, the live member with the smallest identity makes one, so that the record of
+        // a member that left is not named forever (and can be deleted).
+        let over = |o: &Owner| {
+            self.members.get(&o.member).is_some_and(|observed| {
+                observed.stored.value.epoch != o.epoch || observed.stored.value.state != MemberState::Alive
+            })
+        };
+        let first = live.first().is_some_and(|m| m.identity == self.identity);
+        let tidy = may_claim && first && table.value.leaving.iter().any(|o| *o != me && over(o));
+        if releases.is_empty() && claims.is_empty() && !tidy {
             return None;
         }
         let version = table.version;
@@ -789,6 +976,7 @@ impl MemberCore {
             }
         };
         self.has_read = true;
+        self.resyncs_read = read.resyncs;
         self.next_poll = now + self.config.timing.retry_period;
         let newer_here =
             |key: &Key, written_at: &BTreeMap<Key, u64>| written_at.get(key).is_some_and(|w| *w > read.issued_at_write);
@@ -855,13 +1043,19 @@ impl MemberCore {
     fn after_view_change(&mut self, now: MonotonicTime) {
         let Some(table) = &self.table else { return };
         let table = &table.value;
-        // Owners without a record: since when.
-        let named: BTreeSet<String> =
-            table.slots.iter().filter_map(|s| s.owner.as_ref().map(|o| o.member.clone())).collect();
-        self.absent_since.retain(|id, _| named.contains(id) && !self.members.contains_key(id));
-        for id in named {
-            if !self.members.contains_key(&id) {
-                self.absent_since.entry(id).or_insert(now);
+        // Owners without a record, or with a record older than the ownership: since when.
+        let mut named: BTreeMap<String, u64> = BTreeMap::new();
+        for owner in table.slots.iter().filter_map(|s| s.owner.as_ref()) {
+            let epoch = named.entry(owner.member.clone()).or_default();
+            *epoch = (*epoch).max(owner.epoch);
+        }
+        let members = &self.members;
+        let behind =
+            |id: &String| named.get(id).is_some_and(|e| members.get(id).is_none_or(|o| o.stored.value.epoch < *e));
+        self.absent_since.retain(|id, _| behind(id));
+        for id in named.keys() {
+            if behind(id) {
+                self.absent_since.entry(id.clone()).or_insert(now);
             }
         }
         if table.is_consistent()
@@ -934,6 +1128,7 @@ impl MemberCore {
                 let renewals = record.renewals;
                 self.observe_member(now, self.identity.clone(), Stored { version, value: record });
                 self.absent_since.remove(&self.identity);
+                self.last_epoch = self.last_epoch.max(epoch);
                 self.membership = Some(Membership {
                     epoch,
                     version,
@@ -1016,24 +1211,26 @@ mod tests {
     }
 
     impl Store {
+        fn snapshot(&self) -> Snapshot {
+            let mut snapshot = Snapshot::default();
+            for (key, (version, value)) in &self.records {
+                match (key, value) {
+                    (Key::Table, Value::Table(t)) => {
+                        snapshot.table = Some(Stored { version: *version, value: t.clone() })
+                    }
+                    (Key::Member(id), Value::Member(m)) => {
+                        snapshot.members.insert(id.clone(), Stored { version: *version, value: m.clone() });
+                    }
+                    _ => unreachable!(),
+                }
+            }
+            snapshot
+        }
+
         fn apply(&mut self, core: &mut MemberCore, now: MonotonicTime) {
             while let Some(action) = core.poll_action(now) {
                 match action {
-                    Action::Read => {
-                        let mut snapshot = Snapshot::default();
-                        for (key, (version, value)) in &self.records {
-                            match (key, value) {
-                                (Key::Table, Value::Table(t)) => {
-                                    snapshot.table = Some(Stored { version: *version, value: t.clone() })
-                                }
-                                (Key::Member(id), Value::Member(m)) => {
-                                    snapshot.members.insert(id.clone(), Stored { version: *version, value: m.clone() });
-                                }
-                                _ => unreachable!(),
-                            }
-                        }
-                        core.on_read(now, Ok(snapshot));
-                    }
+                    Action::Read => core.on_read(now, Ok(self.snapshot())),
                     Action::Write { key, expected, value } => {
                         let current = self.records.get(&key).map(|(v, _)| *v);
                         let result = if current == expected {
@@ -1045,6 +1242,15 @@ mod tests {
                         };
                         core.on_write(now, &key, result);
                     }
+                    Action::Delete { key, expected } => {
+                        let result = if self.records.get(&key).map(|(v, _)| *v) == Some(expected) {
+                            self.records.remove(&key);
+                            Ok(())
+                        } else {
+                            Err(StoreError::Conflict)
+                        };
+                        core.on_delete(now, &key, result);
+                    }
                 }
             }
         }
@@ -1053,6 +1259,19 @@ mod tests {
     fn member(identity: &str) -> MemberCore {
         let config = GroupConfig { timing: timing(), partition_count: PARTITIONS, weight: 1 };
         MemberCore::new(identity, identity.len() as u64, config, true).unwrap()
+    }
+
+    /// a joins and owns everything, then b joins and a revokes b's share (all at time 0).
+    fn a_and_b_at_zero() -> (Store, MemberCore, MemberCore) {
+        let mut store = Store::default();
+        let mut a = member("a");
+        store.apply(&mut a, at(0));
+        store.apply(&mut a, at(0));
+        let mut b = member("b");
+        store.apply(&mut b, at(0));
+        a.on_change(at(0));
+        store.apply(&mut a, at(0));
+        (store, a, b)
     }
 
     #[test]
@@ -1105,14 +1324,7 @@ mod tests {
 
     #[test]
     fn a_crashed_members_partitions_are_claimed_only_after_its_lease_on_the_claimers_clock() {
-        let mut store = Store::default();
-        let mut a = member("a");
-        store.apply(&mut a, at(0));
-        store.apply(&mut a, at(0));
-        let mut b = member("b");
-        store.apply(&mut b, at(0));
-        a.on_change(at(0));
-        store.apply(&mut a, at(0));
+        let (mut store, _a, mut b) = a_and_b_at_zero();
         // a crashes now (no more calls); b renews and watches.
         let lease = timing().lease_duration.as_millis() as u64;
         for t in (100..lease).step_by(100) {
@@ -1128,5 +1340,57 @@ mod tests {
             store.records.get(&Key::Member("a".into())),
             Some((_, Value::Member(MemberRecord { state: MemberState::Expired, .. })))
         ));
+    }
+
+    #[test]
+    fn after_a_resync_a_member_claims_nothing_until_the_snapshot_read_is_in() {
+        let (mut store, _a, mut b) = a_and_b_at_zero();
+        // a crashes; b renews; b's watch breaks and re-opens exactly when a's lease runs out.
+        let lease = timing().lease_duration.as_millis() as u64;
+        for t in (100..lease).step_by(100) {
+            store.apply(&mut b, at(t));
+        }
+        b.on_store_change(at(lease), Change::Resync);
+        let mut actions = Vec::new();
+        while let Some(action) = b.poll_action(at(lease)) {
+            actions.push(action);
+        }
+        assert!(actions.contains(&Action::Read));
+        let decisions: Vec<&Action> = actions
+            .iter()
+            .filter(|action| matches!(action, Action::Write { key, .. } if *key != Key::Member("b".into())))
+            .collect();
+        assert!(decisions.is_empty(), "b acted on a view that may miss changes: {decisions:?}");
+        b.on_read(at(lease), Ok(store.snapshot()));
+        for action in actions.into_iter().filter(|action| *action != Action::Read) {
+            if let Action::Write { key, .. } = action {
+                b.on_write(at(lease), &key, Err(StoreError::Unavailable("dropped by the test".into())));
+            }
+        }
+        store.apply(&mut b, at(lease + 1));
+        assert_eq!(b.owned(at(lease + 1)).len(), PARTITIONS as usize, "b never took over after the read");
+    }
+
+    #[test]
+    fn a_pushed_record_older_than_the_view_is_ignored_and_a_newer_one_applied() {
+        let (store, _a, mut b) = a_and_b_at_zero();
+        let (version, Value::Member(record)) = store.records[&Key::Member("a".into())].clone() else { unreachable!() };
+        // A late event of an earlier version of a's record, in which a has left: ignored.
+        let stale = Stored {
+            version: Version(version.0 - 1),
+            value: Value::Member(MemberRecord { state: MemberState::Left, ..record.clone() }),
+        };
+        b.on_store_change(at(100), Change::Put(Key::Member("a".into()), stale));
+        assert!(b.live_members(at(100)).iter().any(|m| m.identity == "a"), "a late event ended a's membership");
+        // The same at a newer version: applied, a is gone from b's view at once.
+        let newer = Stored {
+            version: Version(version.0 + 100),
+            value: Value::Member(MemberRecord { state: MemberState::Left, ..record }),
+        };
+        b.on_store_change(at(200), Change::Put(Key::Member("a".into()), newer));
+        assert!(b.live_members(at(200)).iter().all(|m| m.identity != "a"), "a newer record was not applied");
+        // A deletion removes the record from the view.
+        b.on_store_change(at(300), Change::Deleted(Key::Member("a".into())));
+        assert!(b.live_members(at(300)).iter().all(|m| m.identity != "a"));
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod assignment;
 pub mod checks;
+pub mod codec;
 pub mod config;
 pub mod conformance;
 pub mod handoff;

@@ -23,8 +23,10 @@ use futures::Stream;
 
 use crate::record::{MemberRecord, PartitionTable};
 
-/// The version of one stored record, compared for equality only (a store that reuses a version
-/// for a different content after a deletion breaks compare-and-swap; Tenure never deletes).
+/// The version of one stored record. Compare-and-swap compares it for equality; a store that
+/// pushes records ([`GroupStore::watch_records`]) also promises that the versions of one record
+/// increase while it exists, so that a member tells a late event from a newer one. Tenure deletes
+/// only records of epochs that are over and that no table names (see [`GroupStore::delete`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Version(pub u64);
 
@@ -92,6 +94,28 @@ pub use tenure::LockError as StoreError;
 /// A stream that fails or ends is re-opened by the driver after a retry period.
 pub type ChangeStream = Pin<Box<dyn Stream<Item = Result<(), StoreError>> + Send>>;
 
+/// One change pushed by [`GroupStore::watch_records`].
+///
+/// Why records and not only "something changed": a member that re-reads the whole group on every
+/// other member's renew makes reads that grow with the member count; applying the changed record
+/// itself keeps a member's load at rest to its own renew.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// Something changed and the store cannot tell what: read a whole snapshot.
+    Changed,
+    /// Changes may have been missed (the watch was just established or re-established): read a
+    /// whole snapshot, and decide nothing on the records seen so far until it is in (the view
+    /// may name an owner whose newer record was among the lost changes).
+    Resync,
+    /// The record now holds this content, at this version.
+    Put(Key, Stored<Value>),
+    /// The record was deleted.
+    Deleted(Key),
+}
+
+/// The changes of a group's records, in the store's order (see [`GroupStore::watch_records`]).
+pub type RecordStream = Pin<Box<dyn Stream<Item = Result<Change, StoreError>> + Send>>;
+
 /// A place that keeps a group's records with compare-and-swap.
 ///
 /// Why this small: the handoff protocol needs exactly a snapshot read, a conditional write per
@@ -114,6 +138,28 @@ pub trait GroupStore: Send + Sync + 'static {
     fn watch(&self) -> Option<ChangeStream> {
         None
     }
+
+    /// The changes of the records one by one, if the store can push them with their content; the
+    /// default turns every notification of [`GroupStore::watch`] into [`Change::Changed`].
+    ///
+    /// A store that overrides it must: yield [`Change::Resync`] once the watch is established
+    /// (and again after anything that may have lost changes: a reconnection); yield the changes
+    /// after it in the order the store applied them; and give a record versions that increase
+    /// while it exists. An error ends the stream; the driver re-opens it after a retry period.
+    fn watch_records(&self) -> Option<RecordStream> {
+        use futures::StreamExt;
+        self.watch().map(|changes| changes.map(|change| change.map(|()| Change::Changed)).boxed())
+    }
+
+    /// Deletes the record if it is still at `expected` ([`StoreError::Conflict`] otherwise, also
+    /// when it is gone). The core deletes only the records of members whose epoch is over (they
+    /// left, or were expired after their lease ran out) and that the table no longer names, so
+    /// that departed members do not accumulate. A store that cannot delete keeps them: the
+    /// default refuses with [`StoreError::Rejected`], and the core then stops trying.
+    async fn delete(&self, key: &Key, expected: Version) -> Result<(), StoreError> {
+        let _ = expected;
+        Err(StoreError::Rejected(format!("{key}: {} cannot delete records", self.describe())))
+    }
 }
 
 #[async_trait]
@@ -129,5 +175,11 @@ impl<S: GroupStore + ?Sized> GroupStore for std::sync::Arc<S> {
     }
     fn watch(&self) -> Option<ChangeStream> {
         (**self).watch()
+    }
+    fn watch_records(&self) -> Option<RecordStream> {
+        (**self).watch_records()
+    }
+    async fn delete(&self, key: &Key, expected: Version) -> Result<(), StoreError> {
+        (**self).delete(key, expected).await
     }
 }

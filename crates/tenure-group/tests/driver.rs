@@ -100,6 +100,7 @@ async fn a_member_cut_off_from_the_store_stops_owning_before_anyone_takes_over()
     let store = MemoryGroupStore::new();
     let (a, b) = (join(&store, "a"), join(&store, "b"));
     assert!(wait_until(Duration::from_secs(10), || settled(&[&a, &b])).await.is_some());
+    let first_epoch = a.assignment().borrow().epoch;
     store.set_unreachable("a", true);
     // At every millisecond until b owns everything, no partition has two owners.
     let mut b_owns_all = false;
@@ -118,7 +119,7 @@ async fn a_member_cut_off_from_the_store_stops_owning_before_anyone_takes_over()
     // Once reachable again, a rejoins with a new epoch and gets its share back.
     store.set_unreachable("a", false);
     assert!(wait_until(Duration::from_secs(30), || settled(&[&a, &b])).await.is_some());
-    assert!(a.assignment().borrow().epoch > Some(1));
+    assert!(a.assignment().borrow().epoch > first_epoch);
 }
 
 #[tokio::test(start_paused = true)]
@@ -177,6 +178,29 @@ async fn at_rest_a_member_writes_once_per_retry_period_whatever_the_partition_co
         let after = store.requests("a");
         // One renew per retry period (1 s): 60 a minute.
         assert_eq!(after.writes - before.writes, 60, "{partitions} partitions");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_rest_a_member_reads_nothing_whatever_the_member_count() {
+    for members in [3, 10] {
+        let store = MemoryGroupStore::new();
+        let groups: Vec<Group> = (0..members).map(|i| join(&store, &format!("m{i:02}"))).collect();
+        let refs: Vec<&Group> = groups.iter().collect();
+        let settled = wait_until(Duration::from_secs(10), || {
+            (0..PARTITIONS).all(|p| refs.iter().filter(|g| g.guard(p).is_some()).count() == 1)
+                && refs.iter().all(|g| g.members().len() == members)
+        });
+        assert!(settled.await.is_some(), "{members} members never settled");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let before = store.requests("m00");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let after = store.requests("m00");
+        // The others' renews arrive with the watch: no read, and one renew per retry period.
+        assert_eq!(after.reads - before.reads, 0, "{members} members");
+        assert_eq!(after.writes - before.writes, 60, "{members} members");
+        // And the view stays live: every member still sees all the others.
+        assert!(refs.iter().all(|g| g.members().len() == members));
     }
 }
 

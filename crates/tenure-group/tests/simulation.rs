@@ -12,7 +12,11 @@
 //!   replies take 0.1 to 20 ms each way; in *storm* phases requests are dropped, replies lost
 //!   (the write applied), and both delayed up to 3 call timeouts (writes that land after their
 //!   caller gave up). A watch (in half of the schedules; the others poll) notifies every member
-//!   after each write, with a delay, coalescing like a real watch.
+//!   after each write, with a delay, coalescing like a real watch; in half of the watched
+//!   schedules it pushes the changed records themselves instead (etcd, Kubernetes, ZooKeeper
+//!   with a read per node), in the store's order, each after a delay, and in storms it loses
+//!   what was queued and says `Resync` (a watch that broke and re-opened). Departed members'
+//!   records are deleted by the members (compare-and-swap on the version).
 //! - **Faults**, one per phase: a crash (requests in flight still land) with a later restart under
 //!   the same identity (a new incarnation: it must wait the old one's lease out), a pause of up to
 //!   2 leases (the clock runs, nothing is handled; on resume everything due is handled), a
@@ -49,8 +53,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tenure::{MonotonicTime, Timing};
 use tenure_group::handoff::{Action, GroupEvent, MemberCore};
-use tenure_group::record::{MemberRecord, PartitionTable};
-use tenure_group::store::{Key, Snapshot, StoreError, Stored, Value, Version};
+use tenure_group::record::{MemberRecord, MemberState, PartitionTable};
+use tenure_group::store::{Change, Key, Snapshot, StoreError, Stored, Value, Version};
 use tenure_group::GroupConfig;
 
 const MS: u64 = 1_000_000;
@@ -144,6 +148,11 @@ enum Ev {
         node: usize,
         gen: u32,
     },
+    /// The first pushed record change queued for a member reaches it.
+    Push {
+        node: usize,
+        gen: u32,
+    },
     Drained {
         node: usize,
         gen: u32,
@@ -164,12 +173,14 @@ enum Ev {
 enum Reply {
     Read(Result<Snapshot, StoreError>),
     Write(Key, Result<Version, StoreError>),
+    Delete(Key, Result<(), StoreError>),
 }
 
 #[derive(Debug, Clone)]
 enum Outstanding {
     Read,
     Write(Key),
+    Delete(Key),
 }
 
 struct Node {
@@ -181,6 +192,8 @@ struct Node {
     paused: bool,
     isolated: bool,
     notify_pending: bool,
+    /// Record changes pushed to this member and not delivered yet, in the store's order.
+    pushed: VecDeque<Change>,
     timers: BTreeSet<u64>,
     crashed: bool,
     gone: bool,
@@ -217,6 +230,8 @@ struct World {
     timing: Timing,
     partitions: u32,
     has_watch: bool,
+    /// The watch pushes records ([`Change`]) rather than "something changed".
+    record_watch: bool,
     drift: f64,
     storm: bool,
     phases_left: u32,
@@ -239,6 +254,7 @@ impl World {
         };
         let partitions = [1, 3, 4, 8, 16][rng.gen_range(0..5)];
         let has_watch = rng.gen_bool(0.5);
+        let record_watch = has_watch && rng.gen_bool(0.5);
         let drift = (params.drift_fraction * timing.max_clock_drift()).min(0.8);
         let phases_left = rng.gen_range(2..=6);
         let mut world = World {
@@ -256,6 +272,7 @@ impl World {
             timing,
             partitions,
             has_watch,
+            record_watch,
             drift,
             storm: false,
             phases_left,
@@ -336,6 +353,7 @@ impl World {
             paused: false,
             isolated: false,
             notify_pending: false,
+            pushed: VecDeque::new(),
             timers: BTreeSet::new(),
             crashed: false,
             gone: false,
@@ -416,6 +434,7 @@ impl World {
                 match result {
                     Reply::Read(r) => core.on_read(now, r),
                     Reply::Write(key, r) => core.on_write(now, &key, r),
+                    Reply::Delete(key, r) => core.on_delete(now, &key, r),
                 }
                 self.drive(node);
             }
@@ -427,6 +446,7 @@ impl World {
                 match outstanding {
                     Outstanding::Read => core.on_read(now, Err(error)),
                     Outstanding::Write(key) => core.on_write(now, &key, Err(error)),
+                    Outstanding::Delete(key) => core.on_delete(now, &key, Err(error)),
                 }
                 self.drive(node);
             }
@@ -438,6 +458,16 @@ impl World {
                 self.nodes[node].notify_pending = false;
                 let now = self.local(node);
                 self.nodes[node].core.as_mut().expect("alive").on_change(now);
+                self.drive(node);
+            }
+            Ev::Push { node, gen } => {
+                let Some(change) = self.nodes[node].pushed.pop_front() else { return false };
+                if !self.nodes[node].pushed.is_empty() {
+                    let delay = self.rng.gen_range(0..MAX_WATCH_DELAY / 4);
+                    self.push(self.now + delay, Ev::Push { node, gen });
+                }
+                let now = self.local(node);
+                self.nodes[node].core.as_mut().expect("alive").on_store_change(now, change);
                 self.drive(node);
             }
             Ev::Drained { node, gen: _, partition } => {
@@ -489,8 +519,8 @@ impl World {
                     let version = Version(self.next_version);
                     self.next_version += 1;
                     trace!(self, "store: {} writes {key} = {}", self.nodes[node].identity, describe(&value));
-                    self.store.insert(key.clone(), (version, value));
-                    self.notify_all();
+                    self.store.insert(key.clone(), (version, value.clone()));
+                    self.notify_all(Change::Put(key.clone(), Stored { version, value }));
                     Ok(version)
                 } else if expected.is_none() {
                     Err(StoreError::AlreadyExists)
@@ -499,11 +529,52 @@ impl World {
                 };
                 Reply::Write(key, result)
             }
+            Action::Delete { key, expected } => {
+                let current = self.store.get(&key).map(|(v, _)| *v);
+                let result = if self.params.ignore_cas || current == Some(expected) {
+                    trace!(self, "store: {} deletes {key}", self.nodes[node].identity);
+                    self.store.remove(&key);
+                    self.notify_all(Change::Deleted(key.clone()));
+                    Ok(())
+                } else {
+                    Err(StoreError::Conflict)
+                };
+                Reply::Delete(key, result)
+            }
         }
     }
 
-    fn notify_all(&mut self) {
+    /// Tells every watching member about `change`: the change itself, queued in order, with a
+    /// record watch; a coalesced "something changed" otherwise.
+    fn notify_all(&mut self, change: Change) {
         if !self.has_watch {
+            return;
+        }
+        if self.record_watch {
+            for node in 0..self.nodes.len() {
+                let n = &self.nodes[node];
+                if n.crashed || n.gone || n.isolated {
+                    continue;
+                }
+                let gap = self.storm && self.rng.gen_bool(0.05);
+                let delay = if self.storm && self.rng.gen_bool(0.2) {
+                    self.rng.gen_range(0..self.lease_ns() / 2)
+                } else {
+                    self.rng.gen_range(0..MAX_WATCH_DELAY)
+                };
+                let n = &mut self.nodes[node];
+                if gap {
+                    // The watch broke: what was queued is lost, and the re-opened watch resyncs.
+                    n.pushed.clear();
+                    n.pushed.push_back(Change::Resync);
+                } else {
+                    n.pushed.push_back(change.clone());
+                }
+                if n.pushed.len() == 1 {
+                    let gen = n.gen;
+                    self.push(self.now + delay, Ev::Push { node, gen });
+                }
+            }
             return;
         }
         for node in 0..self.nodes.len() {
@@ -609,6 +680,7 @@ impl World {
         let outstanding = match &action {
             Action::Read => Outstanding::Read,
             Action::Write { key, .. } => Outstanding::Write(key.clone()),
+            Action::Delete { key, .. } => Outstanding::Delete(key.clone()),
         };
         trace!(self, "{} sends {}", self.nodes[node].identity, describe_action(&action));
         self.nodes[node].outstanding.insert(req, outstanding);
@@ -661,6 +733,8 @@ impl World {
             3 if !live.is_empty() => {
                 let node = live[self.rng.gen_range(0..live.len())];
                 self.nodes[node].isolated = true;
+                // Its watch breaks: what was queued is lost (the heal resyncs).
+                self.nodes[node].pushed.clear();
                 let until = self.now + self.rng.gen_range(0..2 * lease);
                 let gen = self.nodes[node].gen;
                 trace!(self, "{} isolated", self.nodes[node].identity);
@@ -703,6 +777,7 @@ impl World {
         n.outstanding.clear();
         n.timers.clear();
         n.notify_pending = false;
+        n.pushed.clear();
         n.deferred.clear();
         n.paused = false;
     }
@@ -832,6 +907,19 @@ impl World {
             self.failure = Some(format!("balance: shares {shares:?} outside [{floor}, {ceil}] after the calm"));
             return;
         }
+        // Records of members that left are deleted by then (they need no lease to pass).
+        let left: Vec<&String> = self
+            .store
+            .iter()
+            .filter_map(|(key, (_, value))| match (key, value) {
+                (Key::Member(id), Value::Member(record)) if record.state == MemberState::Left => Some(id),
+                _ => None,
+            })
+            .collect();
+        if !left.is_empty() {
+            self.failure = Some(format!("cleanup: records of members that left remain after the calm: {left:?}"));
+            return;
+        }
         // Crash the member with the most partitions; everything must be owned again in time.
         let members: Vec<usize> = self
             .live_nodes()
@@ -872,6 +960,7 @@ fn ev_node(ev: &Ev) -> Option<(usize, u32)> {
         | Ev::Timeout { node, gen, .. }
         | Ev::Timer { node, gen }
         | Ev::Notify { node, gen }
+        | Ev::Push { node, gen }
         | Ev::Drained { node, gen, .. }
         | Ev::Resume { node, gen }
         | Ev::Heal { node, gen } => Some((*node, *gen)),
@@ -910,6 +999,7 @@ fn describe_action(action: &Action) -> String {
     match action {
         Action::Read => "read".into(),
         Action::Write { key, expected, value } => format!("write {key} if {expected:?}: {}", describe(value)),
+        Action::Delete { key, expected } => format!("delete {key} if {expected}"),
     }
 }
 

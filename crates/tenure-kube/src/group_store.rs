@@ -9,7 +9,9 @@
 //! record is the object's `resourceVersion` (read as a number, as every API server backed by etcd
 //! writes it); a compare-and-swap is an update carrying it (409 on a conflict); a create that
 //! finds the object answers 409 AlreadyExists. A read is two requests whatever the group's size:
-//! the ConfigMap first, then the Leases by label. Changes come from two label watches.
+//! the ConfigMap first, then the Leases by label. Changes come from two label watches whose events
+//! carry the objects, so a member at rest reads nothing (it applies the others' renews from the
+//! watch). A departed member's Lease is deleted with a `resourceVersion` precondition.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,10 +21,11 @@ use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{ListParams, ObjectMeta, PostParams, WatchEvent, WatchParams};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions, WatchEvent, WatchParams};
 use kube::Api;
+use tenure_group::codec::{self, hex};
 use tenure_group::record::{MemberRecord, PartitionTable};
-use tenure_group::store::{ChangeStream, GroupStore, Key, Snapshot, StoreError, Stored, Value, Version};
+use tenure_group::store::{Change, GroupStore, Key, RecordStream, Snapshot, StoreError, Stored, Value, Version};
 
 use crate::object::{lock_error, Call};
 
@@ -47,10 +50,6 @@ impl std::fmt::Debug for KubeGroupStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeGroupStore").field("namespace", &self.namespace).field("group", &self.group).finish()
     }
-}
-
-fn hex(identity: &str) -> String {
-    identity.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
 fn version_of(meta: &ObjectMeta) -> Result<Version, StoreError> {
@@ -102,6 +101,57 @@ impl KubeGroupStore {
     fn selector(&self) -> String {
         format!("{GROUP_LABEL}={}", self.group)
     }
+
+    /// The partition table a ConfigMap of the group holds.
+    fn table_of(&self, map: &ConfigMap) -> Result<Stored<PartitionTable>, StoreError> {
+        let text = map.data.as_ref().and_then(|data| data.get(TABLE_KEY)).map(String::as_str).unwrap_or_default();
+        codec::decode_table(&format!("ConfigMap {}", self.table_name()), text.as_bytes(), version_of(&map.metadata)?)
+    }
+
+    /// The member record a Lease of the group holds, if it holds a valid one under its name.
+    fn member_of(&self, lease: &Lease) -> Result<Option<Stored<MemberRecord>>, StoreError> {
+        let name = lease.metadata.name.clone().unwrap_or_default();
+        let Some(text) = lease.metadata.annotations.as_ref().and_then(|a| a.get(MEMBER_ANNOTATION)) else {
+            tracing::warn!(lease = %name, "a Lease of the group without a member record; ignored");
+            return Ok(None);
+        };
+        let version = version_of(&lease.metadata)?;
+        let location = format!("Lease {name}");
+        Ok(codec::decode_member(&location, text.as_bytes(), version, |r| name == self.member_name(&r.identity)))
+    }
+
+    /// The identity whose Lease this is, from its name.
+    fn identity_of(&self, lease: &Lease) -> Option<String> {
+        let name = lease.metadata.name.as_deref()?;
+        codec::unhex(name.strip_prefix(&format!("{}-member-", self.group))?)
+    }
+
+    /// The change a Lease event stands for (`None` for a bookmark or a Lease that is no record).
+    fn lease_change(&self, event: WatchEvent<Lease>) -> Result<Option<Change>, StoreError> {
+        match event {
+            WatchEvent::Added(lease) | WatchEvent::Modified(lease) => Ok(self.member_of(&lease)?.map(|stored| {
+                let key = Key::Member(stored.value.identity.clone());
+                Change::Put(key, Stored { version: stored.version, value: Value::Member(stored.value) })
+            })),
+            WatchEvent::Deleted(lease) => Ok(self.identity_of(&lease).map(|id| Change::Deleted(Key::Member(id)))),
+            WatchEvent::Bookmark(_) => Ok(None),
+            WatchEvent::Error(status) => Err(StoreError::Unavailable(format!("Lease watch: {status}"))),
+        }
+    }
+
+    /// The change a ConfigMap event stands for (only the group's table counts).
+    fn map_change(&self, event: WatchEvent<ConfigMap>) -> Result<Option<Change>, StoreError> {
+        let is_table = |map: &ConfigMap| map.metadata.name.as_deref() == Some(self.table_name().as_str());
+        match event {
+            WatchEvent::Added(map) | WatchEvent::Modified(map) if is_table(&map) => {
+                let table = self.table_of(&map)?;
+                Ok(Some(Change::Put(Key::Table, Stored { version: table.version, value: Value::Table(table.value) })))
+            }
+            WatchEvent::Deleted(map) if is_table(&map) => Ok(Some(Change::Deleted(Key::Table))),
+            WatchEvent::Error(status) => Err(StoreError::Unavailable(format!("ConfigMap watch: {status}"))),
+            _ => Ok(None),
+        }
+    }
 }
 
 #[async_trait]
@@ -113,12 +163,8 @@ impl GroupStore for KubeGroupStore {
     async fn read(&self) -> Result<Snapshot, StoreError> {
         let mut snapshot = Snapshot::default();
         self.count();
-        let table_name = self.table_name();
-        if let Some(map) = self.config_maps.get_opt(&table_name).await.map_err(|e| lock_error(Call::Get, e))? {
-            let text = map.data.as_ref().and_then(|data| data.get(TABLE_KEY)).cloned().unwrap_or_default();
-            let table = serde_json::from_str::<PartitionTable>(&text)
-                .map_err(|e| StoreError::Rejected(format!("corrupt partition table in ConfigMap {table_name}: {e}")))?;
-            snapshot.table = Some(Stored { version: version_of(&map.metadata)?, value: table });
+        if let Some(map) = self.config_maps.get_opt(&self.table_name()).await.map_err(|e| lock_error(Call::Get, e))? {
+            snapshot.table = Some(self.table_of(&map)?);
         }
         self.count();
         let leases = self
@@ -126,19 +172,9 @@ impl GroupStore for KubeGroupStore {
             .list(&ListParams::default().labels(&self.selector()))
             .await
             .map_err(|e| lock_error(Call::Get, e))?;
-        for lease in leases.items {
-            let name = lease.metadata.name.clone().unwrap_or_default();
-            let text = lease.metadata.annotations.as_ref().and_then(|a| a.get(MEMBER_ANNOTATION));
-            match text.map(|text| serde_json::from_str::<MemberRecord>(text)) {
-                Some(Ok(record)) if name == self.member_name(&record.identity) => {
-                    let version = version_of(&lease.metadata)?;
-                    snapshot.members.insert(record.identity.clone(), Stored { version, value: record });
-                }
-                Some(Ok(record)) => {
-                    tracing::warn!(lease = %name, identity = %record.identity, "member record under another identity's Lease; ignored")
-                }
-                Some(Err(error)) => tracing::warn!(lease = %name, %error, "member record does not parse; ignored"),
-                None => tracing::warn!(lease = %name, "a Lease of the group without a member record; ignored"),
+        for lease in &leases.items {
+            if let Some(stored) = self.member_of(lease)? {
+                snapshot.members.insert(stored.value.identity.clone(), stored);
             }
         }
         Ok(snapshot)
@@ -186,30 +222,48 @@ impl GroupStore for KubeGroupStore {
         version_of(&meta)
     }
 
-    fn watch(&self) -> Option<ChangeStream> {
+    async fn delete(&self, key: &Key, expected: Version) -> Result<(), StoreError> {
+        let Key::Member(identity) = key else {
+            return Err(StoreError::Rejected("the partition table is never deleted".into()));
+        };
+        self.count();
+        let preconditions = Preconditions { resource_version: Some(expected.to_string()), uid: None };
+        let params = DeleteParams { preconditions: Some(preconditions), ..DeleteParams::default() };
+        match self.leases.delete(&self.member_name(identity), &params).await {
+            Ok(_) => Ok(()),
+            // A changed or vanished Lease: the compare-and-swap failed.
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Err(StoreError::Conflict),
+            Err(error) => Err(lock_error(Call::Update, error)),
+        }
+    }
+
+    fn watch_records(&self) -> Option<RecordStream> {
         // Two label watches from "now" (resourceVersion 0: the server may first replay what
-        // exists, which only costs a read); every event is one notification, an error ends the
-        // stream (the driver re-opens it after a retry period).
+        // exists, versions the member already has, which it ignores). Once both are open:
+        // `Resync` (the member reads once, after the watches exist); then every event is a record.
+        // An error (410 Gone after a compaction, the watch timeout) ends the stream; the driver
+        // re-opens it after a retry period.
         let params = WatchParams::default().labels(&self.selector()).timeout(290);
-        let (leases, maps) = (self.leases.clone(), self.config_maps.clone());
         let store = self.clone();
         let opened = async move {
             store.count();
-            let lease_events = leases.watch(&params, "0").await.map_err(|e| lock_error(Call::Watch, e))?;
+            let lease_events = store.leases.watch(&params, "0").await.map_err(|e| lock_error(Call::Watch, e))?;
             store.count();
-            let map_events = maps.watch(&params, "0").await.map_err(|e| lock_error(Call::Watch, e))?;
-            let lease_events = lease_events.map_ok(|event| matches!(event, WatchEvent::Bookmark(_))).boxed();
-            let map_events = map_events.map_ok(|event| matches!(event, WatchEvent::Bookmark(_))).boxed();
-            Ok::<_, StoreError>(futures::stream::select(lease_events, map_events))
+            let map_events = store.config_maps.watch(&params, "0").await.map_err(|e| lock_error(Call::Watch, e))?;
+            let (leases, maps) = (store.clone(), store);
+            let lease_changes = lease_events
+                .map(move |event| event.map_err(|e| lock_error(Call::Watch, e)).and_then(|e| leases.lease_change(e)));
+            let map_changes = map_events
+                .map(move |event| event.map_err(|e| lock_error(Call::Watch, e)).and_then(|e| maps.map_change(e)));
+            Ok::<_, StoreError>(futures::stream::select(lease_changes.boxed(), map_changes.boxed()))
         };
         let stream = futures::stream::once(opened)
             .map(|opened| match opened {
-                Ok(events) => events.map_err(|e| lock_error(Call::Watch, e)).boxed(),
+                Ok(changes) => futures::stream::once(async { Ok(Some(Change::Resync)) }).chain(changes).boxed(),
                 Err(error) => futures::stream::once(async move { Err(error) }).boxed(),
             })
             .flatten()
-            .try_filter(|bookmark| futures::future::ready(!*bookmark))
-            .map_ok(|_| ());
+            .try_filter_map(|change| futures::future::ready(Ok(change)));
         Some(Box::pin(stream))
     }
 }

@@ -7,7 +7,9 @@
 //! fails with `NodeExists`), a compare-and-swap is `setData` with the expected version. A read is
 //! two requests whatever the group's size: the member list, then one multi-read of the table
 //! and every member node (a consistent snapshot). Changes come from one persistent recursive
-//! watch on `P` (ZooKeeper 3.6 and later).
+//! watch on `P` (ZooKeeper 3.6 and later); its events name the node but do not carry the data,
+//! so each changed node costs one `getData` (never a read of the whole group). A departed
+//! member's node is deleted with its data version.
 //!
 //! The nodes are persistent, not ephemeral: a dead member's record must stay readable so that the
 //! others end its epoch by compare-and-swap after its lease ran out on their own clocks (the core's
@@ -19,11 +21,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tenure_group::record::{MemberRecord, PartitionTable};
-use tenure_group::store::{ChangeStream, GroupStore, Key, Snapshot, StoreError, Stored, Value, Version};
+use tenure_group::codec::{self, hex};
+use tenure_group::store::{Change, GroupStore, Key, RecordStream, Snapshot, StoreError, Value, Version};
 use zookeeper_client as zk;
 
-use crate::{open_session, validate_path, with_timeout, ZkError};
+use crate::{open_session, validate_path, with_timeout, ZkError, ZkOptions};
 
 /// Time limit of one request of the store.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -35,6 +37,7 @@ pub struct ZkGroupStore {
     servers: String,
     path: String,
     session_timeout: Duration,
+    access: ZkOptions,
     client: Arc<Mutex<zk::Client>>,
     requests: Arc<AtomicU64>,
 }
@@ -54,21 +57,31 @@ fn version_of(stat: &zk::Stat) -> Version {
     Version(u64::try_from(stat.version).unwrap_or(0))
 }
 
-fn hex(identity: &str) -> String {
-    identity.bytes().map(|b| format!("{b:02x}")).collect()
-}
-
 impl ZkGroupStore {
     /// Opens a session to `servers` ("host:port,host:port") for the group at `path` (absolute;
     /// created on the first write).
     pub async fn connect(servers: &str, path: &str) -> Result<ZkGroupStore, ZkError> {
+        Self::connect_with(servers, path, ZkOptions::default()).await
+    }
+
+    /// Connects like [`ZkGroupStore::connect`] with the digest user and TLS of `options`: the
+    /// same access as an election's ([`crate::ZkElection::connect_with`]), so a group can live on
+    /// a secured ensemble; with a user, the nodes it creates are writable by that user only, and
+    /// a session the group's path shuts out (a wrong password) fails here with
+    /// [`ZkError::NotAuthorized`].
+    pub async fn connect_with(servers: &str, path: &str, options: ZkOptions) -> Result<ZkGroupStore, ZkError> {
         validate_path(path)?;
         let session_timeout = Duration::from_secs(10);
-        let client = open_session(servers, session_timeout, &crate::ZkOptions::default()).await?;
+        let servers = options.connect_string(servers);
+        let client = open_session(&servers, session_timeout, &options).await?;
+        // A wrong password authenticates as another digest identity, which the group's nodes
+        // shut out: say so now rather than failing every write.
+        crate::with_timeout_of(session_timeout, options.check_may_campaign(&client, path)).await?;
         Ok(ZkGroupStore {
-            servers: servers.to_owned(),
+            servers,
             path: path.to_owned(),
             session_timeout,
+            access: options,
             client: Arc::new(Mutex::new(client)),
             requests: Arc::new(AtomicU64::new(0)),
         })
@@ -94,6 +107,28 @@ impl ZkGroupStore {
         }
     }
 
+    /// The record a node path of the group names, if any.
+    fn record_key(&self, node: &str) -> Option<Key> {
+        let name = node.strip_prefix(&self.path)?.strip_prefix('/')?;
+        if name == "table" {
+            return Some(Key::Table);
+        }
+        codec::unhex(name.strip_prefix("members/")?).map(Key::Member)
+    }
+
+    /// The change of the record at `key` that a watch event announced: one `getData` of its node.
+    async fn fetch(&self, key: Key) -> Result<Option<Change>, StoreError> {
+        let client = self.session().await?;
+        let node = self.node_of(&key);
+        match self.call(client.get_data(&node)).await {
+            Ok((data, stat)) => {
+                Ok(codec::decode(&key, &node, &data, version_of(&stat))?.map(|stored| Change::Put(key, stored)))
+            }
+            Err(ZkError::Request(zk::Error::NoNode)) => Ok(Some(Change::Deleted(key))),
+            Err(error) => Err(store_error(error)),
+        }
+    }
+
     fn client(&self) -> zk::Client {
         self.client.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -104,9 +139,7 @@ impl ZkGroupStore {
         if !client.state().is_terminated() {
             return Ok(client);
         }
-        let fresh = open_session(&self.servers, self.session_timeout, &crate::ZkOptions::default())
-            .await
-            .map_err(store_error)?;
+        let fresh = open_session(&self.servers, self.session_timeout, &self.access).await.map_err(store_error)?;
         *self.client.lock().unwrap_or_else(|e| e.into_inner()) = fresh.clone();
         Ok(fresh)
     }
@@ -138,9 +171,7 @@ impl GroupStore for ZkGroupStore {
         let mut results = results.into_iter();
         match results.next() {
             Some(zk::MultiReadResult::Data { data, stat }) => {
-                let table = serde_json::from_slice::<PartitionTable>(&data)
-                    .map_err(|e| StoreError::Rejected(format!("corrupt partition table at {table_path}: {e}")))?;
-                snapshot.table = Some(Stored { version: version_of(&stat), value: table });
+                snapshot.table = Some(codec::decode_table(&table_path, &data, version_of(&stat))?);
             }
             Some(zk::MultiReadResult::Error { err: zk::Error::NoNode }) => {}
             other => return Err(StoreError::Unavailable(format!("unexpected answer for {table_path}: {other:?}"))),
@@ -148,33 +179,21 @@ impl GroupStore for ZkGroupStore {
         for (name, result) in names.iter().zip(results) {
             // A member node removed between the two requests is simply absent.
             let zk::MultiReadResult::Data { data, stat } = result else { continue };
-            match serde_json::from_slice::<MemberRecord>(&data) {
-                Ok(record) if hex(&record.identity) == *name => {
-                    snapshot
-                        .members
-                        .insert(record.identity.clone(), Stored { version: version_of(&stat), value: record });
-                }
-                Ok(record) => {
-                    tracing::warn!(node = %name, identity = %record.identity, "member record under another identity's node; ignored")
-                }
-                Err(error) => tracing::warn!(node = %name, %error, "member record does not parse; ignored"),
+            let node = format!("{members_path}/{name}");
+            if let Some(stored) = codec::decode_member(&node, &data, version_of(&stat), |r| hex(&r.identity) == *name) {
+                snapshot.members.insert(stored.value.identity.clone(), stored);
             }
         }
         Ok(snapshot)
     }
 
     async fn write(&self, key: &Key, expected: Option<Version>, value: &Value) -> Result<Version, StoreError> {
-        let document = match (key, value) {
-            (Key::Table, Value::Table(table)) => serde_json::to_vec(table),
-            (Key::Member(_), Value::Member(record)) => serde_json::to_vec(record),
-            _ => return Err(StoreError::Rejected(format!("{key}: wrong kind of record"))),
-        }
-        .map_err(|error| StoreError::Rejected(format!("{key}: cannot encode: {error}")))?;
+        let document = codec::encode(key, value)?;
         let client = self.session().await?;
         let node = self.node_of(key);
         match expected {
             None => {
-                let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                let options = zk::CreateMode::Persistent.with_acls(self.access.acls());
                 let mut created = self.call(client.create(&node, &document, &options)).await;
                 if let Err(ZkError::Request(zk::Error::NoNode)) = created {
                     let parent = node.rsplit_once('/').map_or(self.path.as_str(), |(parent, _)| parent);
@@ -201,43 +220,66 @@ impl GroupStore for ZkGroupStore {
         }
     }
 
-    fn watch(&self) -> Option<ChangeStream> {
+    async fn delete(&self, key: &Key, expected: Version) -> Result<(), StoreError> {
+        let client = self.session().await?;
+        let version = i32::try_from(expected.0).map_err(|_| StoreError::Conflict)?;
+        match self.call(client.delete(&self.node_of(key), Some(version))).await {
+            Ok(()) => Ok(()),
+            Err(ZkError::Request(zk::Error::BadVersion | zk::Error::NoNode)) => Err(StoreError::Conflict),
+            Err(error) => Err(store_error(error)),
+        }
+    }
+
+    fn watch_records(&self) -> Option<RecordStream> {
         let store = self.clone();
-        // One persistent recursive watch on the group's path; every event (a node changed, or the
-        // session reconnected, after which events may have been lost) is one notification. A
-        // terminal session state ends the stream; the driver re-opens it on a new session.
-        let stream = futures::stream::unfold(None::<zk::PersistentWatcher>, move |watcher| {
+        // One persistent recursive watch on the group's path. Once it is in place: `Resync` (the
+        // member reads once, after the watch exists). A node created or changed: one `getData`
+        // of it; a node deleted: `Deleted`; the session reconnected (events may have been lost
+        // meanwhile): `Resync`. A terminal session state ends the stream; the driver re-opens
+        // it on a new session after a retry period.
+        let stream = futures::stream::unfold(Some(None::<zk::PersistentWatcher>), move |watcher| {
             let store = store.clone();
             async move {
-                let mut watcher = match watcher {
+                let mut watcher = match watcher? {
                     Some(watcher) => watcher,
                     None => {
-                        let client = match store.session().await {
-                            Ok(client) => client,
-                            Err(error) => return Some((Err(error), None)),
+                        let opened = async {
+                            let client = store.session().await?;
+                            let mode = zk::AddWatchMode::PersistentRecursive;
+                            store.call(client.watch(&store.path, mode)).await.map_err(store_error)
                         };
-                        let mode = zk::AddWatchMode::PersistentRecursive;
-                        match store.call(client.watch(&store.path, mode)).await {
-                            Ok(watcher) => watcher,
-                            Err(error) => return Some((Err(store_error(error)), None)),
-                        }
+                        return match opened.await {
+                            Ok(watcher) => Some((Ok(Change::Resync), Some(Some(watcher)))),
+                            Err(error) => Some((Err(error), None)),
+                        };
                     }
                 };
-                let event = watcher.changed().await;
-                if event.event_type == zk::EventType::Session && event.session_state.is_terminated() {
-                    let reason = format!("ZooKeeper session ended ({:?})", event.session_state);
-                    return Some((Err(StoreError::Unavailable(reason)), None));
+                loop {
+                    let event = watcher.changed().await;
+                    let change = match event.event_type {
+                        zk::EventType::Session if event.session_state.is_terminated() => {
+                            let reason = format!("ZooKeeper session ended ({:?})", event.session_state);
+                            return Some((Err(StoreError::Unavailable(reason)), None));
+                        }
+                        zk::EventType::Session if event.session_state == zk::SessionState::SyncConnected => {
+                            Ok(Some(Change::Resync))
+                        }
+                        zk::EventType::Session | zk::EventType::NodeChildrenChanged => Ok(None),
+                        zk::EventType::NodeDeleted => Ok(store.record_key(&event.path).map(Change::Deleted)),
+                        zk::EventType::NodeCreated | zk::EventType::NodeDataChanged => {
+                            match store.record_key(&event.path) {
+                                Some(key) => store.fetch(key).await,
+                                None => Ok(None),
+                            }
+                        }
+                    };
+                    match change {
+                        Ok(Some(change)) => return Some((Ok(change), Some(Some(watcher)))),
+                        Ok(None) => continue,
+                        Err(error) => return Some((Err(error), None)),
+                    }
                 }
-                Some((Ok(()), Some(watcher)))
             }
-        });
-        // After an error the stream ends (the driver re-opens it after a retry period).
-        let stream = futures::StreamExt::scan(stream, false, |failed, item| {
-            let next = if *failed { None } else { Some(item) };
-            if let Some(Err(_)) = &next {
-                *failed = true;
-            }
-            futures::future::ready(next)
         });
         Some(Box::pin(stream))
     }

@@ -7,8 +7,10 @@
 //! - **Writes** take an exclusive `flock` on `<dir>/.lock` (never renamed or deleted), read the
 //!   record's generation, compare it with the expected version, write the new document to a
 //!   temporary file in the directory and rename it over the record: every write is atomic, and an
-//!   error always means it did not happen. The version of a record is its generation (1 on create,
-//!   +1 per write); Tenure never deletes a record, so a version never names two contents.
+//!   error always means it did not happen. The version of a record is its generation (+1 per
+//!   write). A **delete** (of a departed member's record) removes the file under the same flock
+//!   and remembers the highest generation ever deleted in the `.lock` file; a create starts above
+//!   it, so a version never names two contents, even across a deletion.
 //! - **Reads** take no lock: the table first, then every member file (a member writes its record
 //!   before it claims anything, so every owner named in the table is found).
 //! - **Changes** come from inotify on the directory (a rename onto a record, a close after
@@ -219,9 +221,34 @@ fn lock(dir: &Path) -> Result<File, StoreError> {
     }
 }
 
+/// The highest generation of a deleted record, kept in the flocked `.lock` file (0: none).
+fn deleted_high_water(flock: &File) -> u64 {
+    let mut text = String::new();
+    let _ = io::Read::read_to_string(&mut &*flock, &mut text);
+    text.trim().parse().unwrap_or(0)
+}
+
+fn delete_record(dir: &Path, key: &Key, expected: Version) -> Result<(), StoreError> {
+    let flock = lock(dir)?;
+    let path = dir.join(file_name(key));
+    match read_document(&path)? {
+        Some(Ok(document)) if document.generation == expected.0 => {}
+        _ => return Err(StoreError::Conflict),
+    }
+    let high_water = deleted_high_water(&flock).max(expected.0);
+    let sidecar = dir.join(SIDECAR);
+    let remember = flock.set_len(0).and_then(|()| {
+        let mut file = &flock;
+        io::Seek::seek(&mut file, io::SeekFrom::Start(0))?;
+        file.write_all(high_water.to_string().as_bytes())
+    });
+    remember.map_err(|error| io_error("write", &sidecar, error))?;
+    fs::remove_file(&path).map_err(|error| io_error("delete", &path, error))
+}
+
 fn write_record(dir: &Path, key: &Key, expected: Option<Version>, value: &Value) -> Result<Version, StoreError> {
     static TEMP_FILES: AtomicU64 = AtomicU64::new(0);
-    let _flock = lock(dir)?;
+    let flock = lock(dir)?;
     let path = dir.join(file_name(key));
     let current = match read_document(&path)? {
         None => None,
@@ -231,7 +258,7 @@ fn write_record(dir: &Path, key: &Key, expected: Option<Version>, value: &Value)
     };
     let generation = match (expected, current) {
         (None, Some(_)) => return Err(StoreError::AlreadyExists),
-        (None, None) => 1,
+        (None, None) => deleted_high_water(&flock) + 1,
         (Some(_), None) => return Err(StoreError::Conflict),
         (Some(expected), Some(current)) if expected.0 != current => return Err(StoreError::Conflict),
         (Some(_), Some(current)) => current + 1,
@@ -272,6 +299,11 @@ impl GroupStore for FileGroupStore {
     async fn write(&self, key: &Key, expected: Option<Version>, value: &Value) -> Result<Version, StoreError> {
         let (key, value) = (key.clone(), value.clone());
         self.blocking(move |dir| write_record(dir, &key, expected, &value)).await
+    }
+
+    async fn delete(&self, key: &Key, expected: Version) -> Result<(), StoreError> {
+        let key = key.clone();
+        self.blocking(move |dir| delete_record(dir, &key, expected)).await
     }
 
     fn watch(&self) -> Option<ChangeStream> {
@@ -338,6 +370,22 @@ mod tests {
         let snapshot = store.read().await.unwrap();
         assert_eq!(snapshot.members["ns/a b"].version, v2);
         assert_eq!(snapshot.table.unwrap().value.partition_count, 8);
+        fs::remove_dir_all(store.dir()).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_deleted_record_recreated_never_reuses_a_version() {
+        let store = FileGroupStore::open(scratch("delete")).unwrap();
+        let key = Key::Member("a".into());
+        let v1 = store.write(&key, None, &Value::Member(member("a"))).await.unwrap();
+        let v2 = store.write(&key, Some(v1), &Value::Member(member("a"))).await.unwrap();
+        assert_eq!(store.delete(&key, v1).await, Err(StoreError::Conflict));
+        store.delete(&key, v2).await.unwrap();
+        assert!(store.read().await.unwrap().members.is_empty());
+        assert_eq!(store.delete(&key, v2).await, Err(StoreError::Conflict));
+        let again = store.write(&key, None, &Value::Member(member("a"))).await.unwrap();
+        assert!(again > v2, "recreated at {again}, deleted at {v2}");
+        assert_eq!(store.write(&key, Some(v2), &Value::Member(member("a"))).await, Err(StoreError::Conflict));
         fs::remove_dir_all(store.dir()).unwrap();
     }
 

@@ -9,9 +9,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
-use crate::store::{ChangeStream, GroupStore, Key, Snapshot, StoreError, Stored, Value, Version};
+use crate::store::{Change, ChangeStream, GroupStore, Key, RecordStream, Snapshot, StoreError, Stored, Value, Version};
+
+/// How many pushed changes a slow member may fall behind before it is told to read a snapshot.
+const CHANGE_BACKLOG: usize = 1024;
 
 /// How many calls one client made.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -45,6 +48,7 @@ struct State {
 pub struct MemoryGroupStore {
     state: Arc<Mutex<State>>,
     changes: Arc<watch::Sender<u64>>,
+    records: broadcast::Sender<Change>,
 }
 
 impl Default for MemoryGroupStore {
@@ -56,7 +60,11 @@ impl Default for MemoryGroupStore {
 impl MemoryGroupStore {
     /// An empty store.
     pub fn new() -> Self {
-        MemoryGroupStore { state: Arc::default(), changes: Arc::new(watch::channel(0).0) }
+        MemoryGroupStore {
+            state: Arc::default(),
+            changes: Arc::new(watch::channel(0).0),
+            records: broadcast::channel(CHANGE_BACKLOG).0,
+        }
     }
 
     /// A handle whose calls are counted under `client` and fail while it is unreachable.
@@ -152,10 +160,45 @@ impl GroupStore for MemoryGroupClient {
             state.next_version += 1;
             let version = Version(state.next_version);
             state.records.insert(key.clone(), (version, value.clone()));
+            // Sent under the lock, so that changes reach the watchers in the store's order.
+            let _ = self.store.records.send(Change::Put(key.clone(), Stored { version, value: value.clone() }));
             version
         };
         self.store.changes.send_replace(version.0);
         Ok(version)
+    }
+
+    async fn delete(&self, key: &Key, expected: Version) -> Result<(), StoreError> {
+        let version = {
+            let mut state = self.store.state();
+            self.admit(&mut state, true)?;
+            if state.records.get(key).map(|(version, _)| *version) != Some(expected) {
+                return Err(StoreError::Conflict);
+            }
+            state.records.remove(key);
+            let _ = self.store.records.send(Change::Deleted(key.clone()));
+            state.next_version += 1;
+            state.next_version
+        };
+        self.store.changes.send_replace(version);
+        Ok(())
+    }
+
+    fn watch_records(&self) -> Option<RecordStream> {
+        // Subscribed at once: the stream's first item, `Resync`, comes after the subscription.
+        let receiver = self.store.records.subscribe();
+        let stream = futures::stream::unfold((receiver, true), |(mut receiver, first)| async move {
+            if first {
+                return Some((Ok(Change::Resync), (receiver, false)));
+            }
+            match receiver.recv().await {
+                Ok(change) => Some((Ok(change), (receiver, false))),
+                // Fell behind: changes were lost, read a snapshot.
+                Err(broadcast::error::RecvError::Lagged(_)) => Some((Ok(Change::Resync), (receiver, false))),
+                Err(broadcast::error::RecvError::Closed) => None,
+            }
+        });
+        Some(Box::pin(stream))
     }
 
     fn watch(&self) -> Option<ChangeStream> {
