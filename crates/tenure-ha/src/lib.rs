@@ -47,6 +47,8 @@ pub mod checkpoint;
 pub mod gate;
 pub mod gc;
 #[cfg(feature = "kube")]
+pub mod kube_controller;
+#[cfg(feature = "kube")]
 pub mod kube_watch;
 pub mod metrics;
 
