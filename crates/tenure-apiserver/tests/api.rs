@@ -447,3 +447,48 @@ async fn kubectl_get_watch_keeps_the_holder_column_on_every_row() {
     child.wait().ok();
     std::fs::remove_dir_all(&directory).ok();
 }
+
+/// The options of this process's sockets whose local port is `port` and that do not listen: the
+/// server side of the connections the in-process server accepted. `(fd, TCP_NODELAY set)`.
+fn accepted_sockets(port: u16) -> Vec<(i32, bool)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let option = |level, name| {
+            let mut value: libc::c_int = 0;
+            let mut length = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: `value` and `length` outlive the call; an fd that is not a socket fails.
+            let result =
+                unsafe { libc::getsockopt(fd, level, name, (&mut value as *mut libc::c_int).cast(), &mut length) };
+            (result == 0).then_some(value)
+        };
+        let mut address: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut length = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: `address` is large enough for an IPv4 address and `length` says so.
+        let named = unsafe { libc::getsockname(fd, (&mut address as *mut libc::sockaddr_in).cast(), &mut length) };
+        let is_server_side = named == 0
+            && i32::from(address.sin_family) == libc::AF_INET
+            && u16::from_be(address.sin_port) == port
+            && option(libc::SOL_SOCKET, libc::SO_ACCEPTCONN) == Some(0);
+        if is_server_side {
+            found.push((fd, option(libc::IPPROTO_TCP, libc::TCP_NODELAY).is_some_and(|v| v != 0)));
+        }
+    }
+    found
+}
+
+/// Without TCP_NODELAY a watch event written shortly after another waits for the client's
+/// delayed ACK (up to 40 ms on Linux): Go, and so a real API server, sets it on every connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_are_served_without_nagle_delays_as_a_real_api_server_does() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = server(ApiServerConfig::default()).await;
+    let mut stream = tokio::net::TcpStream::connect(server.address()).await.unwrap();
+    stream.write_all(b"GET /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: t\r\n\r\n").await.unwrap();
+    let mut answer = [0u8; 12];
+    stream.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200", "the server answered on the open connection");
+    let accepted = accepted_sockets(server.address().port());
+    assert!(!accepted.is_empty(), "the accepted connection is found");
+    assert!(accepted.iter().all(|(_, nodelay)| *nodelay), "TCP_NODELAY on every accepted connection: {accepted:?}");
+}

@@ -17,7 +17,9 @@
 //! - handover: the leader's watch is shut down (in-flight work drains, last checkpoint written),
 //!   a Pod is created, the leader's elector shuts down (releases the Lease); measured from the
 //!   start of the shutdown until the standby's handler is called for that Pod. Goal: p99 <= 50 ms.
-//!   TENURE_BENCH_ROUNDS rounds (default 20);
+//!   TENURE_BENCH_ROUNDS rounds (default 20). Also split into phases: the old leader's work
+//!   stopped, the Lease released, the new leader elected (its elector reports leading), the first
+//!   reconcile;
 //! - checkpoint cost: a steady leader handling one Pod change every 20 ms for
 //!   TENURE_BENCH_WINDOW_SECS (default 10): its checkpoint requests and its Lease renews per
 //!   minute.
@@ -102,14 +104,26 @@ impl Replica {
     }
 
     /// Stops the watch (drain, last checkpoint), runs `between`, then releases the Lease.
-    async fn stop(mut self, between: impl FnOnce()) {
+    /// Returns when the watch had stopped and when the Lease was released.
+    async fn stop(mut self, between: impl FnOnce()) -> (Instant, Instant) {
         let runtime = self.runtime.take().expect("running");
         let watch = self.watch.take().expect("running");
         runtime.spawn(watch.shutdown()).await.expect("the watch stops");
+        let stopped = Instant::now();
         between();
         let elector = self.elector.take().expect("running");
         runtime.spawn(elector.shutdown()).await.expect("the elector stops").expect("a clean release");
+        let released = Instant::now();
         runtime.shutdown_background();
+        (stopped, released)
+    }
+
+    /// Completes with the instant this replica's elector reports that it leads (or never), as
+    /// seen on the replica's own runtime.
+    fn led_at(&self) -> tokio::task::JoinHandle<Option<Instant>> {
+        let mut leadership = self.elector.as_ref().expect("running").subscribe();
+        let runtime = self.runtime.as_ref().expect("running");
+        runtime.spawn(async move { leadership.wait_for(|l| l.is_leader()).await.ok().map(|_| Instant::now()) })
     }
 }
 
@@ -246,18 +260,34 @@ async fn run(report: &mut Report) {
         None,
     );
 
-    // Graceful handover -> first reconcile.
+    // Graceful handover -> first reconcile, and where the time goes.
     let mut handover = Vec::new();
+    let mut phases: [Vec<f64>; 4] = Default::default();
     for round in 0..rounds {
         let leader = leader_of(&replicas).await;
         let pod = format!("handover-{round}");
         let fresh = Replica::start(&url, &replica(&mut next), timing, sink.clone()).await;
         let stopping = std::mem::replace(&mut replicas[leader], fresh);
         let old = stopping.identity.clone();
+        let led: Vec<_> = replicas.iter().map(Replica::led_at).collect();
         let started = Instant::now();
-        stopping.stop(|| create_pod(&store, &pod)).await;
+        let (stopped, released) = stopping.stop(|| create_pod(&store, &pod)).await;
         let at = reconciled_by_other(&mut events, &old, &pod).await;
+        let mut elected = None;
+        for handle in led {
+            if handle.is_finished() {
+                elected = elected.or(handle.await.ok().flatten());
+            } else {
+                handle.abort();
+            }
+        }
+        let elected = elected.expect("the new leader reported leading before it reconciled");
         handover.push(ms(at - started));
+        for (phase, (from, to)) in
+            phases.iter_mut().zip([(started, stopped), (stopped, released), (released, elected), (elected, at)])
+        {
+            phase.push(ms(to.saturating_duration_since(from)));
+        }
     }
     report.distribution(
         "handover_ms",
@@ -266,6 +296,14 @@ async fn run(report: &mut Report) {
         "ms",
         Some(50.0),
     );
+    for (phase, (key, label)) in phases.iter().zip([
+        ("handover_stop_ms", "  old leader's work stopped (drain)"),
+        ("handover_release_ms", "  -> Lease released (last checkpoint, release)"),
+        ("handover_elect_ms", "  -> new leader elected"),
+        ("handover_first_reconcile_ms", "  -> first reconcile (claim checkpoint, reconcile)"),
+    ]) {
+        report.distribution(key, label, &Summary::of(phase).expect("samples"), "ms", None);
+    }
     report.extra("lease_ms", json!(lease_ms));
     report.extra("retry_ms", json!(ms(retry)));
     report.note(format!(

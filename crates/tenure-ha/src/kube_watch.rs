@@ -22,10 +22,9 @@
 //!   Versions are compared as numbers (as etcd-backed servers issue them); a version that is not
 //!   a number is always treated as newer, so the change is reconciled rather than skipped.
 //!
-//! A kube-runtime `Controller` fits the same way: run it inside [`crate::Gate`] and stop it with
-//! the context's cancellation (see the crate README); this module is for controllers that must
-//! not miss a deletion across a leader change, which `Controller`'s always-relisting `watcher`
-//! cannot promise (kube-rs issue 1419).
+//! A kube-runtime `Controller` is gated by [`crate::kube_controller`]; this module is for
+//! controllers that must not miss a deletion across a leader change, which `Controller`'s
+//! always-relisting `watcher` cannot promise (kube-rs issue 1419).
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -13,8 +13,10 @@
 //! and, for all three, fencing: every tenure has a [`tenure::Term`]; the gate hands it to the
 //! work, checkpoints are written with it and rejected once a newer term has written, the collector
 //! checks it before each delete and passes it to the delete. With the `etcd` feature,
-//! `checkpoint::etcd` writes through a transaction guarded by the election key, the end-to-end
-//! example of a store that refuses a deposed leader.
+//! `checkpoint::etcd` writes through a transaction guarded by the election key, and with the `zk`
+//! feature `checkpoint::zk` through a multi-operation that checks the election node: stores that
+//! refuse a deposed leader themselves. With the `kube` feature, `kube_controller` runs a
+//! kube-runtime `Controller` only while leading and `kube_watch` gates a resumable watch.
 //!
 //! ```
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
@@ -46,6 +48,8 @@ pub mod backoff;
 pub mod checkpoint;
 pub mod gate;
 pub mod gc;
+#[cfg(feature = "kube")]
+pub mod kube_controller;
 #[cfg(feature = "kube")]
 pub mod kube_watch;
 pub mod metrics;

@@ -172,6 +172,21 @@ async fn a_steady_leader_writes_its_kube_checkpoint_with_one_request_per_save() 
 }
 
 #[tokio::test]
+async fn a_new_leader_claims_the_kube_checkpoint_without_reading_it_twice() {
+    let cluster = Cluster::start(ApiServerConfig::default()).await;
+    store(&cluster, "old-leader").await.save(Term(1), &checkpoint_at("10")).await.unwrap();
+    let new = store(&cluster, "new-leader").await;
+    cluster.server.faults().reset_counts();
+    // What a takeover does before its first reconcile: load, then claim under the new term.
+    let loaded = new.load().await.unwrap().expect("a checkpoint");
+    new.save(Term(2), &loaded.checkpoint).await.unwrap();
+    let agent = tenure_kube::user_agent("new-leader");
+    let faults = cluster.server.faults();
+    assert_eq!((faults.request_count(&agent, Verb::Get), faults.request_count(&agent, Verb::Update)), (1, 1));
+    assert_eq!(new.load().await.unwrap().map(|s| s.term), Some(Term(2)));
+}
+
+#[tokio::test]
 async fn bad_kube_checkpoints_are_treated_as_absent() {
     let cluster = Cluster::start(ApiServerConfig::default()).await;
     let store = store(&cluster, "leader").await;

@@ -56,8 +56,11 @@ pub use group_store::ZkGroupStore;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tenure::{Elector, Timing};
-use zookeeper_client as zk;
+use tenure::{Elector, Term, Timing};
+/// The ZooKeeper client this crate is built on. Why re-exported: stores layered on an election
+/// (the fenced checkpoints of `tenure-ha`) build their multi-operations with its types, and must
+/// use the very version this crate does.
+pub use zookeeper_client as zk;
 
 pub use crate::access::ZkOptions;
 
@@ -262,14 +265,59 @@ impl ZkElection {
     /// campaigns (or the path does not exist yet).
     pub async fn leader(&self) -> Result<Option<ZkLeader>, ZkError> {
         match self.read_leader().await {
-            Err(ZkError::Request(zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::SessionMoved)) => {
+            Err(error) if session_ended(&error) => {
                 // The status session ended (a long partition): open a new one and ask again.
-                let client = open_session(&self.servers, self.session_timeout, &self.access).await?;
-                *self.client.lock().unwrap_or_else(|e| e.into_inner()) = client;
+                self.reconnect().await?;
                 self.read_leader().await
             }
             result => result,
         }
+    }
+
+    /// The election's own session (not a candidate's), authenticated as the election's user.
+    /// Why public: stores layered on the election (fenced checkpoints in `tenure-ha`) write with
+    /// it, in multi-operations that check the election node of their term
+    /// ([`ZkElection::leader_node`]). After [`ZkError::Request`] with an ended session
+    /// ([`session_ended`]), call [`ZkElection::reconnect`].
+    pub fn client(&self) -> zk::Client {
+        self.client.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the election's own session after it ended (expired in a long partition, closed).
+    pub async fn reconnect(&self) -> Result<(), ZkError> {
+        let client = open_session(&self.servers, self.session_timeout, &self.access).await?;
+        *self.client.lock().unwrap_or_else(|e| e.into_inner()) = client;
+        Ok(())
+    }
+
+    /// The ACL the election gives the nodes it creates (see [`ZkOptions`]): what a layered store
+    /// gives its own nodes, so that the same users may change them.
+    pub fn acls(&self) -> zk::Acls<'static> {
+        self.access.acls()
+    }
+
+    /// The full path of the election node of the tenure `term` (the node whose creation zxid is
+    /// the term), or `None` once it is gone. Why: while that node exists, its candidate's session
+    /// lives and no other candidate can lead, so a multi-operation that checks it
+    /// (`check_version(node, -1)`) applies only while the tenure of `term` may still hold, and is
+    /// refused by the server itself once it cannot: the ZooKeeper counterpart of etcd's
+    /// `leader_compare`. Node names carry a per-client guid, so a node, once gone, never returns.
+    pub async fn leader_node(&self, term: Term) -> Result<Option<String>, ZkError> {
+        let client = self.client();
+        let children = match with_timeout(self.session_timeout, client.list_children(&self.path)).await {
+            Ok(children) => children,
+            Err(ZkError::Request(zk::Error::NoNode)) => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        // The leader's node comes first in election order: usually one request.
+        for child in naming::in_election_order(children) {
+            let node = format!("{}/{}", self.path, child);
+            match with_timeout(self.session_timeout, client.check_stat(&node)).await? {
+                Some(stat) if term_of(stat.czxid) == term => return Ok(Some(node)),
+                _ => {}
+            }
+        }
+        Ok(None)
     }
 
     async fn read_leader(&self) -> Result<Option<ZkLeader>, ZkError> {
@@ -299,6 +347,12 @@ impl ZkElection {
             }
         }
     }
+}
+
+/// True when `error` says the session a request went through has ended (expired, closed or
+/// moved), so that only a new session can go on.
+pub fn session_ended(error: &ZkError) -> bool {
+    matches!(error, ZkError::Request(zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::SessionMoved))
 }
 
 /// What a session really gets: the server's grant, never more than was asked for (a grant of

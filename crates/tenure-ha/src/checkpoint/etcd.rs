@@ -13,7 +13,9 @@ use tenure::Term;
 use tenure_etcd::proto::etcdserverpb::{compare, request_op, Compare, PutRequest, RequestOp, TxnRequest};
 use tenure_etcd::{leader_compare, EtcdElection, EtcdError};
 
-use super::{check_not_superseded, decode, encode, Checkpoint, CheckpointError, CheckpointStore, StoredCheckpoint};
+use super::{
+    check_not_superseded, decode, encode, kept_changing, Checkpoint, CheckpointError, CheckpointStore, StoredCheckpoint,
+};
 
 /// How often a save retries when the checkpoint changed between its read and its transaction
 /// (only this leader can write, so only its own concurrent saves can cause that).
@@ -102,10 +104,7 @@ impl CheckpointStore for EtcdCheckpointStore {
             // Either the tenure ended (the next lookup finds no key) or the checkpoint changed.
             *self.leader_key.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
-        Err(CheckpointError::Store {
-            store: self.describe(),
-            reason: "the checkpoint kept changing under the save".into(),
-        })
+        Err(kept_changing(self.describe()))
     }
 
     fn controller(&self) -> &str {

@@ -7,8 +7,8 @@
 //! of the election core; instead the [`super::Checkpointer`] writes at most once per renew period,
 //! and only when something changed, to a ConfigMap of its own.
 //!
-//! Every save reads the object (or reuses the object as this store last wrote it, so a steady
-//! leader makes one request per save), refuses if the stored term is newer
+//! Every save reads the object (or reuses the object as this store last read or wrote it, so a
+//! steady leader makes one request per save, and a new leader's claim right after its load one), refuses if the stored term is newer
 //! ([`super::check_not_superseded`], invariant C1), and replaces it with that `resourceVersion` as
 //! precondition: a concurrent writer makes the replace fail with `409 Conflict`, and the save
 //! starts over from a fresh read, so
@@ -46,9 +46,9 @@ pub struct KubeCheckpointStore {
     namespace: String,
     name: String,
     controller: String,
-    /// The object as this store last wrote it: the next save replaces it without reading first
-    /// (one request per save); if anyone else wrote since, the replace fails with a conflict and
-    /// the save reads afresh.
+    /// The object as this store last read or wrote it: the next save replaces it without reading
+    /// first (one request per save); if anyone else wrote since, the replace fails with a conflict
+    /// and the save reads afresh.
     last_written: Arc<Mutex<Option<ConfigMap>>>,
 }
 
@@ -124,7 +124,15 @@ impl KubeCheckpointStore {
 impl CheckpointStore for KubeCheckpointStore {
     async fn load(&self) -> Result<Option<StoredCheckpoint>, CheckpointError> {
         let object = self.api.get_opt(&self.name).await.map_err(|e| self.error(e))?;
-        let document = object.and_then(|o| o.metadata.annotations).and_then(|mut a| a.remove(CHECKPOINT_ANNOTATION));
+        let document = object
+            .as_ref()
+            .and_then(|o| o.metadata.annotations.as_ref())
+            .and_then(|a| a.get(CHECKPOINT_ANNOTATION))
+            .cloned();
+        // A new leader loads, then claims the checkpoint with a save at once: that save replaces
+        // the object just read instead of reading it again (one request less on every takeover;
+        // had anyone written in between, the replace conflicts and the save reads afresh).
+        *self.last_written() = object;
         Ok(document.and_then(|d| decode(d.as_bytes(), &self.controller, &self.describe())))
     }
 

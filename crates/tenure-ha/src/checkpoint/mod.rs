@@ -21,6 +21,8 @@ pub mod file;
 #[cfg(feature = "kube")]
 pub mod kube;
 pub mod memory;
+#[cfg(feature = "zk")]
+pub mod zk;
 
 use std::collections::BTreeMap;
 
@@ -112,8 +114,10 @@ pub enum CheckpointError {
 ///
 /// How the other backends fit: on etcd, a transaction guarded by the election key of the term
 /// (`tenure_etcd::leader_compare`; see the module `etcd`, behind the `etcd`
-/// feature); on Kubernetes, an annotation on the lock object (or a ConfigMap) written with a
-/// `resourceVersion` compare-and-swap after comparing the stored term, retried on conflict.
+/// feature); on ZooKeeper, a multi-operation that checks the election node of the term next to the
+/// versioned write of the checkpoint node (module `zk`, feature `zk`); on Kubernetes, an
+/// annotation on a ConfigMap written with a `resourceVersion` compare-and-swap after comparing
+/// the stored term, retried on conflict.
 #[async_trait]
 pub trait CheckpointStore: Send + Sync + 'static {
     /// The newest checkpoint of [`CheckpointStore::controller`]; `Ok(None)` when there is none or
@@ -201,6 +205,13 @@ pub fn check_not_superseded(stored: Option<&[u8]>, ours: Term) -> Result<(), Che
         Some(newer) if newer > ours => Err(CheckpointError::Superseded { ours, newer: Some(newer) }),
         _ => Ok(()),
     }
+}
+
+/// The error of a save whose compare-and-swap kept failing because the stored checkpoint changed
+/// between its read and its write (only the leader's own concurrent saves can do that).
+#[cfg(any(feature = "etcd", feature = "zk"))]
+fn kept_changing(store: String) -> CheckpointError {
+    CheckpointError::Store { store, reason: "the checkpoint kept changing under the save".into() }
 }
 
 #[cfg(test)]
