@@ -1,8 +1,8 @@
 //! What the benchmarks of Tenure share: statistics, the report format (a table for people and a
-//! one-line JSON summary for the README), readings of `/proc`, guards that stop child processes
-//! and remove scratch directories even when a benchmark panics, the location of the `tenure`
-//! binary, a watcher that timestamps every write to a file lock, and a client of the in-process
-//! Kubernetes API server.
+//! one-line JSON summary for the README), readings of `/proc` (with where a process's memory
+//! is), guards that stop child processes and remove scratch directories even when a benchmark
+//! panics, the location of the `tenure` binary, a watcher that timestamps every write to a file
+//! lock, and a client of the in-process Kubernetes API server.
 //!
 //! Why a library: the four benchmarks (`cargo bench -p tenure-bench`) measure different things
 //! but must report them alike and clean up alike; each `benches/*.rs` file only holds its method.
@@ -15,6 +15,7 @@ pub mod process;
 pub mod procfs;
 pub mod report;
 pub mod scratch;
+pub mod smaps;
 pub mod stats;
 
 use std::time::Duration;

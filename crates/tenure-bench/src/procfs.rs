@@ -16,7 +16,7 @@ pub enum Target {
 }
 
 impl Target {
-    fn dir(self) -> String {
+    pub(crate) fn dir(self) -> String {
         match self {
             Target::This => "/proc/self".to_owned(),
             Target::Pid(pid) => format!("/proc/{pid}"),

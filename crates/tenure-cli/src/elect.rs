@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::options::{parse_duration, parse_http_address, CandidateOptions, ElectionOptions, HttpAddress};
 use crate::signals::{ResignRequests, TerminationSignals};
-use crate::{exit, http, logging, pod_label, CliError};
+use crate::{exit, http, logging, pod_label, startup_pages, CliError};
 
 /// Arguments of `tenure elect`.
 #[derive(Debug, Args)]
@@ -127,6 +127,8 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
         let router = http::router(view, settings);
         tokio::spawn(http::serve(listener, router, stop_serving.clone().cancelled_owned()))
     });
+
+    tokio::spawn(release_startup_pages(elector.subscribe(), args.candidate.ttl.timing.retry_period));
 
     let outcome = loop {
         tokio::select! {
@@ -263,6 +265,25 @@ pub async fn resign_on_request(elector: &Elector) {
             }
         }
         None => tracing::info!("SIGUSR1: not leading, nothing to step down from"),
+    }
+}
+
+/// Start-up is over one retry period after a leader is first known (this instance or another):
+/// by then a new leader has renewed once and announced itself (the Kubernetes Event), and a
+/// follower has followed the leader's renew. Then gives back the pages of the binary that only
+/// start-up used, so that an idle sidecar holds what its steady state runs (see
+/// [`startup_pages`]). Never, if no leader is ever known.
+async fn release_startup_pages(mut leadership: watch::Receiver<Leadership>, retry_period: Duration) {
+    if leadership.wait_for(|now| now.leader.is_some()).await.is_err() {
+        return;
+    }
+    drop(leadership);
+    tokio::time::sleep(retry_period).await;
+    match startup_pages::release() {
+        Ok(released) => {
+            tracing::debug!(kib = released.resident_kib, mappings = released.mappings, "released the start-up pages")
+        }
+        Err(error) => tracing::debug!(%error, "could not release the start-up pages"),
     }
 }
 

@@ -29,6 +29,7 @@ mod output;
 mod pod_label;
 mod run;
 mod signals;
+mod startup_pages;
 mod status;
 mod status_watch;
 mod supervisor;

@@ -14,8 +14,8 @@
 //!   directly and a failure is reported as a value instead of a panic.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -23,6 +23,11 @@ use tracing_subscriber::fmt::MakeWriter;
 
 /// How many log lines may wait for standard error before new ones are dropped.
 const QUEUE_LINES: usize = 4096;
+
+/// Log lines queued and not yet written. The bound is counted here rather than given to
+/// `mpsc::sync_channel`, which allocates and touches a slot for every line up front (160 KB that
+/// an idle sidecar would keep resident); the unbounded channel grows with what is queued.
+static QUEUED: AtomicUsize = AtomicUsize::new(0);
 
 /// What the writer thread is asked to do.
 enum Job {
@@ -34,11 +39,11 @@ enum Job {
 
 /// The queue to the writer thread, started on first use; `None` if the thread cannot start (then
 /// log lines are dropped, which is still better than stopping).
-fn queue() -> Option<&'static SyncSender<Job>> {
-    static QUEUE: OnceLock<Option<SyncSender<Job>>> = OnceLock::new();
+fn queue() -> Option<&'static Sender<Job>> {
+    static QUEUE: OnceLock<Option<Sender<Job>>> = OnceLock::new();
     QUEUE
         .get_or_init(|| {
-            let (sender, receiver) = mpsc::sync_channel(QUEUE_LINES);
+            let (sender, receiver) = mpsc::channel();
             std::thread::Builder::new().name("tenure-log".into()).spawn(move || write_jobs(receiver)).ok()?;
             Some(sender)
         })
@@ -60,6 +65,7 @@ fn write_jobs(receiver: Receiver<Job>) {
                     let _ = stderr.write_all(note.as_bytes());
                 }
                 let _ = stderr.write_all(&bytes);
+                QUEUED.fetch_sub(1, Ordering::AcqRel);
             }
             Job::Flush(done) => {
                 let _ = stderr.flush();
@@ -72,13 +78,22 @@ fn write_jobs(receiver: Receiver<Job>) {
 /// Queues `bytes` for standard error without waiting; drops them if the queue is full.
 fn enqueue(bytes: Vec<u8>) {
     let Some(queue) = queue() else { return };
-    match queue.try_send(Job::Write(bytes)) {
-        Ok(()) => {}
-        Err(TrySendError::Full(_)) => {
-            DROPPED.fetch_add(1, Ordering::Relaxed);
-        }
-        Err(TrySendError::Disconnected(_)) => {}
+    if !take_place(&QUEUED, QUEUE_LINES) {
+        DROPPED.fetch_add(1, Ordering::Relaxed);
+        return;
     }
+    if queue.send(Job::Write(bytes)).is_err() {
+        QUEUED.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Counts one more line in `queued` if fewer than `limit` are queued; false if the queue is full.
+fn take_place(queued: &AtomicUsize, limit: usize) -> bool {
+    if queued.fetch_add(1, Ordering::AcqRel) < limit {
+        return true;
+    }
+    queued.fetch_sub(1, Ordering::AcqRel);
+    false
 }
 
 /// Writes one line of tenure's own (not tracing's) to standard error, the non-panicking
@@ -96,7 +111,7 @@ pub fn error_line(line: &str) {
 pub fn flush_logs(limit: Duration) {
     let Some(queue) = queue() else { return };
     let (done, written) = mpsc::channel();
-    if queue.try_send(Job::Flush(done)).is_ok() {
+    if queue.send(Job::Flush(done)).is_ok() {
         let _ = written.recv_timeout(limit);
     }
 }
@@ -138,4 +153,19 @@ pub fn print_line(text: &str) -> std::io::Result<()> {
 /// account, whose outcome the exit status carries): a failure is ignored.
 pub fn say(text: &str) {
     let _ = print_line(text);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_takes_lines_up_to_its_limit_and_again_once_one_is_written() {
+        let queued = AtomicUsize::new(0);
+        assert!((0..3).all(|_| take_place(&queued, 3)), "three places");
+        assert!(!take_place(&queued, 3), "the fourth line is dropped");
+        assert_eq!(queued.load(Ordering::Relaxed), 3, "a dropped line takes no place");
+        queued.fetch_sub(1, Ordering::AcqRel); // the writer wrote one
+        assert!(take_place(&queued, 3));
+    }
 }

@@ -227,3 +227,40 @@ fn sigusr1_makes_the_leader_step_down_and_stay_a_candidate() {
         assert_eq!(elector.exit_code(Duration::from_secs(5)), 0, "{}", elector.log());
     }
 }
+
+/// Resident KiB of the mappings of the process's own executable (`/proc/<pid>/smaps`).
+fn executable_resident_kib(pid: i32) -> Option<u64> {
+    let executable = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    let executable = executable.to_string_lossy();
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    let mut ours = false;
+    let mut total = 0;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            ours = line.splitn(6, char::is_whitespace).nth(5).map(str::trim) == Some(&*executable);
+        } else if ours && first == "Rss:" {
+            total += line.split_whitespace().nth(1)?.parse::<u64>().ok()?;
+        }
+    }
+    Some(total)
+}
+
+#[test]
+fn an_idle_leader_gives_back_the_binary_pages_only_start_up_used_and_keeps_working() {
+    // --ttl 8s: the pages are released one retry period (2 s) after a leader is known, long after
+    // the first reading below.
+    let (mut tenure, address) = start_elect("lean-1", "lean", "memory:", "8s");
+    let pid = tenure.pid();
+    let after_start = executable_resident_kib(pid).expect("the executable's pages");
+    let released = wait_until(Duration::from_secs(15), || {
+        let now = executable_resident_kib(pid)?;
+        (now * 2 < after_start).then_some(now)
+    });
+    let released =
+        released.unwrap_or_else(|| panic!("still {after_start} KiB of the binary resident:\n{}", tenure.log()));
+    assert_eq!(http_get(&address, "/").as_deref(), Some(r#"{"name":"lean-1"}"#), "{}", tenure.log());
+    assert_eq!(get(&address, "/isLeader").map(|(code, _)| code), Some(200));
+    tenure.signal(libc::SIGTERM);
+    assert_eq!(tenure.exit_code(Duration::from_secs(5)), 0, "after {after_start} -> {released} KiB: {}", tenure.log());
+}

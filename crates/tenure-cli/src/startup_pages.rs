@@ -1,0 +1,210 @@
+//! Gives back the pages of tenure's own binary that only start-up needed.
+//!
+//! Why: an idle `tenure elect` is mostly pages of its executable. Start-up runs code that never
+//! runs again (argument parsing, reading the kubeconfig, building the Kubernetes client and its
+//! TLS configuration, binding the HTTP server), and the kernel maps code 64 KiB at a time around
+//! every page touched (fault-around), so after start-up nearly the whole binary is resident in a
+//! sidecar that runs in every replica of a service. Once the election is under way, the
+//! binary's clean read-only mappings are dropped from the process (`madvise(MADV_DONTNEED)`):
+//! the file's pages stay in the page cache, and what the steady state runs (renews, watches, HTTP
+//! answers) is mapped back on its next use, at the cost of a minor page fault.
+//!
+//! Only mappings that hold nothing but the file's own bytes are dropped: read-only ones without
+//! a single private page (the relocated `.data.rel.ro`, once made read-only, holds private pages
+//! and is kept; dropping it would bring back the unrelocated bytes). Shared libraries are left
+//! alone: one could be loaded or unloaded while this runs. A static binary (the container image's)
+//! has the C library inside the executable, so its pages are dropped with the rest.
+
+use std::io;
+use std::ops::Range;
+
+/// What [`release`] gave back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Released {
+    /// How many mappings were dropped.
+    pub mappings: usize,
+    /// How much of them was resident just before, in KiB.
+    pub resident_kib: u64,
+}
+
+/// Drops the executable's clean read-only pages from this process (see the module comment).
+///
+/// Safe to call at any time and more than once: the pages come back from the page cache when
+/// used. An error (no `/proc`, a refused `madvise`) leaves the process as it was.
+pub fn release() -> io::Result<Released> {
+    let executable = std::fs::read_link("/proc/self/exe")?;
+    let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+    let mut released = Released { mappings: 0, resident_kib: 0 };
+    for mapping in droppable(&smaps, &executable.to_string_lossy()) {
+        let length = usize::try_from(mapping.addresses.end - mapping.addresses.start)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a mapping larger than the address space"))?;
+        // SAFETY: the range is a whole mapping of this process's executable that is read-only and
+        // holds no private page (checked in `droppable`), so MADV_DONTNEED changes no byte of it:
+        // the next access reads the same bytes from the file. Nothing unmaps the executable.
+        let outcome =
+            unsafe { libc::madvise(mapping.addresses.start as *mut libc::c_void, length, libc::MADV_DONTNEED) };
+        if outcome != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        released.mappings += 1;
+        released.resident_kib += mapping.rss_kib;
+    }
+    Ok(released)
+}
+
+/// One mapping of `/proc/self/smaps`, with what decides whether it may be dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Mapping {
+    addresses: Range<u64>,
+    writable: bool,
+    path: String,
+    rss_kib: u64,
+    /// Pages that are this process's own (copied on write) or were, and are now in swap.
+    private_kib: u64,
+    /// Whether both counts were read (a mapping without them is never dropped).
+    counted: bool,
+}
+
+/// The mappings of `executable` (as `/proc/self/exe` names it) that may be dropped: read-only,
+/// with no anonymous or swapped page, and both counts present in `smaps`.
+fn droppable(smaps: &str, executable: &str) -> Vec<Mapping> {
+    parse(smaps)
+        .into_iter()
+        .filter(|m| m.path == executable && !m.writable && m.counted && m.private_kib == 0 && m.rss_kib > 0)
+        .collect()
+}
+
+fn parse(smaps: &str) -> Vec<Mapping> {
+    let mut mappings: Vec<Mapping> = Vec::new();
+    let mut seen = (false, false);
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let Some(first) = fields.next() else { continue };
+        if let Some(addresses) = address_range(first) {
+            if let Some(last) = mappings.last_mut() {
+                last.counted = seen == (true, true);
+            }
+            seen = (false, false);
+            let writable = fields.next().is_none_or(|permissions| permissions.contains('w'));
+            // start-end perms offset device inode name; the name may contain spaces.
+            let path = line.splitn(6, char::is_whitespace).nth(5).unwrap_or("").trim().to_owned();
+            mappings.push(Mapping { addresses, writable, path, rss_kib: 0, private_kib: 0, counted: false });
+            continue;
+        }
+        let (Some(mapping), Some(value)) = (mappings.last_mut(), fields.next().and_then(|v| v.parse::<u64>().ok()))
+        else {
+            continue;
+        };
+        match first {
+            "Rss:" => mapping.rss_kib = value,
+            "Anonymous:" => {
+                mapping.private_kib += value;
+                seen.0 = true;
+            }
+            "Swap:" => {
+                mapping.private_kib += value;
+                seen.1 = true;
+            }
+            _ => {}
+        }
+    }
+    if let Some(last) = mappings.last_mut() {
+        last.counted = seen == (true, true);
+    }
+    mappings
+}
+
+/// `start-end` in hexadecimal, the first field of a mapping's header line.
+fn address_range(field: &str) -> Option<Range<u64>> {
+    let (start, end) = field.split_once('-')?;
+    Some(u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The mappings of a dynamically linked tenure, abridged: read-only data, code, the RELRO
+    /// segment (relocated, then made read-only), writable data, the heap, libc's code.
+    const SMAPS: &str = "\
+55e0c0000000-55e0c0279000 r--p 00000000 fe:00 123 /opt/tenure (deleted)
+Rss:                1280 kB
+Anonymous:             0 kB
+Swap:                  0 kB
+55e0c027a000-55e0c089f000 r-xp 00279000 fe:00 123 /opt/tenure (deleted)
+Rss:                5592 kB
+Anonymous:             0 kB
+Swap:                  0 kB
+55e0c08a0000-55e0c08fb000 r--p 0089e000 fe:00 123 /opt/tenure (deleted)
+Rss:                 360 kB
+Anonymous:           360 kB
+Swap:                  0 kB
+55e0c08fb000-55e0c0900000 rw-p 008f8000 fe:00 123 /opt/tenure (deleted)
+Rss:                  20 kB
+Anonymous:            20 kB
+Swap:                  0 kB
+55e0c0a00000-55e0c0b00000 r--p 00900000 fe:00 123 /opt/tenure (deleted)
+Rss:                   8 kB
+Anonymous:             0 kB
+Swap:                  4 kB
+55e0c1000000-55e0c109c000 rw-p 00000000 00:00 0                          [heap]
+Rss:                 548 kB
+Anonymous:           548 kB
+Swap:                  0 kB
+7f034f2fd000-7f034f453000 r-xp 00026000 fe:00 77 /usr/lib/x86_64-linux-gnu/libc.so.6
+Rss:                1036 kB
+Anonymous:             0 kB
+Swap:                  0 kB
+";
+
+    fn starts(mappings: &[Mapping]) -> Vec<u64> {
+        mappings.iter().map(|m| m.addresses.start).collect()
+    }
+
+    #[test]
+    fn only_the_executables_clean_read_only_mappings_are_dropped() {
+        let dropped = droppable(SMAPS, "/opt/tenure (deleted)");
+        assert_eq!(starts(&dropped), [0x55e0_c000_0000, 0x55e0_c027_a000], "read-only data and code only");
+        assert_eq!(dropped.iter().map(|m| m.rss_kib).sum::<u64>(), 1280 + 5592);
+    }
+
+    #[test]
+    fn relocated_written_or_swapped_pages_are_never_dropped() {
+        let mappings = parse(SMAPS);
+        let kept: Vec<_> = mappings.iter().filter(|m| m.path.starts_with("/opt/tenure")).skip(2).collect();
+        assert_eq!(kept.len(), 3);
+        let dropped = starts(&droppable(SMAPS, "/opt/tenure (deleted)"));
+        for mapping in kept {
+            assert!(!dropped.contains(&mapping.addresses.start), "{mapping:?} holds private pages");
+        }
+    }
+
+    #[test]
+    fn a_mapping_without_both_counts_is_kept() {
+        let smaps = "55e0c027a000-55e0c089f000 r-xp 00279000 fe:00 123 /opt/tenure\nRss: 5592 kB\nAnonymous: 0 kB\n";
+        assert!(droppable(smaps, "/opt/tenure").is_empty(), "no Swap line: not known to be clean");
+    }
+
+    #[test]
+    fn other_files_are_left_alone() {
+        assert!(droppable(SMAPS, "/usr/bin/something-else").is_empty());
+        assert!(droppable(SMAPS, "/opt/tenure").is_empty(), "a different name is a different file");
+    }
+
+    /// In a real process: the binary's resident pages shrink, and code that ran before runs again.
+    #[test]
+    fn releasing_lowers_the_executables_resident_pages_and_everything_still_runs() {
+        let resident = || {
+            let executable = std::fs::read_link("/proc/self/exe").expect("/proc/self/exe");
+            let smaps = std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps");
+            droppable(&smaps, &executable.to_string_lossy()).iter().map(|m| m.rss_kib).sum::<u64>()
+        };
+        let before = resident();
+        let released = release().expect("release");
+        assert!(released.mappings >= 1 && released.resident_kib > 0, "{released:?}");
+        let after = resident();
+        assert!(after < before, "resident before {before} KiB, after {after} KiB");
+        let parsed: serde_json::Value = serde_json::from_str(r#"{"name":"leader"}"#).expect("JSON still parses");
+        assert_eq!(parsed["name"], "leader");
+    }
+}
