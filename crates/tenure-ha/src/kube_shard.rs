@@ -18,12 +18,14 @@
 //!
 //! **Objects of gained partitions.** When this replica gains a partition, its objects are
 //! reconciled at once, without waiting for a change: the assignment watch feeds
-//! [`Controller::reconcile_all_on`] whenever the set of owned `(partition, term)` grows. The cost:
-//! every gain schedules every object of the controller's cache on this replica, and the ones of
-//! other partitions are skipped after a hash and a lock (no API call, no user code). A more
-//! precise trigger (only the gained partitions' objects) needs kube-runtime's
-//! `unstable-runtime-reconcile-on` feature; at the sizes a controller caches the difference is
-//! local CPU only.
+//! [`Controller::reconcile_all_on`] whenever the set of owned `(partition, term)` pairs grows. The
+//! cost: on every gain, every object in the controller's cache is scheduled; those of other
+//! members' partitions are skipped after a hash and a lock (no API request, no user code), but those
+//! of partitions this replica already owned are reconciled again (kube-runtime's reconcilers must be
+//! idempotent anyway). Gains happen only on membership changes, so that is one extra pass over this
+//! replica's share per join or leave. Reconciling only the gained partitions' objects needs
+//! `Controller::reconcile_on`, which kube exposes only behind its `unstable-runtime` feature; this
+//! module stays on the stable API.
 //!
 //! **Leaving.** [`ShardController::leave`] stops the controller (no new reconcile starts, the ones
 //! in flight finish, up to a drain timeout after which they are aborted and their guards dropped),

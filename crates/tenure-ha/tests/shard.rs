@@ -1,6 +1,8 @@
 //! A kube-runtime `Controller` on every replica, sharded by a `tenure_group::Group`
 //! (`kube_shard::shard_controller`), against the project's API server with real watches: three
-//! replicas, each with its own runtime as if they were processes, share 30 ConfigMaps. Every
+//! replicas, each with its own runtime as if they were processes, share 30 ConfigMaps, and their
+//! group lives on the same API server (tenure-kube's `KubeGroupStore`: a Lease per member and a
+//! ConfigMap for the partition table). Every
 //! reconcile is recorded with its replica, partition, term and when it started and ended, so the
 //! tests can say who reconciled what under which term, and whether two replicas ever worked on one
 //! partition at overlapping times.
@@ -19,10 +21,9 @@ use serde_json::json;
 use tenure::Timing;
 use tenure_apiserver::resources::find_resource_type;
 use tenure_apiserver::{ApiServer, ApiServerConfig};
-use tenure_group::stores::memory::MemoryGroupStore;
 use tenure_group::{Group, GroupConfig, NotOwner};
 use tenure_ha::kube_shard::{object_key, shard_controller, Owning, ShardController};
-use tenure_kube::KubeLockConfig;
+use tenure_kube::{KubeGroupStore, KubeLockConfig};
 use tokio::sync::watch;
 
 /// How long any single expected event may take before a test fails instead of hanging.
@@ -102,7 +103,6 @@ async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Owning<Probe>>) -> Result<Action
 struct Cluster {
     server: ApiServer,
     kubeconfig: PathBuf,
-    groups: MemoryGroupStore,
     journal: Journal,
 }
 
@@ -115,7 +115,7 @@ impl Cluster {
         let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
         let kubeconfig = std::env::temp_dir().join(format!("tenure-ha-shard-{}.kubeconfig", server.address().port()));
         server.write_kubeconfig(&kubeconfig).unwrap();
-        let cluster = Cluster { server, kubeconfig, groups: MemoryGroupStore::new(), journal: Journal::default() };
+        let cluster = Cluster { server, kubeconfig, journal: Journal::default() };
         for name in names() {
             let cm = json!({"metadata": {"name": name, "labels": {"app": "shard"}}, "data": {"generation": "0"}});
             cluster.server.store().create(find_resource_type("", "v1", "configmaps").unwrap(), "default", cm).unwrap();
@@ -144,11 +144,11 @@ impl Cluster {
         let (hold, hold_rx) = watch::channel(false);
         let probe =
             Arc::new(Probe { replica: identity.to_owned(), journal: self.journal.clone(), hold: hold_rx, requeue });
-        let store = self.groups.client(identity);
         let id = identity.to_owned();
         let shard = runtime
             .spawn(async move {
                 let client = config.cluster.client(&id).await.unwrap();
+                let store = KubeGroupStore::new(client.clone(), "default", "shard");
                 let timing =
                     Timing::new(Duration::from_secs(4), Duration::from_secs(3), Duration::from_millis(200)).unwrap();
                 let group = Group::builder(&id, store)
