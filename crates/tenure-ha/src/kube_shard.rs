@@ -146,7 +146,8 @@ pub enum ShardError {
     /// Leaving the group failed.
     #[error(transparent)]
     Group(#[from] GroupError),
-    /// The controller's task did not give the group back (it panicked while holding it).
+    /// The controller did not give the group back; it is dropped (the others take over after the
+    /// lease).
     #[error("the controller's task still holds the group; dropping it (the others take over after the lease)")]
     GroupInUse,
 }
@@ -206,9 +207,10 @@ struct Failed<E: std::error::Error + 'static> {
     action: Action,
 }
 
-/// What the wrapped reconciler shares: the group to take guards from and the user's parts.
+/// What every reconcile shares: the user's parts. Not the group: kube-runtime runs each reconcile
+/// in a task of its own, which outlives the controller's stream briefly when aborted, and the
+/// group must be free to leave as soon as the stream is gone (the guards keep the drain rule).
 struct Shared<Ctx, Reconcile, ErrorPolicy> {
-    group: Arc<Group>,
     context: Arc<Ctx>,
     reconcile: Reconcile,
     error_policy: ErrorPolicy,
@@ -256,14 +258,15 @@ where
     });
     let trigger = futures::stream::poll_fn(move |cx| gains_rx.poll_recv(cx));
 
-    let shared = Arc::new(Shared { group: group.clone(), context, reconcile, error_policy });
+    let shared = Arc::new(Shared { context, reconcile, error_policy });
+    let owner = group.clone();
     let identity = group.identity().to_owned();
     let controller = controller.reconcile_all_on(trigger).graceful_shutdown_on(shutdown.clone().cancelled_owned());
     let task = runtime.spawn(async move {
         controller
             .run(
-                |object: Arc<K>, shared: Arc<Shared<Ctx, Reconcile, ErrorPolicy>>| {
-                    let guard = shared.group.guard_for_key(&object_key(object.as_ref()));
+                move |object: Arc<K>, shared: Arc<Shared<Ctx, Reconcile, ErrorPolicy>>| {
+                    let guard = owner.guard_for_key(&object_key(object.as_ref()));
                     async move {
                         // Not this replica's object (now): skip, and drop any requeue of it.
                         let Some(guard) = guard else { return Ok(Action::await_change()) };

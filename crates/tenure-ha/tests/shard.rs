@@ -54,6 +54,8 @@ struct Span {
     term: u64,
     started: Instant,
     ended: Option<Instant>,
+    /// False if the reconcile was aborted (its future dropped) instead of returning.
+    completed: bool,
 }
 
 #[derive(Clone, Default)]
@@ -64,14 +66,31 @@ impl Journal {
         self.0.lock().unwrap().clone()
     }
 
-    fn start(&self, span: Span) -> usize {
+    fn start(&self, span: Span) -> SpanEnd {
         let mut spans = self.0.lock().unwrap();
         spans.push(span);
-        spans.len() - 1
+        SpanEnd { journal: self.clone(), index: spans.len() - 1, completed: false }
     }
+}
 
-    fn end(&self, index: usize) {
-        self.0.lock().unwrap()[index].ended = Some(Instant::now());
+/// Ends its span when dropped: completed if `complete` was called, aborted otherwise.
+struct SpanEnd {
+    journal: Journal,
+    index: usize,
+    completed: bool,
+}
+
+impl SpanEnd {
+    fn complete(mut self) {
+        self.completed = true;
+    }
+}
+
+impl Drop for SpanEnd {
+    fn drop(&mut self) {
+        let mut spans = self.journal.0.lock().unwrap();
+        spans[self.index].ended = Some(Instant::now());
+        spans[self.index].completed = self.completed;
     }
 }
 
@@ -86,17 +105,18 @@ struct Probe {
 
 async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Owning<Probe>>) -> Result<Action, NotOwner> {
     let term = ctx.check()?;
-    let index = ctx.journal.start(Span {
+    let span = ctx.journal.start(Span {
         replica: ctx.replica.clone(),
         name: cm.metadata.name.clone().unwrap_or_default(),
         partition: ctx.partition(),
         term: term.0,
         started: Instant::now(),
         ended: None,
+        completed: false,
     });
     let mut hold = ctx.hold.clone();
     let _ = hold.wait_for(|on| !*on).await;
-    ctx.journal.end(index);
+    span.complete();
     Ok(ctx.requeue.map_or_else(Action::await_change, Action::requeue))
 }
 
@@ -199,10 +219,11 @@ impl Replica {
         self.group().assignment().borrow().owned.keys().copied().collect()
     }
 
-    /// A graceful leave as on SIGTERM: the reconciles in flight finish, then the partitions go.
-    fn leave(&mut self) -> tokio::task::JoinHandle<()> {
+    /// A graceful leave as on SIGTERM: the reconciles in flight finish (or are aborted after
+    /// `drain`), then the partitions go.
+    fn leave(&mut self, drain: Duration) -> tokio::task::JoinHandle<()> {
         let shard = self.shard.take().unwrap();
-        self.runtime.as_ref().unwrap().spawn(async move { shard.leave(FOREVER).await.unwrap() })
+        self.runtime.as_ref().unwrap().spawn(async move { shard.leave(drain).await.unwrap() })
     }
 }
 
@@ -326,7 +347,7 @@ async fn after_a_graceful_leave_the_new_owners_reconcile_its_objects_without_any
     assert!(!a_objects.is_empty(), "replica-a owns some ConfigMaps");
 
     let leaving = Instant::now();
-    let left = a.leave();
+    let left = a.leave(FOREVER);
     tokio::time::timeout(PATIENCE, left).await.expect("the leave completes").unwrap();
     // No ConfigMap changed: the new owners reconcile replica-a's objects because they gained them.
     until("replica-a's objects are reconciled by their new owners", || {
@@ -446,6 +467,48 @@ async fn a_requeue_of_an_object_that_moved_to_another_replica_is_dropped_without
             !spans.iter().any(|s| s.replica == "replica-a" && s.name == *name && s.started >= b_first),
             "replica-a reconciled {name} after it had moved to replica-b"
         );
+    }
+    assert_no_overlapping_owners(&spans);
+    assert_terms_grow_per_partition(&spans);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leave_aborts_reconciles_that_outlast_its_drain_timeout_and_then_hands_their_objects_over() {
+    let cluster = Cluster::start().await;
+    let start = Instant::now();
+    let mut a = cluster.replica("replica-a", None).await;
+    let b = cluster.replica("replica-b", None).await;
+    settled(&[&a, &b]).await;
+    until("every ConfigMap is reconciled by its current owner", || {
+        all_reconciled_by_current_owners(&cluster.journal, &[&a, &b], start)
+    })
+    .await;
+    let a_objects: Vec<String> = names().into_iter().filter(|n| a.owns(n).is_some()).collect();
+
+    // replica-a's reconciles never finish on their own.
+    a.hold.send_replace(true);
+    let touched = Instant::now();
+    cluster.touch_all(1);
+    until("replica-a's reconciles of all its objects are in flight", || {
+        let spans = cluster.journal.spans();
+        a_objects.iter().all(|n| {
+            spans.iter().any(|s| s.replica == "replica-a" && s.name == *n && s.started >= touched && s.ended.is_none())
+        })
+    })
+    .await;
+
+    // The group's own drain timeout is FOREVER: the handover below shows the aborted reconciles
+    // dropped their guards.
+    let left = a.leave(Duration::from_millis(300));
+    tokio::time::timeout(PATIENCE, left).await.expect("the leave completes after its drain timeout").unwrap();
+    until("replica-b reconciled replica-a's objects", || {
+        all_reconciled_by_current_owners(&cluster.journal, &[&b], touched)
+    })
+    .await;
+    let spans = cluster.journal.spans();
+    for name in &a_objects {
+        let old = spans.iter().find(|s| s.replica == "replica-a" && s.name == *name && s.started >= touched).unwrap();
+        assert!(!old.completed, "replica-a's held reconcile of {name} was aborted, not completed: {old:?}");
     }
     assert_no_overlapping_owners(&spans);
     assert_terms_grow_per_partition(&spans);
