@@ -267,6 +267,34 @@ async fn settled(replicas: &[&Replica]) {
     .await;
 }
 
+/// Waits until `replicas` share the partitions and every ConfigMap was reconciled by its owner.
+async fn settled_and_reconciled(journal: &Journal, replicas: &[&Replica], since: Instant) {
+    settled(replicas).await;
+    until("every ConfigMap is reconciled by its current owner", || {
+        all_reconciled_by_current_owners(journal, replicas, since)
+    })
+    .await;
+}
+
+/// Holds every reconcile of `replica` in flight (until its `hold` is switched off) and changes
+/// every ConfigMap; returns the objects it owns, all now in flight, and when they were changed.
+async fn hold_every_reconcile_of(cluster: &Cluster, replica: &Replica) -> (Vec<String>, Instant) {
+    let objects: Vec<String> = names().into_iter().filter(|n| replica.owns(n).is_some()).collect();
+    replica.hold.send_replace(true);
+    let touched = Instant::now();
+    cluster.touch_all(1);
+    until("the replica's reconciles of all its objects are in flight", || {
+        let spans = cluster.journal.spans();
+        objects.iter().all(|n| {
+            spans
+                .iter()
+                .any(|s| s.replica == replica.identity && s.name == *n && s.started >= touched && s.ended.is_none())
+        })
+    })
+    .await;
+    (objects, touched)
+}
+
 /// Checks that no two replicas (or two terms) ever reconciled objects of one partition at
 /// overlapping times, and that every reconcile has ended.
 fn assert_no_overlapping_owners(spans: &[Span]) {
@@ -306,11 +334,7 @@ async fn every_configmap_is_reconciled_by_the_replica_that_owns_its_key_under_th
     let b = cluster.replica("replica-b", None).await;
     let c = cluster.replica("replica-c", None).await;
     let replicas = [&a, &b, &c];
-    settled(&replicas).await;
-    until("every ConfigMap is reconciled by its current owner", || {
-        all_reconciled_by_current_owners(&cluster.journal, &replicas, start)
-    })
-    .await;
+    settled_and_reconciled(&cluster.journal, &replicas, start).await;
     for replica in replicas {
         assert!(!replica.owned_partitions().is_empty(), "{} owns a share", replica.identity);
     }
@@ -338,11 +362,7 @@ async fn after_a_graceful_leave_the_new_owners_reconcile_its_objects_without_any
     let mut a = cluster.replica("replica-a", None).await;
     let b = cluster.replica("replica-b", None).await;
     let c = cluster.replica("replica-c", None).await;
-    settled(&[&a, &b, &c]).await;
-    until("every ConfigMap is reconciled by its current owner", || {
-        all_reconciled_by_current_owners(&cluster.journal, &[&a, &b, &c], start)
-    })
-    .await;
+    settled_and_reconciled(&cluster.journal, &[&a, &b, &c], start).await;
     let a_objects: Vec<String> = names().into_iter().filter(|n| a.owns(n).is_some()).collect();
     assert!(!a_objects.is_empty(), "replica-a owns some ConfigMaps");
 
@@ -377,26 +397,10 @@ async fn a_reconcile_in_flight_on_a_revoked_partition_finishes_before_the_new_ow
     let start = Instant::now();
     let a = cluster.replica("replica-a", None).await;
     let b = cluster.replica("replica-b", None).await;
-    settled(&[&a, &b]).await;
-    until("every ConfigMap is reconciled by its current owner", || {
-        all_reconciled_by_current_owners(&cluster.journal, &[&a, &b], start)
-    })
-    .await;
-    let a_objects: Vec<String> = names().into_iter().filter(|n| a.owns(n).is_some()).collect();
+    settled_and_reconciled(&cluster.journal, &[&a, &b], start).await;
     let a_partitions = a.owned_partitions();
-
     // Every reconcile of replica-a now stays in flight until released.
-    a.hold.send_replace(true);
-    let touched = Instant::now();
-    cluster.touch_all(1);
-    let in_flight = |name: &String| {
-        cluster
-            .journal
-            .spans()
-            .iter()
-            .any(|s| s.replica == "replica-a" && s.name == *name && s.started >= touched && s.ended.is_none())
-    };
-    until("replica-a's reconciles of all its objects are in flight", || a_objects.iter().all(in_flight)).await;
+    let (a_objects, touched) = hold_every_reconcile_of(&cluster, &a).await;
 
     // replica-c joins: some of replica-a's partitions are revoked, but they drain first.
     let c = cluster.replica("replica-c", None).await;
@@ -478,24 +482,9 @@ async fn a_leave_aborts_reconciles_that_outlast_its_drain_timeout_and_then_hands
     let start = Instant::now();
     let mut a = cluster.replica("replica-a", None).await;
     let b = cluster.replica("replica-b", None).await;
-    settled(&[&a, &b]).await;
-    until("every ConfigMap is reconciled by its current owner", || {
-        all_reconciled_by_current_owners(&cluster.journal, &[&a, &b], start)
-    })
-    .await;
-    let a_objects: Vec<String> = names().into_iter().filter(|n| a.owns(n).is_some()).collect();
-
+    settled_and_reconciled(&cluster.journal, &[&a, &b], start).await;
     // replica-a's reconciles never finish on their own.
-    a.hold.send_replace(true);
-    let touched = Instant::now();
-    cluster.touch_all(1);
-    until("replica-a's reconciles of all its objects are in flight", || {
-        let spans = cluster.journal.spans();
-        a_objects.iter().all(|n| {
-            spans.iter().any(|s| s.replica == "replica-a" && s.name == *n && s.started >= touched && s.ended.is_none())
-        })
-    })
-    .await;
+    let (a_objects, touched) = hold_every_reconcile_of(&cluster, &a).await;
 
     // The group's own drain timeout is FOREVER: the handover below shows the aborted reconciles
     // dropped their guards.
