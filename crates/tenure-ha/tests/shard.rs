@@ -101,10 +101,39 @@ struct Probe {
     journal: Journal,
     hold: watch::Receiver<bool>,
     requeue: Option<Duration>,
+    policy_calls: Arc<Mutex<Vec<PolicyCall>>>,
 }
 
-async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Owning<Probe>>) -> Result<Action, NotOwner> {
+/// Why the test's reconcile fails: the partition moved, or the ConfigMap asks it to fail.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error(transparent)]
+    NotOwner(#[from] NotOwner),
+    #[error("the ConfigMap asks to fail")]
+    Asked,
+}
+
+/// One call of the error policy: by which replica, for which object, and the term its context's
+/// guard still allowed work under (None: the guard was no longer valid).
+#[derive(Debug, Clone, PartialEq)]
+struct PolicyCall {
+    replica: String,
+    name: String,
+    valid_term: Option<u64>,
+}
+
+fn error_policy(cm: Arc<ConfigMap>, _error: &Failure, ctx: Arc<Owning<Probe>>) -> Action {
+    ctx.policy_calls.lock().unwrap().push(PolicyCall {
+        replica: ctx.replica.clone(),
+        name: cm.metadata.name.clone().unwrap_or_default(),
+        valid_term: ctx.check().ok().map(|t| t.0),
+    });
+    Action::requeue(Duration::from_millis(100))
+}
+
+async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Owning<Probe>>) -> Result<Action, Failure> {
     let term = ctx.check()?;
+    let asks_to_fail = cm.data.as_ref().and_then(|d| d.get("fail")).is_some_and(|f| f == "true");
     let span = ctx.journal.start(Span {
         replica: ctx.replica.clone(),
         name: cm.metadata.name.clone().unwrap_or_default(),
@@ -117,6 +146,9 @@ async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Owning<Probe>>) -> Result<Action
     let mut hold = ctx.hold.clone();
     let _ = hold.wait_for(|on| !*on).await;
     span.complete();
+    if asks_to_fail {
+        return Err(Failure::Asked);
+    }
     Ok(ctx.requeue.map_or_else(Action::await_change, Action::requeue))
 }
 
@@ -124,6 +156,7 @@ struct Cluster {
     server: ApiServer,
     kubeconfig: PathBuf,
     journal: Journal,
+    policy_calls: Arc<Mutex<Vec<PolicyCall>>>,
 }
 
 impl Cluster {
@@ -135,12 +168,25 @@ impl Cluster {
         let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
         let kubeconfig = std::env::temp_dir().join(format!("tenure-ha-shard-{}.kubeconfig", server.address().port()));
         server.write_kubeconfig(&kubeconfig).unwrap();
-        let cluster = Cluster { server, kubeconfig, journal: Journal::default() };
+        let cluster = Cluster { server, kubeconfig, journal: Journal::default(), policy_calls: Arc::default() };
         for name in names() {
             let cm = json!({"metadata": {"name": name, "labels": {"app": "shard"}}, "data": {"generation": "0"}});
             cluster.server.store().create(find_resource_type("", "v1", "configmaps").unwrap(), "default", cm).unwrap();
         }
         cluster
+    }
+
+    /// Sets whether a ConfigMap's reconciles fail.
+    fn set_failing(&self, name: &str, failing: bool) {
+        let configmaps = find_resource_type("", "v1", "configmaps").unwrap();
+        self.server
+            .store()
+            .patch(configmaps, "default", name, |cm| {
+                let mut cm = cm.clone();
+                cm["data"]["fail"] = json!(failing.to_string());
+                Ok(cm)
+            })
+            .unwrap();
     }
 
     /// Changes every ConfigMap, so that every one is reconciled again by its owner.
@@ -162,8 +208,13 @@ impl Cluster {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let config = KubeLockConfig::from_url("kube://default/leases/unused").unwrap().kubeconfig(&self.kubeconfig);
         let (hold, hold_rx) = watch::channel(false);
-        let probe =
-            Arc::new(Probe { replica: identity.to_owned(), journal: self.journal.clone(), hold: hold_rx, requeue });
+        let probe = Arc::new(Probe {
+            replica: identity.to_owned(),
+            journal: self.journal.clone(),
+            hold: hold_rx,
+            requeue,
+            policy_calls: self.policy_calls.clone(),
+        });
         let id = identity.to_owned();
         let shard = runtime
             .spawn(async move {
@@ -181,7 +232,7 @@ impl Cluster {
                     group,
                     Controller::new(configmaps, watcher::Config::default().labels("app=shard")),
                     reconcile,
-                    |_cm, _error, _ctx| Action::requeue(Duration::from_millis(100)),
+                    error_policy,
                     probe,
                 )
                 .unwrap()
@@ -501,4 +552,34 @@ async fn a_leave_aborts_reconciles_that_outlast_its_drain_timeout_and_then_hands
     }
     assert_no_overlapping_owners(&spans);
     assert_terms_grow_per_partition(&spans);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_reconcile_reaches_the_error_policy_with_its_partition_guard_still_valid_and_is_retried_by_the_owner()
+{
+    let cluster = Cluster::start().await;
+    let start = Instant::now();
+    let a = cluster.replica("replica-a", None).await;
+    let b = cluster.replica("replica-b", None).await;
+    settled_and_reconciled(&cluster.journal, &[&a, &b], start).await;
+    let owner = if a.owns("cm-00").is_some() { &a } else { &b };
+    let term = owner.owns("cm-00").unwrap();
+
+    cluster.set_failing("cm-00", true);
+    let failing_calls = || cluster.policy_calls.lock().unwrap().iter().filter(|c| c.name == "cm-00").count();
+    until("the error policy was called for two attempts", || failing_calls() >= 2).await;
+    let failed = Instant::now();
+    cluster.set_failing("cm-00", false);
+    until("a retry after the fix succeeded", || {
+        cluster.journal.spans().iter().any(|s| s.name == "cm-00" && s.started >= failed && s.ended.is_some())
+    })
+    .await;
+
+    let calls = cluster.policy_calls.lock().unwrap().clone();
+    assert!(calls.len() >= 2, "{calls:?}");
+    for call in &calls {
+        let expected = PolicyCall { replica: owner.identity.clone(), name: "cm-00".into(), valid_term: Some(term) };
+        assert_eq!(*call, expected, "the error policy ran on the owner, under its term, with the guard valid");
+    }
+    assert_no_overlapping_owners(&cluster.journal.spans());
 }
