@@ -16,7 +16,9 @@
 //! `checkpoint::etcd` writes through a transaction guarded by the election key, and with the `zk`
 //! feature `checkpoint::zk` through a multi-operation that checks the election node: stores that
 //! refuse a deposed leader themselves. With the `kube` feature, `kube_controller` runs a
-//! kube-runtime `Controller` only while leading and `kube_watch` gates a resumable watch.
+//! kube-runtime `Controller` only while leading, `kube_shard` runs one on every replica of a
+//! `tenure_group::Group`, each reconciling the objects it owns (Active/Active), and `kube_watch`
+//! gates a resumable watch.
 //!
 //! ```
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
@@ -50,6 +52,8 @@ pub mod gate;
 pub mod gc;
 #[cfg(feature = "kube")]
 pub mod kube_controller;
+#[cfg(feature = "kube")]
+pub mod kube_shard;
 #[cfg(feature = "kube")]
 pub mod kube_watch;
 pub mod metrics;

@@ -1,0 +1,585 @@
+//! A kube-runtime `Controller` on every replica, sharded by a `tenure_group::Group`
+//! (`kube_shard::shard_controller`), against the project's API server with real watches: three
+//! replicas, each with its own runtime as if they were processes, share 30 ConfigMaps, and their
+//! group lives on the same API server (tenure-kube's `KubeGroupStore`: a Lease per member and a
+//! ConfigMap for the partition table). Every
+//! reconcile is recorded with its replica, partition, term and when it started and ended, so the
+//! tests can say who reconciled what under which term, and whether two replicas ever worked on one
+//! partition at overlapping times.
+#![cfg(feature = "kube")]
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::runtime::controller::Action;
+use kube::runtime::{watcher, Controller};
+use kube::Api;
+use serde_json::json;
+use tenure::Timing;
+use tenure_apiserver::resources::find_resource_type;
+use tenure_apiserver::{ApiServer, ApiServerConfig};
+use tenure_group::{Group, GroupConfig, NotOwner};
+use tenure_ha::kube_shard::{object_key, shard_controller, Owning, ShardController};
+use tenure_kube::{KubeGroupStore, KubeLockConfig};
+use tokio::sync::watch;
+
+/// How long any single expected event may take before a test fails instead of hanging.
+const PATIENCE: Duration = Duration::from_secs(30);
+/// A drain timeout no test reaches: a handover that depends on it hangs and the test fails.
+const FOREVER: Duration = Duration::from_secs(3600);
+const OBJECTS: usize = 30;
+const PARTITIONS: u32 = 12;
+
+fn names() -> Vec<String> {
+    (0..OBJECTS).map(|i| format!("cm-{i:02}")).collect()
+}
+
+/// The key the controller shards a ConfigMap of the test by.
+fn key(name: &str) -> String {
+    let mut cm = ConfigMap::default();
+    cm.metadata.namespace = Some("default".into());
+    cm.metadata.name = Some(name.into());
+    object_key(&cm)
+}
+
+/// One reconcile as the user's reconciler saw it.
+#[derive(Debug, Clone)]
+struct Span {
+    replica: String,
+    name: String,
+    partition: u32,
+    term: u64,
+    started: Instant,
+    ended: Option<Instant>,
+    /// False if the reconcile was aborted (its future dropped) instead of returning.
+    completed: bool,
+}
+
+#[derive(Clone, Default)]
+struct Journal(Arc<Mutex<Vec<Span>>>);
+
+impl Journal {
+    fn spans(&self) -> Vec<Span> {
+        self.0.lock().unwrap().clone()
+    }
+
+    fn start(&self, span: Span) -> SpanEnd {
+        let mut spans = self.0.lock().unwrap();
+        spans.push(span);
+        SpanEnd { journal: self.clone(), index: spans.len() - 1, completed: false }
+    }
+}
+
+/// Ends its span when dropped: completed if `complete` was called, aborted otherwise.
+struct SpanEnd {
+    journal: Journal,
+    index: usize,
+    completed: bool,
+}
+
+impl SpanEnd {
+    fn complete(mut self) {
+        self.completed = true;
+    }
+}
+
+impl Drop for SpanEnd {
+    fn drop(&mut self) {
+        let mut spans = self.journal.0.lock().unwrap();
+        spans[self.index].ended = Some(Instant::now());
+        spans[self.index].completed = self.completed;
+    }
+}
+
+/// What one replica's reconciler shares: where it records, the switch that holds its reconciles
+/// in flight while on, and the requeue interval it asks for (none: wait for a change).
+struct Probe {
+    replica: String,
+    journal: Journal,
+    hold: watch::Receiver<bool>,
+    requeue: Option<Duration>,
+    policy_calls: Arc<Mutex<Vec<PolicyCall>>>,
+}
+
+/// Why the test's reconcile fails: the partition moved, or the ConfigMap asks it to fail.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error(transparent)]
+    NotOwner(#[from] NotOwner),
+    #[error("the ConfigMap asks to fail")]
+    Asked,
+}
+
+/// One call of the error policy: by which replica, for which object, and the term its context's
+/// guard still allowed work under (None: the guard was no longer valid).
+#[derive(Debug, Clone, PartialEq)]
+struct PolicyCall {
+    replica: String,
+    name: String,
+    valid_term: Option<u64>,
+}
+
+fn error_policy(cm: Arc<ConfigMap>, _error: &Failure, ctx: Arc<Owning<Probe>>) -> Action {
+    ctx.policy_calls.lock().unwrap().push(PolicyCall {
+        replica: ctx.replica.clone(),
+        name: cm.metadata.name.clone().unwrap_or_default(),
+        valid_term: ctx.check().ok().map(|t| t.0),
+    });
+    Action::requeue(Duration::from_millis(100))
+}
+
+async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Owning<Probe>>) -> Result<Action, Failure> {
+    let term = ctx.check()?;
+    let asks_to_fail = cm.data.as_ref().and_then(|d| d.get("fail")).is_some_and(|f| f == "true");
+    let span = ctx.journal.start(Span {
+        replica: ctx.replica.clone(),
+        name: cm.metadata.name.clone().unwrap_or_default(),
+        partition: ctx.partition(),
+        term: term.0,
+        started: Instant::now(),
+        ended: None,
+        completed: false,
+    });
+    let mut hold = ctx.hold.clone();
+    let _ = hold.wait_for(|on| !*on).await;
+    span.complete();
+    if asks_to_fail {
+        return Err(Failure::Asked);
+    }
+    Ok(ctx.requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+struct Cluster {
+    server: ApiServer,
+    kubeconfig: PathBuf,
+    journal: Journal,
+    policy_calls: Arc<Mutex<Vec<PolicyCall>>>,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+        let kubeconfig = std::env::temp_dir().join(format!("tenure-ha-shard-{}.kubeconfig", server.address().port()));
+        server.write_kubeconfig(&kubeconfig).unwrap();
+        let cluster = Cluster { server, kubeconfig, journal: Journal::default(), policy_calls: Arc::default() };
+        for name in names() {
+            let cm = json!({"metadata": {"name": name, "labels": {"app": "shard"}}, "data": {"generation": "0"}});
+            cluster.server.store().create(find_resource_type("", "v1", "configmaps").unwrap(), "default", cm).unwrap();
+        }
+        cluster
+    }
+
+    /// Sets whether a ConfigMap's reconciles fail.
+    fn set_failing(&self, name: &str, failing: bool) {
+        let configmaps = find_resource_type("", "v1", "configmaps").unwrap();
+        self.server
+            .store()
+            .patch(configmaps, "default", name, |cm| {
+                let mut cm = cm.clone();
+                cm["data"]["fail"] = json!(failing.to_string());
+                Ok(cm)
+            })
+            .unwrap();
+    }
+
+    /// Changes every ConfigMap, so that every one is reconciled again by its owner.
+    fn touch_all(&self, generation: u32) {
+        let configmaps = find_resource_type("", "v1", "configmaps").unwrap();
+        for name in names() {
+            self.server
+                .store()
+                .patch(configmaps, "default", &name, |cm| {
+                    let mut cm = cm.clone();
+                    cm["data"]["generation"] = json!(generation.to_string());
+                    Ok(cm)
+                })
+                .unwrap();
+        }
+    }
+
+    async fn replica(&self, identity: &str, requeue: Option<Duration>) -> Replica {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let config = KubeLockConfig::from_url("kube://default/leases/unused").unwrap().kubeconfig(&self.kubeconfig);
+        let (hold, hold_rx) = watch::channel(false);
+        let probe = Arc::new(Probe {
+            replica: identity.to_owned(),
+            journal: self.journal.clone(),
+            hold: hold_rx,
+            requeue,
+            policy_calls: self.policy_calls.clone(),
+        });
+        let id = identity.to_owned();
+        let shard = runtime
+            .spawn(async move {
+                let client = config.cluster.client(&id).await.unwrap();
+                let store = KubeGroupStore::new(client.clone(), "default", "shard");
+                let timing =
+                    Timing::new(Duration::from_secs(4), Duration::from_secs(3), Duration::from_millis(200)).unwrap();
+                let group = Group::builder(&id, store)
+                    .config(GroupConfig { timing, partition_count: PARTITIONS, weight: 1 })
+                    .drain_timeout(FOREVER)
+                    .join()
+                    .unwrap();
+                let configmaps: Api<ConfigMap> = Api::namespaced(client, "default");
+                shard_controller(
+                    group,
+                    Controller::new(configmaps, watcher::Config::default().labels("app=shard")),
+                    reconcile,
+                    error_policy,
+                    probe,
+                )
+                .unwrap()
+            })
+            .await
+            .unwrap();
+        Replica { identity: identity.to_owned(), hold, shard: Some(shard), runtime: Some(runtime) }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.kubeconfig);
+    }
+}
+
+struct Replica {
+    identity: String,
+    hold: watch::Sender<bool>,
+    shard: Option<ShardController>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Replica {
+    fn group(&self) -> &Group {
+        self.shard.as_ref().unwrap().group()
+    }
+
+    /// The term under which this replica owns the object now, if it does.
+    fn owns(&self, name: &str) -> Option<u64> {
+        self.shard.as_ref().and_then(|s| s.group().belongs_to_self(&key(name))).map(|t| t.0)
+    }
+
+    fn owned_partitions(&self) -> BTreeSet<u32> {
+        self.group().assignment().borrow().owned.keys().copied().collect()
+    }
+
+    /// A graceful leave as on SIGTERM: the reconciles in flight finish (or are aborted after
+    /// `drain`), then the partitions go.
+    fn leave(&mut self, drain: Duration) -> tokio::task::JoinHandle<()> {
+        let shard = self.shard.take().unwrap();
+        self.runtime.as_ref().unwrap().spawn(async move { shard.leave(drain).await.unwrap() })
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        drop(self.shard.take());
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+async fn until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !condition() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// True once every object has exactly one owner among `replicas` and that owner has completed a
+/// reconcile of it under its current term, started at or after `since`.
+fn all_reconciled_by_current_owners(journal: &Journal, replicas: &[&Replica], since: Instant) -> bool {
+    let spans = journal.spans();
+    names().iter().all(|name| {
+        let owners: Vec<(&str, u64)> =
+            replicas.iter().filter_map(|r| r.owns(name).map(|t| (r.identity.as_str(), t))).collect();
+        let [(owner, term)] = owners[..] else { return false };
+        spans
+            .iter()
+            .any(|s| s.name == *name && s.replica == owner && s.term == term && s.started >= since && s.ended.is_some())
+    })
+}
+
+/// Waits until `replicas` share the partitions: each owns some, together all.
+async fn settled(replicas: &[&Replica]) {
+    until("the replicas share the partitions", || {
+        let shares: Vec<usize> = replicas.iter().map(|r| r.owned_partitions().len()).collect();
+        shares.iter().all(|n| *n > 0) && shares.iter().sum::<usize>() == PARTITIONS as usize
+    })
+    .await;
+}
+
+/// Waits until `replicas` share the partitions and every ConfigMap was reconciled by its owner.
+async fn settled_and_reconciled(journal: &Journal, replicas: &[&Replica], since: Instant) {
+    settled(replicas).await;
+    until("every ConfigMap is reconciled by its current owner", || {
+        all_reconciled_by_current_owners(journal, replicas, since)
+    })
+    .await;
+}
+
+/// Holds every reconcile of `replica` in flight (until its `hold` is switched off) and changes
+/// every ConfigMap; returns the objects it owns, all now in flight, and when they were changed.
+async fn hold_every_reconcile_of(cluster: &Cluster, replica: &Replica) -> (Vec<String>, Instant) {
+    let objects: Vec<String> = names().into_iter().filter(|n| replica.owns(n).is_some()).collect();
+    replica.hold.send_replace(true);
+    let touched = Instant::now();
+    cluster.touch_all(1);
+    until("the replica's reconciles of all its objects are in flight", || {
+        let spans = cluster.journal.spans();
+        objects.iter().all(|n| {
+            spans
+                .iter()
+                .any(|s| s.replica == replica.identity && s.name == *n && s.started >= touched && s.ended.is_none())
+        })
+    })
+    .await;
+    (objects, touched)
+}
+
+/// Checks that no two replicas (or two terms) ever reconciled objects of one partition at
+/// overlapping times, and that every reconcile has ended.
+fn assert_no_overlapping_owners(spans: &[Span]) {
+    for (i, a) in spans.iter().enumerate() {
+        let a_end = a.ended.unwrap_or_else(|| panic!("a reconcile never ended: {a:?}"));
+        for b in &spans[i + 1..] {
+            if a.partition != b.partition || (a.replica == b.replica && a.term == b.term) {
+                continue;
+            }
+            let b_end = b.ended.unwrap_or_else(|| panic!("a reconcile never ended: {b:?}"));
+            assert!(
+                a_end <= b.started || b_end <= a.started,
+                "two owners of partition {} reconciled at once: {a:?} and {b:?}",
+                a.partition
+            );
+        }
+    }
+}
+
+/// Checks that the terms of each partition only grow over time: an older ownership never
+/// reconciles after a newer one started.
+fn assert_terms_grow_per_partition(spans: &[Span]) {
+    for a in spans {
+        for b in spans {
+            if a.partition == b.partition && a.started < b.started {
+                assert!(a.term <= b.term, "partition {} went back from term {} to {}", a.partition, a.term, b.term);
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_configmap_is_reconciled_by_the_replica_that_owns_its_key_under_the_current_term() {
+    let cluster = Cluster::start().await;
+    let start = Instant::now();
+    let a = cluster.replica("replica-a", None).await;
+    let b = cluster.replica("replica-b", None).await;
+    let c = cluster.replica("replica-c", None).await;
+    let replicas = [&a, &b, &c];
+    settled_and_reconciled(&cluster.journal, &replicas, start).await;
+    for replica in replicas {
+        assert!(!replica.owned_partitions().is_empty(), "{} owns a share", replica.identity);
+    }
+
+    // A change reaches every replica's watch, and only the owner reconciles it.
+    let touched = Instant::now();
+    cluster.touch_all(1);
+    until("every change is reconciled by its owner", || {
+        all_reconciled_by_current_owners(&cluster.journal, &replicas, touched)
+    })
+    .await;
+    let spans = cluster.journal.spans();
+    for span in spans.iter().filter(|s| s.started >= touched) {
+        let owner = replicas.iter().find(|r| r.owns(&span.name).is_some()).unwrap();
+        assert_eq!(span.replica, owner.identity, "{span:?} was reconciled by a replica that does not own it");
+    }
+    assert_no_overlapping_owners(&spans);
+    assert_terms_grow_per_partition(&spans);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_graceful_leave_the_new_owners_reconcile_its_objects_without_any_change_and_never_alongside_it() {
+    let cluster = Cluster::start().await;
+    let start = Instant::now();
+    let mut a = cluster.replica("replica-a", None).await;
+    let b = cluster.replica("replica-b", None).await;
+    let c = cluster.replica("replica-c", None).await;
+    settled_and_reconciled(&cluster.journal, &[&a, &b, &c], start).await;
+    let a_objects: Vec<String> = names().into_iter().filter(|n| a.owns(n).is_some()).collect();
+    assert!(!a_objects.is_empty(), "replica-a owns some ConfigMaps");
+
+    let leaving = Instant::now();
+    let left = a.leave(FOREVER);
+    tokio::time::timeout(PATIENCE, left).await.expect("the leave completes").unwrap();
+    // No ConfigMap changed: the new owners reconcile replica-a's objects because they gained them.
+    until("replica-a's objects are reconciled by their new owners", || {
+        all_reconciled_by_current_owners(&cluster.journal, &[&b, &c], leaving)
+    })
+    .await;
+    let spans = cluster.journal.spans();
+    for name in &a_objects {
+        let new_owner = [&b, &c].into_iter().find(|r| r.owns(name).is_some()).unwrap();
+        assert!(
+            spans.iter().any(|s| s.name == *name && s.replica == new_owner.identity && s.started >= leaving),
+            "{name} was not reconciled by its new owner {}",
+            new_owner.identity
+        );
+    }
+    assert!(
+        spans.iter().filter(|s| s.replica == "replica-a").all(|s| s.started < leaving),
+        "replica-a started no reconcile after it began to leave"
+    );
+    assert_no_overlapping_owners(&spans);
+    assert_terms_grow_per_partition(&spans);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_in_flight_on_a_revoked_partition_finishes_before_the_new_owner_starts_on_it() {
+    let cluster = Cluster::start().await;
+    let start = Instant::now();
+    let a = cluster.replica("replica-a", None).await;
+    let b = cluster.replica("replica-b", None).await;
+    settled_and_reconciled(&cluster.journal, &[&a, &b], start).await;
+    let a_partitions = a.owned_partitions();
+    // Every reconcile of replica-a now stays in flight until released.
+    let (a_objects, touched) = hold_every_reconcile_of(&cluster, &a).await;
+
+    // replica-c joins: some of replica-a's partitions are revoked, but they drain first.
+    let c = cluster.replica("replica-c", None).await;
+    until("some of replica-a's partitions are revoked", || a.owned_partitions().len() < a_partitions.len()).await;
+    let revoked: BTreeSet<u32> = a_partitions.difference(&a.owned_partitions()).copied().collect();
+    let moving: Vec<String> =
+        a_objects.iter().filter(|n| revoked.contains(&a.group().partition_of(&key(n)))).cloned().collect();
+    assert!(!moving.is_empty(), "the revoked partitions hold some of the ConfigMaps");
+    // While replica-a's reconciles run, nobody takes their partitions.
+    for partition in &revoked {
+        assert!(c.group().guard(*partition).is_none(), "replica-c took partition {partition} while it drained");
+        assert!(b.group().guard(*partition).is_none(), "replica-b took partition {partition} while it drained");
+    }
+    assert!(
+        cluster
+            .journal
+            .spans()
+            .iter()
+            .all(|s| !(moving.contains(&s.name) && s.replica != "replica-a" && s.started >= touched)),
+        "another replica reconciled a draining object"
+    );
+
+    let released = Instant::now();
+    a.hold.send_replace(false);
+    until("the moving objects are reconciled by replica-c", || {
+        moving.iter().all(|n| {
+            c.owns(n).is_some()
+                && cluster.journal.spans().iter().any(|s| s.replica == "replica-c" && s.name == *n && s.ended.is_some())
+        })
+    })
+    .await;
+    let spans = cluster.journal.spans();
+    for name in &moving {
+        let old = spans.iter().find(|s| s.replica == "replica-a" && s.name == *name && s.started >= touched).unwrap();
+        let old_end = old.ended.unwrap();
+        assert!(old_end >= released, "{name}'s reconcile was in flight until released");
+        let new = spans.iter().filter(|s| s.replica == "replica-c" && s.name == *name).map(|s| s.started).min();
+        assert!(new.unwrap() >= old_end, "replica-c started on {name} before replica-a's reconcile of it ended");
+    }
+    assert_no_overlapping_owners(&spans);
+    assert_terms_grow_per_partition(&spans);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requeue_of_an_object_that_moved_to_another_replica_is_dropped_without_calling_the_reconciler() {
+    let cluster = Cluster::start().await;
+    let start = Instant::now();
+    // Every reconcile asks to be requeued soon: replica-a keeps coming back to every object.
+    let a = cluster.replica("replica-a", Some(Duration::from_millis(200))).await;
+    until("replica-a reconciled everything", || all_reconciled_by_current_owners(&cluster.journal, &[&a], start)).await;
+
+    let b = cluster.replica("replica-b", Some(Duration::from_millis(200))).await;
+    settled(&[&a, &b]).await;
+    let settled = Instant::now();
+    // Several requeue intervals: the requeues replica-a had scheduled for b's objects came due.
+    until("both replicas requeued their objects several times", || {
+        let spans = cluster.journal.spans();
+        names().iter().all(|n| spans.iter().filter(|s| s.name == *n && s.started >= settled).count() >= 3)
+    })
+    .await;
+    let spans = cluster.journal.spans();
+    let moved: Vec<String> = names().into_iter().filter(|n| b.owns(n).is_some()).collect();
+    assert!(!moved.is_empty());
+    for name in &moved {
+        let b_first = spans.iter().filter(|s| s.replica == "replica-b" && s.name == *name).map(|s| s.started).min();
+        let b_first = b_first.expect("replica-b reconciled the objects it gained");
+        assert!(
+            !spans.iter().any(|s| s.replica == "replica-a" && s.name == *name && s.started >= b_first),
+            "replica-a reconciled {name} after it had moved to replica-b"
+        );
+    }
+    assert_no_overlapping_owners(&spans);
+    assert_terms_grow_per_partition(&spans);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leave_aborts_reconciles_that_outlast_its_drain_timeout_and_then_hands_their_objects_over() {
+    let cluster = Cluster::start().await;
+    let start = Instant::now();
+    let mut a = cluster.replica("replica-a", None).await;
+    let b = cluster.replica("replica-b", None).await;
+    settled_and_reconciled(&cluster.journal, &[&a, &b], start).await;
+    // replica-a's reconciles never finish on their own.
+    let (a_objects, touched) = hold_every_reconcile_of(&cluster, &a).await;
+
+    // The group's own drain timeout is FOREVER: the handover below shows the aborted reconciles
+    // dropped their guards.
+    let left = a.leave(Duration::from_millis(300));
+    tokio::time::timeout(PATIENCE, left).await.expect("the leave completes after its drain timeout").unwrap();
+    until("replica-b reconciled replica-a's objects", || {
+        all_reconciled_by_current_owners(&cluster.journal, &[&b], touched)
+    })
+    .await;
+    let spans = cluster.journal.spans();
+    for name in &a_objects {
+        let old = spans.iter().find(|s| s.replica == "replica-a" && s.name == *name && s.started >= touched).unwrap();
+        assert!(!old.completed, "replica-a's held reconcile of {name} was aborted, not completed: {old:?}");
+    }
+    assert_no_overlapping_owners(&spans);
+    assert_terms_grow_per_partition(&spans);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_reconcile_reaches_the_error_policy_with_its_partition_guard_still_valid_and_is_retried_by_the_owner()
+{
+    let cluster = Cluster::start().await;
+    let start = Instant::now();
+    let a = cluster.replica("replica-a", None).await;
+    let b = cluster.replica("replica-b", None).await;
+    settled_and_reconciled(&cluster.journal, &[&a, &b], start).await;
+    let owner = if a.owns("cm-00").is_some() { &a } else { &b };
+    let term = owner.owns("cm-00").unwrap();
+
+    cluster.set_failing("cm-00", true);
+    let failing_calls = || cluster.policy_calls.lock().unwrap().iter().filter(|c| c.name == "cm-00").count();
+    until("the error policy was called for two attempts", || failing_calls() >= 2).await;
+    let failed = Instant::now();
+    cluster.set_failing("cm-00", false);
+    until("a retry after the fix succeeded", || {
+        cluster.journal.spans().iter().any(|s| s.name == "cm-00" && s.started >= failed && s.ended.is_some())
+    })
+    .await;
+
+    let calls = cluster.policy_calls.lock().unwrap().clone();
+    assert!(calls.len() >= 2, "{calls:?}");
+    for call in &calls {
+        let expected = PolicyCall { replica: owner.identity.clone(), name: "cm-00".into(), valid_term: Some(term) };
+        assert_eq!(*call, expected, "the error policy ran on the owner, under its term, with the guard valid");
+    }
+    assert_no_overlapping_owners(&cluster.journal.spans());
+}
