@@ -543,9 +543,7 @@ impl MemberCore {
         }
         times.extend(self.retry_at.values().copied());
         times.push(self.read_retry_at);
-        if !self.has_watch {
-            times.push(self.next_poll);
-        }
+        times.push(self.next_poll);
         times.into_iter().filter(|t| *t > now).min()
     }
 
@@ -584,7 +582,7 @@ impl MemberCore {
         if self.left {
             return None;
         }
-        let poll_due = !self.has_watch && now >= self.next_poll;
+        let poll_due = now >= self.next_poll;
         if self.pending_read.is_none() && now >= self.read_retry_at && (self.read_wanted || poll_due) {
             self.read_wanted = false;
             self.pending_read =
@@ -977,7 +975,13 @@ impl MemberCore {
         };
         self.has_read = true;
         self.resyncs_read = read.resyncs;
-        self.next_poll = now + self.config.timing.retry_period;
+        // Without a watch, reading is how changes are seen: every retry period. With one, a read
+        // per lease is the safety net for a change the watch lost without saying so (a watch
+        // that ends quietly, an event dropped between two connections): such a loss then
+        // delays a handoff by a lease at most instead of stalling it until the next change.
+        let poll_period =
+            if self.has_watch { self.config.timing.lease_duration } else { self.config.timing.retry_period };
+        self.next_poll = now + poll_period;
         let newer_here =
             |key: &Key, written_at: &BTreeMap<Key, u64>| written_at.get(key).is_some_and(|w| *w > read.issued_at_write);
         if !newer_here(&Key::Table, &self.written_at) {

@@ -182,7 +182,7 @@ async fn at_rest_a_member_writes_once_per_retry_period_whatever_the_partition_co
 }
 
 #[tokio::test(start_paused = true)]
-async fn at_rest_a_member_reads_nothing_whatever_the_member_count() {
+async fn at_rest_a_member_reads_once_per_lease_whatever_the_member_count() {
     for members in [3, 10] {
         let store = MemoryGroupStore::new();
         let groups: Vec<Group> = (0..members).map(|i| join(&store, &format!("m{i:02}"))).collect();
@@ -196,8 +196,10 @@ async fn at_rest_a_member_reads_nothing_whatever_the_member_count() {
         let before = store.requests("m00");
         tokio::time::sleep(Duration::from_secs(60)).await;
         let after = store.requests("m00");
-        // The others' renews arrive with the watch: no read, and one renew per retry period.
-        assert_eq!(after.reads - before.reads, 0, "{members} members");
+        // The others' renews arrive with the watch; the only read is the safety-net read once per
+        // lease (4 s), and one renew per retry period.
+        let reads = after.reads - before.reads;
+        assert!((14..=16).contains(&reads), "{members} members: {reads} reads in 60 s");
         assert_eq!(after.writes - before.writes, 60, "{members} members");
         // And the view stays live: every member still sees all the others.
         assert!(refs.iter().all(|g| g.members().len() == members));
