@@ -2,23 +2,10 @@
 //! Pod churn, SIGKILL, SIGSTOP past the lease, SIGTERM, an injected crash and a join after each;
 //! and the control: members that ignore revocations must be caught by the same checker.
 
-use std::path::PathBuf;
+mod common;
 
+use common::{controller, etcd_or_skip};
 use tenure_example_ipam::checker::{self, Scenario};
-use tenure_example_ipam::etcd_server::etcd_installed;
-
-fn controller() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_tenure-example-ipam"))
-}
-
-fn etcd_or_skip() -> bool {
-    if etcd_installed() {
-        return true;
-    }
-    assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "etcd is not installed and CI=true");
-    println!("skipped: etcd not installed");
-    false
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_members_never_handle_one_pod_at_once_never_double_allocate_and_miss_no_deletion_across_kills_pauses_stops_and_joins(

@@ -1,26 +1,13 @@
 //! The end-to-end proof: three controller processes on etcd and the in-process API server, under
 //! Pod churn, SIGKILL, SIGSTOP past the lease, SIGTERM and a crash between allocate and annotate.
 
-use std::path::PathBuf;
+mod common;
 
+use common::{controller, etcd_or_skip};
 use tenure_example_ipam::checker::{self, Scenario};
-use tenure_example_ipam::etcd_server::etcd_installed;
 
 /// Faults per run: one of each kind (kill, pause, graceful stop, injected crash).
 const FAULTS: usize = 4;
-
-fn controller() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_tenure-example-ipam"))
-}
-
-fn etcd_or_skip() -> bool {
-    if etcd_installed() {
-        return true;
-    }
-    assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "etcd is not installed and CI=true");
-    println!("skipped: etcd not installed");
-    false
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_resume_no_address_is_doubled_no_deletion_is_missed_and_orphans_go_within_gc_period_plus_grace() {
