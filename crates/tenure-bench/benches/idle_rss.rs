@@ -34,14 +34,14 @@
 //!
 //! Settings: TENURE_BENCH_STARTS (default 10), TENURE_BENCH_IDLE_SECS (default 10), TENURE_BIN.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use serde_json::json;
 use tenure_bench::binary::{free_loopback_address, tenure_binary, Elect};
+use tenure_bench::http_get::{get, ok_body, Answer};
 use tenure_bench::lock_watch::LockWatcher;
 use tenure_bench::process::ChildGuard;
 use tenure_bench::procfs::{self, Target};
@@ -157,7 +157,7 @@ fn cpu(child: &ChildGuard) -> Duration {
 fn first_answer(address: SocketAddr, child: &mut ChildGuard) -> (Instant, String) {
     let deadline = Instant::now() + ANSWER_LIMIT;
     loop {
-        if let Some((answered_at, _, body)) = try_get(address, "/") {
+        if let Some(Answer { answered_at, body, .. }) = get(address, "/") {
             return (answered_at, body);
         }
         if let Some(status) = child.try_status().expect("the status of tenure elect") {
@@ -166,34 +166,6 @@ fn first_answer(address: SocketAddr, child: &mut ChildGuard) -> (Instant, String
         assert!(Instant::now() < deadline, "no HTTP answer on {address} within {ANSWER_LIMIT:?}");
         std::thread::sleep(Duration::from_millis(1));
     }
-}
-
-/// One `GET path`: when its first byte arrived, the status code and the body; `None` if the
-/// connection is refused or the answer is not HTTP.
-fn try_get(address: SocketAddr, path: &str) -> Option<(Instant, u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(100)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
-    let mut response = Vec::new();
-    let mut buffer = [0u8; 1024];
-    let mut answered_at = None;
-    loop {
-        match stream.read(&mut buffer) {
-            Ok(0) => break,
-            Ok(n) => {
-                answered_at.get_or_insert_with(Instant::now);
-                response.extend_from_slice(&buffer[..n]);
-            }
-            Err(_) => break,
-        }
-    }
-    let text = String::from_utf8_lossy(&response).into_owned();
-    if !text.starts_with("HTTP/1.") {
-        return None;
-    }
-    let code = text.get(9..12)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map_or(String::new(), |(_, body)| body.to_owned());
-    Some((answered_at?, code, body))
 }
 
 fn megabytes(kib: u64) -> f64 {
@@ -227,13 +199,13 @@ fn kube_idle(binary: &Path, scratch: &Path, idle: Duration, report: &mut Report)
     };
     let (leader, leader_http) = elect("leader");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !http_body(leader_http, "/isLeader").is_some_and(|b| b.contains("true")) {
+    while !ok_body(leader_http, "/isLeader").is_some_and(|b| b.contains("true")) {
         assert!(Instant::now() < deadline, "the Kubernetes leader did not lead; log:\n{}", leader.log_tail(20));
         std::thread::sleep(Duration::from_millis(10));
     }
     let (follower, follower_http) = elect("follower");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !http_body(follower_http, "/").is_some_and(|b| b.contains("leader")) {
+    while !ok_body(follower_http, "/").is_some_and(|b| b.contains("leader")) {
         assert!(Instant::now() < deadline, "the Kubernetes follower saw no leader; log:\n{}", follower.log_tail(20));
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -280,9 +252,9 @@ const PEERS: [(&str, &str, f64); 4] = [
 /// One `GET /` on a new connection, from connecting to the end of the answer, in ms.
 fn get_latency(address: SocketAddr, child: &ChildGuard) -> f64 {
     let started = Instant::now();
-    let answer = try_get(address, "/");
+    let answer = get(address, "/");
     let elapsed = ms(started.elapsed());
-    assert!(answer.is_some_and(|(_, code, _)| code == 200), "GET / on {address} failed; log:\n{}", child.log_tail(20));
+    assert!(answer.is_some_and(|a| a.code == 200), "GET / on {address} failed; log:\n{}", child.log_tail(20));
     elapsed
 }
 
@@ -310,9 +282,4 @@ fn where_it_is(report: &mut Report, key: &str, label: &str, child: &ChildGuard) 
 fn logged(command: &mut std::process::Command, log: &Path) {
     let file = std::fs::File::create(log).expect("a log file");
     command.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(file);
-}
-
-/// The body of a 200 answer to `GET path`.
-fn http_body(address: SocketAddr, path: &str) -> Option<String> {
-    try_get(address, path).filter(|(_, code, _)| *code == 200).map(|(_, _, body)| body)
 }

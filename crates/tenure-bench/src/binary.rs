@@ -30,11 +30,16 @@ pub fn tenure_binary() -> PathBuf {
     binary
 }
 
-/// `<target-dir>/release`: benchmarks run from `<target-dir>/release/deps/<name>-<hash>`.
+/// `<target-dir>/release`: benchmarks run from `<target-dir>/release/deps/<name>-<hash>`, this
+/// crate's programs from `<target-dir>/release/<name>`.
 fn release_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the path of the running benchmark");
-    let deps = exe.parent().expect("the benchmark lives in a directory");
-    deps.parent().expect("the benchmark's directory has a parent").to_owned()
+    let directory = exe.parent().expect("the benchmark lives in a directory");
+    if directory.file_name().is_some_and(|name| name == "deps") {
+        directory.parent().expect("the benchmark's directory has a parent").to_owned()
+    } else {
+        directory.to_owned()
+    }
 }
 
 fn build(release_dir: &Path) {

@@ -9,6 +9,7 @@
 
 pub mod binary;
 pub mod cluster;
+pub mod http_get;
 pub mod kube_client;
 pub mod lock_watch;
 pub mod process;
@@ -17,6 +18,7 @@ pub mod report;
 pub mod scratch;
 pub mod smaps;
 pub mod stats;
+pub mod steady_state_layout;
 
 use std::time::Duration;
 

@@ -1,0 +1,177 @@
+//! `cargo run --release -p tenure-bench --bin steady-state-layout`
+//!
+//! Records which functions of `tenure` an idle `tenure elect` runs and writes
+//! `crates/tenure-cli/steady-state.ld`, the linker script that lays them out together (why:
+//! `crates/tenure-cli/build.rs`). Run it again after a change of toolchain, of dependency
+//! versions or of the steady-state code paths, then rebuild and compare with `cargo bench -p
+//! tenure-bench --bench idle_rss`.
+//!
+//! Method: the release `tenure` (built as `idle_rss` builds it) runs under callgrind with
+//! instrumentation off, so start-up is not recorded; instrumentation is turned on once the
+//! candidate knows the leader (when it also gives back its start-up pages), then the steady state
+//! runs for TENURE_LAYOUT_STEADY_SECS (default 15: several renews and watch events), then every
+//! path of the HTTP API is asked a few times as probes would, and callgrind's counts are dumped.
+//! Scenarios: a Kubernetes Lease on `tenure apiserver` (the sidecar as its image runs) and the
+//! file lock (the embedded default), each with a leader and a follower serving `--http`.
+//!
+//! Needs valgrind (`apt-get install valgrind`).
+
+use std::collections::BTreeSet;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use tenure_bench::binary::{free_loopback_address, tenure_binary};
+use tenure_bench::env_seconds;
+use tenure_bench::http_get::ok_body;
+use tenure_bench::process::ChildGuard;
+use tenure_bench::scratch::ScratchDir;
+use tenure_bench::steady_state_layout::{functions_run, linker_script};
+
+/// Paths a probe or a client of the sidecar asks; each is asked [`ASKS`] times.
+const PATHS: [&str; 8] = ["/", "/isLeader", "/healthz", "/readyz", "/status", "/metrics", "/hold", "/nope"];
+const ASKS: usize = 5;
+/// How long a candidate under valgrind may take to start and see a leader.
+const START_LIMIT: Duration = Duration::from_secs(120);
+
+fn main() -> ExitCode {
+    for tool in ["valgrind", "callgrind_control"] {
+        if Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
+            eprintln!("steady-state-layout: `{tool}` is missing (apt-get install valgrind)");
+            return ExitCode::FAILURE;
+        }
+    }
+    let steady = env_seconds("TENURE_LAYOUT_STEADY_SECS", Duration::from_secs(15));
+    let binary = std::fs::canonicalize(tenure_binary()).expect("the path of the tenure binary");
+    let scratch = ScratchDir::new("steady-state-layout").expect("a scratch directory");
+    let mut symbols = BTreeSet::new();
+
+    let kubeconfig = scratch.path().join("kubeconfig");
+    let server = start_apiserver(&binary, scratch.path(), &kubeconfig);
+    let kube = |id: &str| -> Vec<String> {
+        let lock = ["--lock-type", "leases"];
+        [&["elect", "--election", "layout", "--id", id][..], &lock[..]].concat().iter().map(|s| s.to_string()).collect()
+    };
+    symbols.extend(record(&binary, scratch.path(), "kube", &kube, Some(&kubeconfig), steady));
+    drop(server);
+
+    let lock = format!("file://{}", scratch.path().join("layout.json").display());
+    let file = |id: &str| -> Vec<String> {
+        ["elect", "--election", "layout", "--id", id, "--lock", &lock].iter().map(|s| s.to_string()).collect()
+    };
+    symbols.extend(record(&binary, scratch.path(), "file", &file, None, steady));
+
+    let rustc = Command::new(std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into()))
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|_| "rustc (version unknown)".to_owned());
+    let recorded_with = format!(
+        "{rustc}, {}-{}; Kubernetes Lease and file lock, leader and follower with --http, {} s steady state, {} paths x {ASKS}",
+        std::env::consts::ARCH,
+        std::env::consts::OS,
+        steady.as_secs(),
+        PATHS.len()
+    );
+    let script = linker_script(&symbols, &recorded_with);
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tenure-cli/steady-state.ld");
+    std::fs::write(&out, script).unwrap_or_else(|e| panic!("cannot write {}: {e}", out.display()));
+    eprintln!("steady-state-layout: {} functions recorded; wrote {}", symbols.len(), out.display());
+    eprintln!(
+        "rebuild (cargo build --release -p tenure-cli) and measure: cargo bench -p tenure-bench --bench idle_rss"
+    );
+    ExitCode::SUCCESS
+}
+
+/// A leader and a follower of one scenario under callgrind: the functions they ran from the
+/// moment they knew the leader to the end of the probes.
+fn record(
+    binary: &Path,
+    scratch: &Path,
+    scenario: &str,
+    arguments: &dyn Fn(&str) -> Vec<String>,
+    kubeconfig: Option<&Path>,
+    steady: Duration,
+) -> BTreeSet<String> {
+    let mut candidates = Vec::new();
+    for id in ["leader", "follower"] {
+        let address = free_loopback_address().expect("a free loopback port");
+        let out = scratch.join(format!("{scenario}-{id}.callgrind"));
+        let log = scratch.join(format!("{scenario}-{id}.log"));
+        let mut command = Command::new("valgrind");
+        command
+            .args(["--tool=callgrind", "--demangle=no", "--instr-atstart=no"])
+            .arg(format!("--callgrind-out-file={}", out.display()))
+            .arg(binary)
+            .args(arguments(id))
+            .args(["--http", &address.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("a log file"));
+        if let Some(kubeconfig) = kubeconfig {
+            command.env("KUBECONFIG", kubeconfig);
+        }
+        let child = ChildGuard::spawn(&format!("{scenario} {id}"), &mut command, Some(&log)).expect("start valgrind");
+        let knows_leader = |body: &str| if id == "leader" { body.contains("true") } else { body.contains("leader") };
+        let path = if id == "leader" { "/isLeader" } else { "/" };
+        wait_until(START_LIMIT, &child, || ok_body(address, path).is_some_and(|b| knows_leader(&b)));
+        callgrind_control(&child, &["--instr=on"]);
+        eprintln!("  {scenario} {id}: knows the leader; recording");
+        candidates.push((child, address, out));
+    }
+    std::thread::sleep(steady);
+    let mut symbols = BTreeSet::new();
+    for (mut child, address, out) in candidates {
+        for path in PATHS {
+            for _ in 0..ASKS {
+                let _ = tenure_bench::http_get::get(address, path);
+            }
+        }
+        callgrind_control(&child, &["--dump"]);
+        let dump = PathBuf::from(format!("{}.1", out.display()));
+        let text = std::fs::read_to_string(&dump).unwrap_or_else(|e| panic!("no dump {}: {e}", dump.display()));
+        let run = functions_run(&text, &binary.to_string_lossy());
+        eprintln!("  {}: {} functions of tenure ran", child.name(), run.len());
+        assert!(!run.is_empty(), "callgrind recorded nothing for {}; log:\n{}", child.name(), child.log_tail(20));
+        symbols.extend(run);
+        child.signal(Signal::SIGTERM).expect("SIGTERM");
+        let _ = child.wait_timeout(Duration::from_secs(30));
+    }
+    symbols
+}
+
+fn start_apiserver(binary: &Path, scratch: &Path, kubeconfig: &Path) -> ChildGuard {
+    let log = scratch.join("apiserver.log");
+    let mut command = Command::new(binary);
+    command
+        .args(["apiserver", "--listen", "127.0.0.1:0", "--kubeconfig"])
+        .arg(kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("a log file"));
+    let server = ChildGuard::spawn("apiserver", &mut command, Some(&log)).expect("start tenure apiserver");
+    wait_until(Duration::from_secs(10), &server, || std::fs::metadata(kubeconfig).is_ok_and(|m| m.len() > 0));
+    server
+}
+
+fn callgrind_control(child: &ChildGuard, arguments: &[&str]) {
+    let status = Command::new("callgrind_control")
+        .args(arguments)
+        .arg(child.pid().to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run callgrind_control");
+    assert!(status.success(), "callgrind_control {arguments:?} failed for {}", child.name());
+}
+
+/// Polls `done` every 20 ms until it holds; panics with the child's log after `limit`.
+fn wait_until(limit: Duration, child: &ChildGuard, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "{} did not get there; log:\n{}", child.name(), child.log_tail(20));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

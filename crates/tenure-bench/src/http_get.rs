@@ -1,0 +1,53 @@
+//! One `GET` to a sidecar's HTTP server on a new connection, as a probe makes it.
+//!
+//! Why: the footprint benchmarks time answers from `tenure elect --http` and drive its steady
+//! state with the requests probes send; a blocking client of a dozen lines says exactly when the
+//! first byte came, which an HTTP client crate would hide behind its own pooling.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+/// An HTTP answer.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// When its first bytes were read.
+    pub answered_at: Instant,
+    /// The status code.
+    pub code: u16,
+    /// The body, lossily decoded as UTF-8.
+    pub body: String,
+}
+
+/// `GET path` on a new connection (`Connection: close`); `None` if nothing answered like HTTP
+/// within a second.
+pub fn get(address: SocketAddr, path: &str) -> Option<Answer> {
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(100)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = Vec::new();
+    let mut buffer = [0u8; 1024];
+    let mut answered_at = None;
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => {
+                answered_at.get_or_insert_with(Instant::now);
+                response.extend_from_slice(&buffer[..n]);
+            }
+            Err(_) => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&response).into_owned();
+    if !text.starts_with("HTTP/1.") {
+        return None;
+    }
+    let code = text.get(9..12)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map_or(String::new(), |(_, body)| body.to_owned());
+    Some(Answer { answered_at: answered_at?, code, body })
+}
+
+/// The body of a 200 answer to `GET path`.
+pub fn ok_body(address: SocketAddr, path: &str) -> Option<String> {
+    get(address, path).filter(|answer| answer.code == 200).map(|answer| answer.body)
+}
