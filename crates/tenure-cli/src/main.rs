@@ -114,6 +114,7 @@ fn select_crypto_provider() {
 }
 
 fn main() -> ExitCode {
+    startup_pages::remember_loaded_files();
     select_crypto_provider();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

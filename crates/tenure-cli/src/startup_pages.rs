@@ -11,12 +11,40 @@
 //!
 //! Only mappings that hold nothing but the file's own bytes are dropped: read-only ones without
 //! a single private page (the relocated `.data.rel.ro`, once made read-only, holds private pages
-//! and is kept; dropping it would bring back the unrelocated bytes). Shared libraries are left
-//! alone: one could be loaded or unloaded while this runs. A static binary (the container image's)
-//! has the C library inside the executable, so its pages are dropped with the rest.
+//! and is kept; dropping it would bring back the unrelocated bytes). Besides the executable, the
+//! same is done for the shared libraries that were already mapped when `main` began (the C
+//! library and the dynamic loader of a glibc build, 1.6 MB of an idle sidecar): the loader never
+//! unmaps an executable's own dependencies, so their addresses cannot change under the
+//! `madvise`. Libraries loaded later (`dlopen`, such as the name service modules glibc loads for
+//! a host name lookup) are left alone, as one could be unloaded, and its addresses reused, while
+//! this runs. A static binary (the container image's) has the C library inside the executable.
 
+use std::collections::BTreeSet;
 use std::io;
 use std::ops::Range;
+use std::sync::OnceLock;
+
+/// The files mapped into this process when [`remember_loaded_files`] ran.
+static LOADED_AT_START: OnceLock<BTreeSet<String>> = OnceLock::new();
+
+/// Notes which files (the executable and its shared libraries) are mapped now, so that
+/// [`release`] may drop their clean pages later. Call it first thing in `main`, before any code
+/// could load a library; later calls change nothing. Without it, only the executable's pages
+/// are dropped.
+pub fn remember_loaded_files() {
+    LOADED_AT_START
+        .get_or_init(|| std::fs::read_to_string("/proc/self/maps").map(|maps| mapped_files(&maps)).unwrap_or_default());
+}
+
+/// The paths of the files mapped in a `/proc/self/maps` text.
+fn mapped_files(maps: &str) -> BTreeSet<String> {
+    maps.lines()
+        .filter_map(|line| line.splitn(6, char::is_whitespace).nth(5))
+        .map(str::trim)
+        .filter(|path| path.starts_with('/'))
+        .map(str::to_owned)
+        .collect()
+}
 
 /// What [`release`] gave back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,20 +55,24 @@ pub struct Released {
     pub resident_kib: u64,
 }
 
-/// Drops the executable's clean read-only pages from this process (see the module comment).
+/// Drops the clean read-only pages of the executable, and of the shared libraries mapped when
+/// [`remember_loaded_files`] ran, from this process (see the module comment).
 ///
 /// Safe to call at any time and more than once: the pages come back from the page cache when
 /// used. An error (no `/proc`, a refused `madvise`) leaves the process as it was.
 pub fn release() -> io::Result<Released> {
     let executable = std::fs::read_link("/proc/self/exe")?;
+    let mut files = LOADED_AT_START.get().cloned().unwrap_or_default();
+    files.insert(executable.to_string_lossy().into_owned());
     let smaps = std::fs::read_to_string("/proc/self/smaps")?;
     let mut released = Released { mappings: 0, resident_kib: 0 };
-    for mapping in droppable(&smaps, &executable.to_string_lossy()) {
+    for mapping in droppable(&smaps, &files) {
         let length = usize::try_from(mapping.addresses.end - mapping.addresses.start)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a mapping larger than the address space"))?;
-        // SAFETY: the range is a whole mapping of this process's executable that is read-only and
-        // holds no private page (checked in `droppable`), so MADV_DONTNEED changes no byte of it:
-        // the next access reads the same bytes from the file. Nothing unmaps the executable.
+        // SAFETY: the range is a whole mapping of this process's executable or of a library it
+        // was started with, read-only and holding no private page (checked in `droppable`), so
+        // MADV_DONTNEED changes no byte of it: the next access reads the same bytes from the
+        // file. Nothing unmaps the executable or the libraries it was started with.
         let outcome =
             unsafe { libc::madvise(mapping.addresses.start as *mut libc::c_void, length, libc::MADV_DONTNEED) };
         if outcome != 0 {
@@ -65,12 +97,12 @@ struct Mapping {
     counted: bool,
 }
 
-/// The mappings of `executable` (as `/proc/self/exe` names it) that may be dropped: read-only,
-/// with no anonymous or swapped page, and both counts present in `smaps`.
-fn droppable(smaps: &str, executable: &str) -> Vec<Mapping> {
+/// The mappings of `files` (paths as `/proc/self/maps` names them) that may be dropped:
+/// read-only, with no anonymous or swapped page, and both counts present in `smaps`.
+fn droppable(smaps: &str, files: &BTreeSet<String>) -> Vec<Mapping> {
     parse(smaps)
         .into_iter()
-        .filter(|m| m.path == executable && !m.writable && m.counted && m.private_kib == 0 && m.rss_kib > 0)
+        .filter(|m| files.contains(&m.path) && !m.writable && m.counted && m.private_kib == 0 && m.rss_kib > 0)
         .collect()
 }
 
@@ -157,15 +189,40 @@ Anonymous:             0 kB
 Swap:                  0 kB
 ";
 
+    fn files(paths: &[&str]) -> BTreeSet<String> {
+        paths.iter().map(|p| p.to_string()).collect()
+    }
+
     fn starts(mappings: &[Mapping]) -> Vec<u64> {
         mappings.iter().map(|m| m.addresses.start).collect()
     }
 
     #[test]
     fn only_the_executables_clean_read_only_mappings_are_dropped() {
-        let dropped = droppable(SMAPS, "/opt/tenure (deleted)");
+        let dropped = droppable(SMAPS, &files(&["/opt/tenure (deleted)"]));
         assert_eq!(starts(&dropped), [0x55e0_c000_0000, 0x55e0_c027_a000], "read-only data and code only");
         assert_eq!(dropped.iter().map(|m| m.rss_kib).sum::<u64>(), 1280 + 5592);
+    }
+
+    #[test]
+    fn a_library_mapped_at_start_is_dropped_with_the_executable_and_one_loaded_later_is_not() {
+        let at_start = files(&["/opt/tenure (deleted)", "/usr/lib/x86_64-linux-gnu/libc.so.6"]);
+        let dropped = droppable(SMAPS, &at_start);
+        assert_eq!(starts(&dropped), [0x55e0_c000_0000, 0x55e0_c027_a000, 0x7f03_4f2f_d000]);
+        let dropped = droppable(SMAPS, &files(&["/opt/tenure (deleted)"]));
+        assert!(!starts(&dropped).contains(&0x7f03_4f2f_d000), "libc was not mapped at start: it is left alone");
+    }
+
+    #[test]
+    fn the_files_mapped_are_read_from_maps_without_anonymous_or_kernel_mappings() {
+        let maps = "\
+55e0c0000000-55e0c0279000 r--p 00000000 fe:00 123 /opt/my tenure
+55e0c1000000-55e0c109c000 rw-p 00000000 00:00 0                          [heap]
+7f034f2fd000-7f034f453000 r-xp 00026000 fe:00 77 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f034f460000-7f034f470000 rw-p 00000000 00:00 0
+7ffd2b5f0000-7ffd2b5f2000 r-xp 00000000 00:00 0                          [vdso]
+";
+        assert_eq!(mapped_files(maps), files(&["/opt/my tenure", "/usr/lib/x86_64-linux-gnu/libc.so.6"]));
     }
 
     #[test]
@@ -173,7 +230,7 @@ Swap:                  0 kB
         let mappings = parse(SMAPS);
         let kept: Vec<_> = mappings.iter().filter(|m| m.path.starts_with("/opt/tenure")).skip(2).collect();
         assert_eq!(kept.len(), 3);
-        let dropped = starts(&droppable(SMAPS, "/opt/tenure (deleted)"));
+        let dropped = starts(&droppable(SMAPS, &files(&["/opt/tenure (deleted)"])));
         for mapping in kept {
             assert!(!dropped.contains(&mapping.addresses.start), "{mapping:?} holds private pages");
         }
@@ -182,13 +239,13 @@ Swap:                  0 kB
     #[test]
     fn a_mapping_without_both_counts_is_kept() {
         let smaps = "55e0c027a000-55e0c089f000 r-xp 00279000 fe:00 123 /opt/tenure\nRss: 5592 kB\nAnonymous: 0 kB\n";
-        assert!(droppable(smaps, "/opt/tenure").is_empty(), "no Swap line: not known to be clean");
+        assert!(droppable(smaps, &files(&["/opt/tenure"])).is_empty(), "no Swap line: not known to be clean");
     }
 
     #[test]
     fn other_files_are_left_alone() {
-        assert!(droppable(SMAPS, "/usr/bin/something-else").is_empty());
-        assert!(droppable(SMAPS, "/opt/tenure").is_empty(), "a different name is a different file");
+        assert!(droppable(SMAPS, &files(&["/usr/bin/something-else"])).is_empty());
+        assert!(droppable(SMAPS, &files(&["/opt/tenure"])).is_empty(), "a different name is a different file");
     }
 
     /// In a real process: the binary's resident pages shrink, and code that ran before runs again.
@@ -197,7 +254,7 @@ Swap:                  0 kB
         let resident = || {
             let executable = std::fs::read_link("/proc/self/exe").expect("/proc/self/exe");
             let smaps = std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps");
-            droppable(&smaps, &executable.to_string_lossy()).iter().map(|m| m.rss_kib).sum::<u64>()
+            droppable(&smaps, &files(&[&executable.to_string_lossy()])).iter().map(|m| m.rss_kib).sum::<u64>()
         };
         let before = resident();
         let released = release().expect("release");
@@ -206,5 +263,33 @@ Swap:                  0 kB
         assert!(after < before, "resident before {before} KiB, after {after} KiB");
         let parsed: serde_json::Value = serde_json::from_str(r#"{"name":"leader"}"#).expect("JSON still parses");
         assert_eq!(parsed["name"], "leader");
+    }
+
+    /// In a real process: the C library's resident pages shrink too, and it keeps working.
+    #[test]
+    fn releasing_lowers_the_resident_pages_of_the_libraries_loaded_at_start_and_they_still_work() {
+        remember_loaded_files();
+        let libraries: BTreeSet<String> = LOADED_AT_START
+            .get()
+            .expect("remembered")
+            .iter()
+            .filter(|path| path.contains("/libc.so") || path.contains("/libc-"))
+            .cloned()
+            .collect();
+        if libraries.is_empty() {
+            return; // A static build: the C library is part of the executable.
+        }
+        let resident = || {
+            let smaps = std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps");
+            droppable(&smaps, &libraries).iter().map(|m| m.rss_kib).sum::<u64>()
+        };
+        let before = resident();
+        assert!(before > 0, "the C library has resident pages before: {libraries:?}");
+        release().expect("release");
+        let after = resident();
+        assert!(after < before, "C library resident before {before} KiB, after {after} KiB");
+        let path = std::env::temp_dir().join(format!("startup-pages-{}", std::process::id()));
+        std::fs::write(&path, format!("{:?}", std::time::SystemTime::now())).expect("the C library still writes files");
+        std::fs::remove_file(&path).expect("and removes them");
     }
 }
