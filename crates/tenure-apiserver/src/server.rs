@@ -40,6 +40,10 @@ pub struct ApiServerConfig {
     pub bookmark_interval: Duration,
     /// How long a watch without `timeoutSeconds` stays open (the real server picks 30 to 60 minutes).
     pub default_watch_timeout: Duration,
+    /// The longest any watch stays open, whatever its `timeoutSeconds` asked (`None`: as asked).
+    /// In a cluster, watches also end early when an API server restarts or a load balancer cuts
+    /// long connections; a short cap makes clients' re-watch paths run within a test or profile.
+    pub max_watch_duration: Option<Duration>,
 }
 
 impl Default for ApiServerConfig {
@@ -50,6 +54,7 @@ impl Default for ApiServerConfig {
             event_window: EventWindow::default().max_age,
             bookmark_interval: Duration::from_secs(60),
             default_watch_timeout: Duration::from_secs(1800),
+            max_watch_duration: None,
         }
     }
 }
@@ -60,6 +65,7 @@ struct Shared {
     shutdown: CancellationToken,
     address: SocketAddr,
     default_watch_timeout: Duration,
+    max_watch_duration: Option<Duration>,
 }
 
 /// A running in-memory Kubernetes API server. Dropping it without [`ApiServer::shutdown`] stops it too.
@@ -82,6 +88,7 @@ impl ApiServer {
             shutdown: CancellationToken::new(),
             address,
             default_watch_timeout: config.default_watch_timeout,
+            max_watch_duration: config.max_watch_duration,
         });
         let router = axum::Router::new().fallback(handle).with_state(shared.clone());
         let stop = shared.shutdown.clone();
@@ -355,6 +362,7 @@ fn serve_resource(
                     })?),
                     None => shared.default_watch_timeout,
                 };
+            let timeout = shared.max_watch_duration.map_or(timeout, |longest| timeout.min(longest));
             let request = WatchRequest {
                 resource,
                 namespace: path.namespace,

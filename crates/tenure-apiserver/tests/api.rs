@@ -227,6 +227,18 @@ async fn watches_filter_resume_bookmark_and_expire() {
 }
 
 #[tokio::test]
+async fn a_watch_ends_at_the_servers_cap_even_when_it_asked_for_longer() {
+    let capped = ApiServerConfig { max_watch_duration: Some(Duration::from_millis(200)), ..ApiServerConfig::default() };
+    let server = server(capped).await;
+    let leases: Api<Lease> = Api::namespaced(client(&server, "t"), "default");
+    leases.create(&PostParams::default(), &lease("l", "a", 10)).await.unwrap();
+    let mut watch = leases.watch(&WatchParams::default().timeout(290), "0").await.unwrap().boxed();
+    assert!(matches!(tokio::time::timeout(WAIT, watch.try_next()).await.unwrap(), Ok(Some(WatchEvent::Added(_)))));
+    let ended = tokio::time::timeout(WAIT, async { while let Ok(Some(_)) = watch.try_next().await {} }).await;
+    assert!(ended.is_ok(), "a watch asking for 290 s ends at the 200 ms cap");
+}
+
+#[tokio::test]
 async fn faults_count_delay_fail_and_partition_per_client() {
     let server = server(ApiServerConfig::default()).await;
     let a: Api<Lease> = Api::namespaced(client(&server, "a"), "default");

@@ -42,6 +42,12 @@ pub struct ApiServerArgs {
     #[arg(long, value_name = "DURATION", default_value = "75s", value_parser = parse_duration)]
     event_window: Duration,
 
+    /// End every watch after at most this long, whatever timeoutSeconds it asked for (by default,
+    /// as asked). In a cluster watches also end early when an API server restarts or a load
+    /// balancer cuts long connections; a short value makes clients re-watch within a test.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    max_watch_duration: Option<Duration>,
+
     /// Log format.
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -52,7 +58,12 @@ pub async fn apiserver(args: ApiServerArgs) -> Result<u8, CliError> {
     logging::init(args.log_format);
     let mut signals =
         TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
-    let config = ApiServerConfig { listen: args.listen, event_window: args.event_window, ..ApiServerConfig::default() };
+    let config = ApiServerConfig {
+        listen: args.listen,
+        event_window: args.event_window,
+        max_watch_duration: args.max_watch_duration,
+        ..ApiServerConfig::default()
+    };
     let mut server = ApiServer::start(config)
         .await
         .map_err(|e| CliError::Failed(format!("cannot listen on {}: {e}", args.listen)))?;
@@ -96,5 +107,8 @@ mod tests {
         assert_eq!(short.event_window, Duration::from_millis(1500));
         let error = Command::try_parse_from(["apiserver", "--event-window", "soon"]).unwrap_err();
         assert!(error.to_string().contains("--event-window"), "{error}");
+        assert_eq!(default.max_watch_duration, None, "watches last as long as they ask by default");
+        let capped = Command::try_parse_from(["apiserver", "--max-watch-duration", "5s"]).unwrap().args;
+        assert_eq!(capped.max_watch_duration, Some(Duration::from_secs(5)));
     }
 }

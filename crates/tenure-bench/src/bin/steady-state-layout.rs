@@ -1,4 +1,4 @@
-//! `cargo run --release -p tenure-bench --bin steady-state-layout`
+//! `cargo run --release -p tenure-bench --bin steady-state-layout [BINARY...]`
 //!
 //! Records which functions of `tenure` an idle `tenure elect` runs and writes
 //! `crates/tenure-cli/steady-state.ld`, the linker script that lays them out together (why:
@@ -11,8 +11,14 @@
 //! candidate knows the leader (when it also gives back its start-up pages), then the steady state
 //! runs for TENURE_LAYOUT_STEADY_SECS (default 15: several renews and watch events), then every
 //! path of the HTTP API is asked a few times as probes would, and callgrind's counts are dumped.
+//! The API server ends every watch after 4 s, so the re-watch a sidecar makes every few minutes
+//! (its watches ask for 290 s) is recorded too.
 //! Scenarios: a Kubernetes Lease on `tenure apiserver` (the sidecar as its image runs) and the
 //! file lock (the embedded default), each with a leader and a follower serving `--http`.
+//!
+//! BINARY: builds to record besides the release build, such as the image's (static musl,
+//! `--profile sidecar`: its C library and other inlining give other functions); the script lists
+//! the functions of all of them, each build finding its own.
 //!
 //! Needs valgrind (`apt-get install valgrind`).
 
@@ -44,32 +50,37 @@ fn main() -> ExitCode {
         }
     }
     let steady = env_seconds("TENURE_LAYOUT_STEADY_SECS", Duration::from_secs(15));
-    let binary = std::fs::canonicalize(tenure_binary()).expect("the path of the tenure binary");
+    let mut binaries = vec![tenure_binary()];
+    binaries.extend(std::env::args_os().skip(1).map(PathBuf::from));
     let scratch = ScratchDir::new("steady-state-layout").expect("a scratch directory");
     let mut symbols = BTreeSet::new();
-
+    // One API server (the release build's) for every build recorded.
     let kubeconfig = scratch.path().join("kubeconfig");
-    let server = start_apiserver(&binary, scratch.path(), &kubeconfig);
-    let kube = |id: &str| -> Vec<String> {
-        let lock = ["--lock-type", "leases"];
-        [&["elect", "--election", "layout", "--id", id][..], &lock[..]].concat().iter().map(|s| s.to_string()).collect()
-    };
-    symbols.extend(record(&binary, scratch.path(), "kube", &kube, Some(&kubeconfig), steady));
+    let server = start_apiserver(&binaries[0], scratch.path(), &kubeconfig);
+    for binary in &binaries {
+        let binary = std::fs::canonicalize(binary).unwrap_or_else(|e| panic!("{}: {e}", binary.display()));
+        eprintln!("steady-state-layout: recording {}", binary.display());
+        symbols.extend(record_binary(&binary, scratch.path(), &kubeconfig, steady));
+    }
     drop(server);
-
-    let lock = format!("file://{}", scratch.path().join("layout.json").display());
-    let file = |id: &str| -> Vec<String> {
-        ["elect", "--election", "layout", "--id", id, "--lock", &lock].iter().map(|s| s.to_string()).collect()
-    };
-    symbols.extend(record(&binary, scratch.path(), "file", &file, None, steady));
 
     let rustc = Command::new(std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into()))
         .arg("--version")
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_else(|_| "rustc (version unknown)".to_owned());
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let workspace = std::fs::canonicalize(&workspace).unwrap_or(workspace);
+    let builds: Vec<String> = binaries
+        .iter()
+        .map(|b| {
+            let b = std::fs::canonicalize(b).unwrap_or_else(|_| b.clone());
+            b.strip_prefix(&workspace).unwrap_or(&b).display().to_string()
+        })
+        .collect();
+    let builds = builds.join(" and ");
     let recorded_with = format!(
-        "{rustc}, {}-{}; Kubernetes Lease and file lock, leader and follower with --http, {} s steady state, {} paths x {ASKS}",
+        "{rustc}, {}-{}, {builds}; Kubernetes Lease and file lock, leader and follower with --http, {} s steady state, {} paths x {ASKS}",
         std::env::consts::ARCH,
         std::env::consts::OS,
         steady.as_secs(),
@@ -83,6 +94,23 @@ fn main() -> ExitCode {
         "rebuild (cargo build --release -p tenure-cli) and measure: cargo bench -p tenure-bench --bench idle_rss"
     );
     ExitCode::SUCCESS
+}
+
+/// The functions one build runs in the steady state of every scenario.
+fn record_binary(binary: &Path, scratch: &Path, kubeconfig: &Path, steady: Duration) -> BTreeSet<String> {
+    let mut symbols = BTreeSet::new();
+    let kube = |id: &str| -> Vec<String> {
+        let lock = ["--lock-type", "leases"];
+        [&["elect", "--election", "layout", "--id", id][..], &lock[..]].concat().iter().map(|s| s.to_string()).collect()
+    };
+    symbols.extend(record(binary, scratch, "kube", &kube, Some(kubeconfig), steady));
+
+    let lock = format!("file://{}", scratch.join("layout.json").display());
+    let file = |id: &str| -> Vec<String> {
+        ["elect", "--election", "layout", "--id", id, "--lock", &lock].iter().map(|s| s.to_string()).collect()
+    };
+    symbols.extend(record(binary, scratch, "file", &file, None, steady));
+    symbols
 }
 
 /// A leader and a follower of one scenario under callgrind: the functions they ran from the
@@ -146,7 +174,7 @@ fn start_apiserver(binary: &Path, scratch: &Path, kubeconfig: &Path) -> ChildGua
     let log = scratch.join("apiserver.log");
     let mut command = Command::new(binary);
     command
-        .args(["apiserver", "--listen", "127.0.0.1:0", "--kubeconfig"])
+        .args(["apiserver", "--listen", "127.0.0.1:0", "--max-watch-duration", "4s", "--kubeconfig"])
         .arg(kubeconfig)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
