@@ -9,20 +9,30 @@
 //! under callgrind) puts those functions first, in their own output section: the steady state
 //! then touches a few contiguous pages. See issue 13 in the README ("Footprint").
 //!
-//! The script only adds a section in front of `.text` (`INSERT BEFORE`): linkers that read GNU
-//! linker scripts (rust-lld, the default on x86_64 Linux, and GNU ld) keep their default layout
-//! for everything else. Set `TENURE_STEADY_STATE_LAYOUT=0` to link without it (for example with
-//! a linker that does not read such scripts). Debug builds never use it: they are for tests.
+//! The script only adds a section in front of `.text` (`INSERT BEFORE`): rust-lld (the default for
+//! x86_64-unknown-linux-gnu) and GNU ld (through `cc`, as for the musl image) keep their default
+//! layout for everything else. gold, mold and wild do not read such scripts: when the build names
+//! one of them (in RUSTFLAGS or as the target's linker), or a linker called directly instead of
+//! through a C compiler driver, the binary is linked without the layout, with a warning. Set
+//! `TENURE_STEADY_STATE_LAYOUT=0` to link without it in any case. Debug builds never use it:
+//! they are for tests.
 
 use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-changed=steady-state.ld");
     println!("cargo:rerun-if-env-changed=TENURE_STEADY_STATE_LAYOUT");
+    println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
     let linux = std::env::var("CARGO_CFG_TARGET_OS").is_ok_and(|os| os == "linux");
     let optimised = std::env::var("OPT_LEVEL").is_ok_and(|level| level != "0");
     let wanted = std::env::var("TENURE_STEADY_STATE_LAYOUT").map_or(true, |v| v != "0");
     if !(linux && optimised && wanted) {
+        return;
+    }
+    if let Some(linker) = unsupported_linker() {
+        println!(
+            "cargo:warning=linking tenure without its steady-state layout: {linker} does not read GNU linker scripts"
+        );
         return;
     }
     let Some(directory) = std::env::var_os("CARGO_MANIFEST_DIR") else { return };
@@ -34,4 +44,23 @@ fn main() {
         }
         _ => println!("cargo:warning=linking tenure without its steady-state layout: {} unusable", script.display()),
     }
+}
+
+/// The linker this build names that would reject the script, if any: gold, mold or wild chosen
+/// with `-fuse-ld=` in RUSTFLAGS or as the target's linker, or a linker called directly (the
+/// script is passed with `-Wl,`, which only a C compiler driver understands).
+fn unsupported_linker() -> Option<String> {
+    const UNSUPPORTED: [&str; 3] = ["gold", "mold", "wild"];
+    let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    for flag in flags.split('\x1f') {
+        if let Some((_, name)) = flag.split_once("fuse-ld=") {
+            if UNSUPPORTED.iter().any(|u| name.contains(u)) {
+                return Some(name.to_owned());
+            }
+        }
+    }
+    let linker = std::env::var("RUSTC_LINKER").ok()?;
+    let program = std::path::Path::new(&linker).file_name()?.to_string_lossy().into_owned();
+    let direct = program == "ld" || program.starts_with("ld.") || program.ends_with("-ld") || program.contains("lld");
+    (direct || UNSUPPORTED.iter().any(|u| program.contains(u))).then_some(linker)
 }

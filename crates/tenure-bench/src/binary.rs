@@ -30,16 +30,16 @@ pub fn tenure_binary() -> PathBuf {
     binary
 }
 
-/// `<target-dir>/release`: benchmarks run from `<target-dir>/release/deps/<name>-<hash>`, this
-/// crate's programs from `<target-dir>/release/<name>`.
+/// `<target-dir>/release`: benchmarks run from `<target-dir>/<profile>/deps/<name>-<hash>`, this
+/// crate's programs from `<target-dir>/<profile>/<name>`; the binary measured is always the
+/// release build, whatever profile built the program measuring it.
 fn release_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the path of the running benchmark");
-    let directory = exe.parent().expect("the benchmark lives in a directory");
+    let mut directory = exe.parent().expect("the benchmark lives in a directory");
     if directory.file_name().is_some_and(|name| name == "deps") {
-        directory.parent().expect("the benchmark's directory has a parent").to_owned()
-    } else {
-        directory.to_owned()
+        directory = directory.parent().expect("the deps directory has a parent");
     }
+    directory.parent().expect("the profile directory has a parent").join("release")
 }
 
 fn build(release_dir: &Path) {

@@ -9,7 +9,7 @@ use clap::Args;
 use tenure_apiserver::{ApiServer, ApiServerConfig};
 
 use crate::logging;
-use crate::options::{parse_duration, LogFormat};
+use crate::options::{parse_duration, parse_positive_duration, LogFormat};
 use crate::signals::TerminationSignals;
 use crate::{exit, output, CliError};
 
@@ -45,7 +45,7 @@ pub struct ApiServerArgs {
     /// End every watch after at most this long, whatever timeoutSeconds it asked for (by default,
     /// as asked). In a cluster watches also end early when an API server restarts or a load
     /// balancer cuts long connections; a short value makes clients re-watch within a test.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_positive_duration)]
     max_watch_duration: Option<Duration>,
 
     /// Log format.
@@ -110,5 +110,7 @@ mod tests {
         assert_eq!(default.max_watch_duration, None, "watches last as long as they ask by default");
         let capped = Command::try_parse_from(["apiserver", "--max-watch-duration", "5s"]).unwrap().args;
         assert_eq!(capped.max_watch_duration, Some(Duration::from_secs(5)));
+        let error = Command::try_parse_from(["apiserver", "--max-watch-duration", "0s"]).unwrap_err();
+        assert!(error.to_string().contains("longer than zero"), "zero would make clients re-watch in a loop: {error}");
     }
 }

@@ -281,7 +281,12 @@ async fn release_startup_pages(mut leadership: watch::Receiver<Leadership>, retr
     tokio::time::sleep(retry_period).await;
     match startup_pages::release() {
         Ok(released) => {
-            tracing::debug!(kib = released.resident_kib, mappings = released.mappings, "released the start-up pages")
+            tracing::debug!(
+                kib = released.resident_kib,
+                mappings = released.mappings,
+                refused = released.refused,
+                "released the start-up pages"
+            )
         }
         Err(error) => tracing::debug!(%error, "could not release the start-up pages"),
     }

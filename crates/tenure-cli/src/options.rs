@@ -205,6 +205,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("{e} (examples: 5s, 1500ms, 1m)"))
 }
 
+/// Parses a human duration that must be longer than zero (a zero would make a loop spin).
+pub fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        Duration::ZERO => Err("must be longer than zero".to_owned()),
+        duration => Ok(duration),
+    }
+}
+
 /// Parses `--ttl` and checks the timing it maps to.
 pub fn parse_ttl(text: &str) -> Result<Ttl, String> {
     let ttl = parse_duration(text)?;

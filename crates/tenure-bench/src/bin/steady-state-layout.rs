@@ -8,7 +8,8 @@
 //!
 //! Method: the release `tenure` (built as `idle_rss` builds it) runs under callgrind with
 //! instrumentation off, so start-up is not recorded; instrumentation is turned on once the
-//! candidate knows the leader (when it also gives back its start-up pages), then the steady state
+//! candidate knows the leader (it gives back its start-up pages one retry period later, so a
+//! little more than the steady state is recorded), then the steady state
 //! runs for TENURE_LAYOUT_STEADY_SECS (default 15: several renews and watch events), then every
 //! path of the HTTP API is asked a few times as probes would, and callgrind's counts are dumped.
 //! The API server ends every watch after 4 s, so the re-watch a sidecar makes every few minutes
@@ -20,7 +21,8 @@
 //! `--profile sidecar`: its C library and other inlining give other functions); the script lists
 //! the functions of all of them, each build finding its own.
 //!
-//! Needs valgrind (`apt-get install valgrind`).
+//! Needs valgrind (`apt-get install valgrind`). `--rerender` writes the committed script again from
+//! the functions it lists, without recording (after a change of the script's form).
 
 use std::collections::BTreeSet;
 
@@ -34,7 +36,7 @@ use tenure_bench::env_seconds;
 use tenure_bench::http_get::ok_body;
 use tenure_bench::process::ChildGuard;
 use tenure_bench::scratch::ScratchDir;
-use tenure_bench::steady_state_layout::{functions_run, linker_script};
+use tenure_bench::steady_state_layout::{functions_run, linker_script, parse_script};
 
 /// Paths a probe or a client of the sidecar asks; each is asked [`ASKS`] times.
 const PATHS: [&str; 8] = ["/", "/isLeader", "/healthz", "/readyz", "/status", "/metrics", "/hold", "/nope"];
@@ -43,6 +45,17 @@ const ASKS: usize = 5;
 const START_LIMIT: Duration = Duration::from_secs(120);
 
 fn main() -> ExitCode {
+    let script_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tenure-cli/steady-state.ld");
+    if std::env::args().nth(1).as_deref() == Some("--rerender") {
+        let committed = std::fs::read_to_string(&script_path).expect("the committed steady-state.ld");
+        let Some((recorded_with, symbols)) = parse_script(&committed) else {
+            eprintln!("steady-state-layout: {} is not a generated script", script_path.display());
+            return ExitCode::FAILURE;
+        };
+        std::fs::write(&script_path, linker_script(&symbols, &recorded_with)).expect("write steady-state.ld");
+        eprintln!("steady-state-layout: {} functions written again", symbols.len());
+        return ExitCode::SUCCESS;
+    }
     for tool in ["valgrind", "callgrind_control"] {
         if Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
             eprintln!("steady-state-layout: `{tool}` is missing (apt-get install valgrind)");
@@ -87,9 +100,8 @@ fn main() -> ExitCode {
         PATHS.len()
     );
     let script = linker_script(&symbols, &recorded_with);
-    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tenure-cli/steady-state.ld");
-    std::fs::write(&out, script).unwrap_or_else(|e| panic!("cannot write {}: {e}", out.display()));
-    eprintln!("steady-state-layout: {} functions recorded; wrote {}", symbols.len(), out.display());
+    std::fs::write(&script_path, script).unwrap_or_else(|e| panic!("cannot write {}: {e}", script_path.display()));
+    eprintln!("steady-state-layout: {} functions recorded; wrote {}", symbols.len(), script_path.display());
     eprintln!(
         "rebuild (cargo build --release -p tenure-cli) and measure: cargo bench -p tenure-bench --bench idle_rss"
     );
