@@ -112,8 +112,7 @@ fn main() -> ExitCode {
 fn record_binary(binary: &Path, scratch: &Path, kubeconfig: &Path, steady: Duration) -> BTreeSet<String> {
     let mut symbols = BTreeSet::new();
     let kube = |id: &str| -> Vec<String> {
-        let lock = ["--lock-type", "leases"];
-        [&["elect", "--election", "layout", "--id", id][..], &lock[..]].concat().iter().map(|s| s.to_string()).collect()
+        ["elect", "--election", "layout", "--id", id, "--lock-type", "leases"].iter().map(|s| s.to_string()).collect()
     };
     symbols.extend(record(binary, scratch, "kube", &kube, Some(kubeconfig), steady));
 
