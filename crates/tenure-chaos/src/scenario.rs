@@ -321,7 +321,12 @@ impl Run<'_> {
         }
         if self.mode == Mode::Run {
             command.arg("--").arg(PYTHON).arg(&self.script).arg(&self.witness_out);
-            command.args([candidate.id.as_str(), &witness::ALIVE_PERIOD_MS.to_string()]);
+            let linger = self.lease.as_secs_f64() / 4.0 * witness::GRACE_USED;
+            command.args([
+                candidate.id.as_str(),
+                &witness::ALIVE_PERIOD_MS.to_string(),
+                &format!("{}", (linger * 1000.0) as u64),
+            ]);
         }
         if let Some(rate) = candidate.clock_rate {
             let Some(library) = libfaketime() else {

@@ -22,11 +22,18 @@ use crate::ChaosError;
 /// Interval between two `alive` lines: the witness's measurement error.
 pub const ALIVE_PERIOD_MS: u64 = 20;
 
+/// How much of its grace period the witness uses after SIGTERM: it goes on writing `alive`
+/// lines for this share of `tenure run`'s default grace (TTL/4), then writes `stop` and exits, as
+/// a command that finishes its work before it stops. A lock released before the command is
+/// over shows as two commands alive at once.
+pub const GRACE_USED: f64 = 0.9;
+
 /// The witness program (Python 3, standard library only). Arguments: the log, the candidate's
-/// identity, the period in milliseconds.
+/// identity, the period in milliseconds, how long it goes on after SIGTERM in milliseconds.
 pub const SCRIPT: &str = r#"
 import os, signal, sys, time
 out, me, period = sys.argv[1], sys.argv[2], int(sys.argv[3]) / 1000.0
+linger = int(sys.argv[4]) / 1000.0
 term = int(os.environ["TENURE_TERM"])
 log = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
@@ -35,8 +42,13 @@ def write(kind):
     os.write(log, ("%d %s %d %s\n" % (stamp, me, term, kind)).encode())
 
 def stop(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    until = time.monotonic() + linger
+    while time.monotonic() < until:
+        time.sleep(min(period, max(0.0, until - time.monotonic())))
+        write("alive")
     write("stop")
-    sys.exit(0)
+    os._exit(0)
 
 signal.signal(signal.SIGTERM, stop)
 write("start")

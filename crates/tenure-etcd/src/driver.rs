@@ -138,6 +138,12 @@ pub(crate) struct Driver {
     commands: Commands,
     /// Leases of ended sessions not yet revoked (the cluster was unreachable).
     stale_leases: Vec<i64>,
+    /// After a tenure was lost (self-fenced, keep-alive stopped): until when its lease may still
+    /// be revoked only once the tenure's guards are dropped. Revoking deletes the key and lets
+    /// the next candidate lead at once, while the work of the lost tenure (a `tenure run`
+    /// command in its grace period) may still run; without the revoke, nobody else leads before
+    /// the server expires the lease, no sooner than this instant.
+    drain_before_revoking: Option<Instant>,
     /// The leader (identity, term) last logged, so that each change is logged once.
     observed: Option<Option<(String, i64)>>,
     /// Calls that keep failing: one warning, a summary a minute, the recovery.
@@ -163,6 +169,7 @@ impl Driver {
             publisher,
             commands: Commands { receiver: commands, open: true },
             stale_leases: Vec::new(),
+            drain_before_revoking: None,
             observed: None,
             failures: FailureLog::new(),
         }
@@ -184,6 +191,12 @@ impl Driver {
     pub(crate) async fn run(mut self) {
         tracing::debug!(identity = %self.identity, election = %self.prefix, "campaigning on etcd");
         loop {
+            if let Err(reply) = self.drain_lost_tenure().await {
+                self.revoke_stale_leases().await;
+                let released = self.stale_leases.is_empty();
+                self.finish(reply, released);
+                break;
+            }
             self.revoke_stale_leases().await;
             let end = self.session().await;
             self.publisher.end_tenure();
@@ -210,6 +223,27 @@ impl Driver {
         self.publish(None, Role::Follower);
         if let Some(reply) = reply {
             let _ = reply.send(if released { Ok(()) } else { Err(ElectorError::ReleaseTimedOut) });
+        }
+    }
+
+    /// Waits until the guards of a lost tenure are dropped, or until its lease could have run out
+    /// on the server anyway, before its lease is revoked (invariant "work stops before the lock
+    /// is released", on the loss path too). A shutdown asked for meanwhile is returned once the
+    /// wait is over.
+    async fn drain_lost_tenure(&mut self) -> Result<(), Reply> {
+        let Some(until) = self.drain_before_revoking.take() else { return Ok(()) };
+        let drained = tokio::time::timeout_at(until, self.publisher.wait_for_ended_tenures());
+        tokio::pin!(drained);
+        match self.commands.race(&mut drained).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => {
+                tracing::warn!(identity = %self.identity, "the lost tenure's guards were still held when its lease could have expired; revoking it");
+                Ok(())
+            }
+            Err(reply) => {
+                let _ = drained.await;
+                Err(reply)
+            }
         }
     }
 
@@ -318,6 +352,7 @@ impl Driver {
             key,
             lease,
             my_revision,
+            margin,
             valid_until: lease_rx.borrow().valid_until,
             keys: BTreeMap::new(),
             loaded: false,
@@ -507,9 +542,13 @@ impl Driver {
         }
     }
 
-    /// Ends the tenure at once and gives the session up (its lease is revoked before the next).
+    /// Ends the tenure at once and gives the session up (its lease is revoked before the next,
+    /// once the tenure's guards are dropped).
     fn lost(&mut self, s: &mut Session, reason: &str) -> SessionEnd {
         if std::mem::take(&mut s.leading) {
+            // The server keeps the lease for at least a TTL after the last keep-alive: the
+            // self-fencing deadline + the margin.
+            self.drain_before_revoking = Some(s.valid_until + s.margin);
             self.publisher.end_tenure();
             tracing::info!(identity = %self.identity, term = s.my_revision, reason, "stopped leading");
         }
@@ -554,6 +593,8 @@ struct Session {
     key: String,
     lease: i64,
     my_revision: i64,
+    /// The lease's TTL minus the time from a keep-alive to the self-fencing deadline.
+    margin: Duration,
     valid_until: Instant,
     /// The election's keys.
     keys: Keys,
@@ -702,6 +743,7 @@ mod tests {
             key: "e/mine".into(),
             lease: 1,
             my_revision,
+            margin: Duration::ZERO,
             valid_until: Instant::now(),
             keys: keys.iter().map(|(k, r, v)| (k.to_string(), (*r, v.to_string()))).collect(),
             loaded: true,

@@ -85,3 +85,53 @@ async fn leader_whose_store_hangs_during_a_reload_ends_its_tenure_at_the_deadlin
     drop((first, second));
     elector.shutdown().await.expect("shutdown");
 }
+
+/// `tenure run` on etcd after a store outage: the leader self-fences while its command is still
+/// stopping (holding the tenure), the store comes back, and the lost session's lease must not be
+/// revoked (which deletes the key and lets the next candidate lead at once) until that work is
+/// over. Without the revoke the server keeps the lease until TTL after the last keep-alive, so
+/// the next candidate could not lead before then anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_tenure_keeps_its_key_until_its_work_is_over() {
+    let Some(cluster) = EtcdCluster::start(1).await else { return };
+    let proxy = StallProxy::start(&cluster.endpoint(0)).await;
+    let cut_off = EtcdElection::connect(&[proxy.address().to_owned()], "drain").await.expect("connect");
+    let reachable = EtcdElection::connect(&cluster.endpoints(), "drain").await.expect("connect");
+    let a = cut_off.campaign("a", TTL).expect("campaign");
+    let first = timeout(Duration::from_secs(10), a.acquired()).await.expect("leads").expect("tenure");
+    let b = reachable.campaign("b", TTL).expect("campaign");
+    let mut b_view = b.subscribe();
+    timeout(Duration::from_secs(10), b_view.wait_for(|l| l.leader.as_deref() == Some("a")))
+        .await
+        .expect("b sees a lead")
+        .expect("b running");
+
+    // a loses the store right after a keep-alive, and gets it back just after its deadline, while
+    // the work of its tenure (`first`, held like `tenure run` holds it until its command exits)
+    // still runs.
+    next_keep_alive(&first).await;
+    proxy.stall();
+    proxy.close_all();
+    let deadline = first.valid_until();
+    sleep_until(deadline + Duration::from_millis(150)).await;
+    proxy.resume();
+    timeout(Duration::from_secs(1), first.ended()).await.expect("the tenure ended at its deadline");
+
+    // The work takes 600 ms more (the server keeps the lease until TTL - 2/3 TTL = 1 s after the
+    // deadline): b must not lead before it is over.
+    let work_over = deadline + Duration::from_millis(600);
+    let early = timeout(work_over.saturating_duration_since(Instant::now()), b.acquired()).await;
+    assert!(early.is_err(), "b led while the lost tenure's work still ran");
+    drop(first);
+    let dropped = Instant::now();
+
+    // Once it is over, the lease is revoked: b leads within a few round trips, well before the
+    // server would have expired the lease on its own... or at that instant at the latest.
+    let second = timeout(Duration::from_secs(5), b.acquired()).await.expect("b leads").expect("tenure");
+    let led = Instant::now();
+    println!("b led {:?} after the work was over", led - dropped);
+    assert!(led <= deadline + TTL / 3 + Duration::from_millis(500), "b led {:?} after a's deadline", led - deadline);
+    drop(second);
+    b.shutdown().await.expect("shutdown");
+    a.shutdown().await.expect("shutdown");
+}

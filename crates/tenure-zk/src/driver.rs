@@ -77,6 +77,11 @@ struct Driver {
     /// The node of a tenure that ended without a release (fenced, disconnected): it must go
     /// before this candidate leads again, or the next tenure would have the same term (S2).
     spent: Option<String>,
+    /// Until when the spent node is deleted only once the ended tenure's guards are dropped:
+    /// deleting it lets the next candidate lead at once, while the tenure's work (a `tenure run`
+    /// command in its grace period) may still run. Kept, the node goes no sooner than the server
+    /// expires the session: a session timeout after the last answer, no sooner than this.
+    spent_drain_until: Instant,
     /// The node of the current tenure.
     led_node: Option<String>,
     /// The leader (identity, term) last logged, so that each change is logged once.
@@ -98,6 +103,7 @@ pub(crate) async fn run(config: Config, publisher: Publisher, commands: mpsc::Re
         next_heartbeat: now,
         negotiated_timeout,
         spent: None,
+        spent_drain_until: now,
         led_node: None,
         observed: None,
         failures: FailureLog::new(),
@@ -142,9 +148,14 @@ impl Driver {
     }
 
     /// Deletes the node of a tenure that ended, so that this candidate queues again with a new
-    /// node (and so a greater term). `Err` when the session is lost or the call failed.
+    /// node (and so a greater term), once the tenure's work is over (or could no longer keep the
+    /// next leader out). `Err` when the session is lost or the call failed.
     async fn discard_spent(&mut self, client: &zk::Client, own: &mut Option<OwnNode>) -> Result<(), ZkError> {
         let Some(name) = self.spent.clone() else { return Ok(()) };
+        let drained = tokio::time::timeout_at(self.spent_drain_until, self.publisher.wait_for_ended_tenures());
+        if drained.await.is_err() {
+            tracing::warn!(identity = %self.config.identity, "the ended tenure's guards were still held when its session could have expired; deleting its node");
+        }
         match with_timeout(self.call_limit(), client.delete(&self.node_path(&name), None)).await {
             Ok(()) | Err(ZkError::Request(zk::Error::NoNode)) => {
                 tracing::debug!(identity = %self.config.identity, node = %name, "deleted the node of an ended tenure");
@@ -596,6 +607,7 @@ impl Driver {
         if let Some(term) = self.leading.take() {
             self.publisher.end_tenure();
             self.spent = self.led_node.take();
+            self.spent_drain_until = self.valid_until + (self.negotiated_timeout - self.fence_margin());
             tracing::info!(identity = %self.config.identity, term = term.0, reason, "stopped leading");
         }
     }

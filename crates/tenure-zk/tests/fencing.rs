@@ -108,3 +108,49 @@ async fn a_session_timeout_capped_by_the_server_is_what_the_elector_reports_and_
     drop(tenure);
     elector.shutdown().await.expect("shutdown");
 }
+
+/// `tenure run` on ZooKeeper after a stall: the leader self-fences while its command is still
+/// stopping (holding the tenure), the server is heard again before the session expires, and the
+/// ended tenure's node must not be deleted (which lets the next candidate lead at once) until that
+/// work is over. Kept, the node goes no sooner than the server expires the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_tenure_keeps_its_node_until_its_work_is_over() {
+    let Some(server) = server() else { return };
+    let proxy = StallProxy::start(&server.servers).await;
+    let path = unique_path("drain");
+    let session_timeout = Duration::from_secs(3);
+    let cut_off = ZkElection::connect(proxy.address(), &path, session_timeout).await.expect("connect");
+    let reachable = ZkElection::connect(&server.servers, &path, session_timeout).await.expect("connect");
+    let a = cut_off.campaign("a").expect("campaign");
+    let first = timeout(Duration::from_secs(10), a.acquired()).await.expect("leads").expect("tenure");
+    let b = reachable.campaign("b").expect("campaign");
+    let mut b_view = b.subscribe();
+    timeout(Duration::from_secs(10), b_view.wait_for(|l| l.leader.as_deref() == Some("a")))
+        .await
+        .expect("b sees a lead")
+        .expect("b running");
+
+    // a stops hearing the server right after a heartbeat and hears it again just after its
+    // deadline, while the work of its tenure (`first`, held like `tenure run` holds it until its
+    // command exits) still runs.
+    next_heartbeat(&first).await;
+    proxy.stall();
+    let deadline = first.valid_until();
+    sleep_until(deadline + Duration::from_millis(150)).await;
+    proxy.resume();
+    timeout(Duration::from_secs(1), first.ended()).await.expect("the tenure ended by its deadline");
+
+    // The work takes 600 ms more (the server keeps the session 1 s after the deadline): b must
+    // not lead before it is over.
+    let work_over = deadline + Duration::from_millis(600);
+    let early = timeout(work_over.saturating_duration_since(Instant::now()), b.acquired()).await;
+    assert!(early.is_err(), "b led while the ended tenure's work still ran");
+    drop(first);
+    let dropped = Instant::now();
+
+    let second = timeout(Duration::from_secs(10), b.acquired()).await.expect("b leads").expect("tenure");
+    println!("b led {:?} after the work was over", dropped.elapsed());
+    drop(second);
+    b.shutdown().await.expect("shutdown");
+    let _ = a.shutdown().await;
+}
