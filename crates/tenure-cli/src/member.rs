@@ -41,6 +41,12 @@ use crate::{http, logging, CliError};
         GET  /assignment        the members, and this member's partitions with their terms and state\n  \
         GET  /events            Server-Sent Events: the assignment, first the current one, then each change\n  \
         POST /release?partition=P&term=T  the application stopped work on a draining partition\n\n\
+        Partition states, judged on this host's clock at each answer (also the first one after a \
+        pause): owned (work on its keys may run), draining (revoked; the group waits for your \
+        release: finish the work, then POST /release), lost (this member's membership may have run \
+        out, after a pause past the lease or with the store unreachable, so another member may own \
+        it already: stop the work at once, nothing to release; listed until the member caught up, \
+        then absent).\n\n\
         Drain rule: a revoked partition is handed over only after the application released it or \
         --drain-timeout passed; /owns answers false for it from the revoke on. SIGTERM, SIGINT and \
         SIGHUP leave the group (every partition drains, then moves at once) and exit 0; SIGKILL \
@@ -154,13 +160,26 @@ impl Sidecar {
                 }
             }
         }
-        for (partition, held) in state.held.iter_mut() {
-            if held.revoked_at.is_none() && assignment.owned.get(partition) != Some(&held.guard.term()) {
+        // A partition no longer owned under its guard's term is draining while the group waits
+        // for its release; otherwise (the membership ran out on this clock, or the group moved it
+        // without waiting) it is lost: its guard goes now, nothing is released.
+        let before = state.held.len();
+        state.held.retain(|&partition, held| {
+            if assignment.owned.get(&partition) == Some(&held.guard.term()) {
+                return true;
+            }
+            if !held.guard.is_draining() {
+                tracing::warn!(partition, term = %held.guard.term(), "partition lost; its work must stop now");
+                return false;
+            }
+            if held.revoked_at.is_none() {
                 tracing::info!(partition, term = %held.guard.term(), "partition revoked; waiting for the application's release");
                 held.revoked_at = Some(now);
                 changed = true;
             }
-        }
+            true
+        });
+        changed |= state.held.len() != before;
         if changed {
             self.changed(&mut state);
         }
@@ -228,12 +247,14 @@ impl Sidecar {
             .map(|(&partition, held)| routes::PartitionReport {
                 partition,
                 term: held.guard.term().0,
-                state: if held.revoked_at.is_some() {
-                    routes::PartitionState::Draining
-                } else if held.guard.is_valid() {
+                // Judged on this host's clock now, not from the last change the group published:
+                // the first answer after a pause is already right.
+                state: if held.guard.is_valid() {
                     routes::PartitionState::Owned
+                } else if held.guard.is_draining() {
+                    routes::PartitionState::Draining
                 } else {
-                    routes::PartitionState::Suspended
+                    routes::PartitionState::Lost
                 },
             })
             .collect();

@@ -1,7 +1,8 @@
-//! `tenure member` on the distributed stores, end to end: three sidecar processes on a real etcd,
-//! a real ZooKeeper and a `tenure apiserver` share the partitions, answer `/owns` alike, a killed
-//! member's partitions move only after its lease, and a leaving member's move at once (its
-//! application released them). Also etcd with TLS, client certificates and a user, named in the
+//! `tenure member` on every store, end to end: three sidecar processes on a directory, a real
+//! etcd, a real ZooKeeper and a `tenure apiserver` share the partitions, answer `/owns` alike, a
+//! member frozen past its lease claims none of the partitions taken over meanwhile from its first
+//! answer after the thaw, a killed member's partitions move only after its lease, and a leaving
+//! member's move at once (its application released them). Also etcd with TLS, client certificates and a user, named in the
 //! `--lock` URL exactly as `tenure elect` takes it. `--ttl 2s` (lease 2 s, renew deadline 1 s);
 //! every wait polls with a bounded deadline and checks at every poll that no partition is owned
 //! by two members.
@@ -17,12 +18,13 @@ mod etcd_server;
 #[path = "../../tenure-zk/tests/common/mod.rs"]
 mod zk_server;
 
+use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{wait_until, TempDir, Tenure, TENURE};
+use common::{file_url, wait_until, TempDir, Tenure, TENURE};
 use etcd_server::EtcdCluster;
-use member_support::{assert_single_owners, owned, owns, release_draining};
+use member_support::{assert_single_owners, owned, owns, partitions, release_draining};
 
 const PARTITIONS: usize = 16;
 const LEASE: Duration = Duration::from_secs(2);
@@ -69,7 +71,7 @@ fn refused_member(url: &str) -> (i32, String) {
 }
 
 /// The scenario every store must pass, with members started by `start` (`id`).
-fn three_members_share_hand_over_on_leave_at_once_and_on_kill_after_the_lease(
+fn three_members_share_and_hand_over_on_freeze_leave_and_kill(
     start: &dyn Fn(&str) -> (Tenure, String),
 ) {
     let (_a_process, a) = start("a");
@@ -86,6 +88,40 @@ fn three_members_share_hand_over_on_leave_at_once_and_on_kill_after_the_lease(
         let owners = answers.iter().filter(|x| x["owns"].as_bool() == Some(true)).count();
         assert_eq!(owners, 1, "{key}: {answers:?}");
     }
+
+    // A freeze past the lease (SIGSTOP: a stopped container, a long pause): the others take its
+    // partitions over after the lease, under higher terms. From its very first answer after
+    // SIGCONT, it claims none of them, neither owned nor draining (they are lost).
+    assert!(!owned(&c).is_empty());
+    c_process.signal(libc::SIGSTOP);
+    let rest = [a.as_str(), b.as_str()];
+    wait_safely(&rest, Duration::from_secs(20), || split_evenly(&rest)).expect("the frozen member's partitions never moved");
+    let taken: BTreeMap<u32, u64> = rest
+        .iter()
+        .flat_map(|m| partitions(m).unwrap_or_default())
+        .filter(|(_, (state, _))| state == "owned")
+        .map(|(partition, (_, term))| (partition, term))
+        .collect();
+    c_process.signal(libc::SIGCONT);
+    // Its answers from the first on, until it holds nothing under an old term any more (asked
+    // before anything is released, as an application polling it would see them).
+    let mut answers = 0;
+    let settled = wait_until(Duration::from_secs(10), || {
+        let view = partitions(&c)?;
+        answers += 1;
+        for (partition, (state, term)) in &view {
+            let newer = taken.get(partition).is_some_and(|other| other > term);
+            assert!(
+                !(newer && (state == "owned" || state == "draining")),
+                "answer {answers} after the thaw: partition {partition} {state} under term {term}, owned by another under term {}",
+                taken[partition]
+            );
+        }
+        view.iter().all(|(partition, (_, term))| taken.get(partition).is_none_or(|other| other < term)).then_some(())
+    });
+    settled.expect("the thawed member kept its old partitions");
+    assert!(answers > 0);
+    wait_safely(&all, Duration::from_secs(30), || split_evenly(&all)).expect("the thawed member never rejoined");
 
     // A graceful leave (SIGTERM; the application releases at once): the others own everything
     // well before a lease could have run out.
@@ -110,31 +146,38 @@ fn three_members_share_hand_over_on_leave_at_once_and_on_kill_after_the_lease(
     assert!(killed.elapsed() >= took);
 }
 
+#[test]
+fn members_on_a_file_share_answer_owns_and_hand_over_on_freeze_leave_and_kill() {
+    let dir = TempDir::new("member-file");
+    let url = file_url(&dir.join("group"));
+    three_members_share_and_hand_over_on_freeze_leave_and_kill(&|id| start_member(id, &url, &[]));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn members_on_etcd_share_answer_owns_and_hand_over_on_leave_and_kill() {
+async fn members_on_etcd_share_answer_owns_and_hand_over_on_freeze_leave_and_kill() {
     let Some(cluster) = EtcdCluster::start(1).await else { return };
     let url = format!("etcd://{}/cli-member", cluster.endpoint(0));
     tokio::task::block_in_place(|| {
-        three_members_share_hand_over_on_leave_at_once_and_on_kill_after_the_lease(&|id| start_member(id, &url, &[]))
+        three_members_share_and_hand_over_on_freeze_leave_and_kill(&|id| start_member(id, &url, &[]))
     });
 }
 
 #[test]
-fn members_on_zookeeper_share_answer_owns_and_hand_over_on_leave_and_kill() {
+fn members_on_zookeeper_share_answer_owns_and_hand_over_on_freeze_leave_and_kill() {
     let Some(server) = zk_server::server() else { return };
     let url = format!("zk://127.0.0.1:{}{}", server.port, zk_server::unique_path("cli-member"));
-    three_members_share_hand_over_on_leave_at_once_and_on_kill_after_the_lease(&|id| start_member(id, &url, &[]));
+    three_members_share_and_hand_over_on_freeze_leave_and_kill(&|id| start_member(id, &url, &[]));
 }
 
 #[test]
-fn members_on_kubernetes_share_answer_owns_and_hand_over_on_leave_and_kill() {
+fn members_on_kubernetes_share_answer_owns_and_hand_over_on_freeze_leave_and_kill() {
     let dir = TempDir::new("member-kube");
     let kubeconfig = dir.join("kubeconfig").display().to_string();
     let server = Tenure::start("apiserver", &["apiserver", "--listen", "127.0.0.1:0", "--kubeconfig", &kubeconfig]);
     wait_until(Duration::from_secs(10), || server.output().lines().next().map(str::to_owned))
         .unwrap_or_else(|| panic!("the API server printed no URL; log:\n{}", server.log()));
     let url = "kube://default/leases/cli-member";
-    three_members_share_hand_over_on_leave_at_once_and_on_kill_after_the_lease(&|id| {
+    three_members_share_and_hand_over_on_freeze_leave_and_kill(&|id| {
         start_member(id, url, &[("KUBECONFIG", &kubeconfig)])
     });
 }

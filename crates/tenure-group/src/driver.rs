@@ -68,6 +68,8 @@ struct SharedState {
     identity: String,
     partition_count: u32,
     active: BTreeMap<u32, Term>,
+    /// The partitions work may still run on: `active`, and those revoked and not yet released.
+    working: BTreeMap<u32, Term>,
     owners: Vec<Option<String>>,
     members: Vec<String>,
     valid_until: Option<Instant>,
@@ -85,10 +87,15 @@ impl Shared {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn owns(&self, partition: u32) -> Option<Term> {
+    /// The term of `partition` in `map`, judged with the membership on this host's clock now.
+    fn while_member(&self, map: impl Fn(&SharedState) -> &BTreeMap<u32, Term>, partition: u32) -> Option<Term> {
         let state = self.state();
         let valid = state.valid_until.is_some_and(|until| Instant::now() < until);
-        state.active.get(&partition).copied().filter(|_| valid)
+        map(&state).get(&partition).copied().filter(|_| valid)
+    }
+
+    fn owns(&self, partition: u32) -> Option<Term> {
+        self.while_member(|s| &s.active, partition)
     }
 }
 
@@ -119,6 +126,15 @@ impl PartitionGuard {
     /// local clock, not revoked).
     pub fn is_valid(&self) -> bool {
         self.shared.owns(self.partition) == Some(self.term)
+    }
+
+    /// True while the group waits for this guard's work to end before it hands the partition
+    /// over: the partition was revoked under this term and this member's membership is still
+    /// valid on the local clock. Once the membership may have run out (a pause past the lease, an
+    /// unreachable store), this is false at once: the partition may be another member's already,
+    /// and the work must stop without waiting for anything.
+    pub fn is_draining(&self) -> bool {
+        !self.is_valid() && self.shared.while_member(|s| &s.working, self.partition) == Some(self.term)
     }
 
     /// The term if the guard is still valid.
@@ -543,6 +559,7 @@ impl<S: GroupStore> Driver<S> {
             let mut state = self.shared.state();
             state.partition_count = count;
             state.active = owned.clone();
+            state.working = self.core.working(mono).collect();
             state.valid_until = self.core.valid_until().filter(|_| self.core.is_member(mono)).map(|t| self.instant(t));
             state.owners = owners;
             state.members = members.clone();

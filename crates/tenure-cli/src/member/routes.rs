@@ -29,11 +29,14 @@ const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(15);
 pub enum PartitionState {
     /// Assigned: work on its keys may start.
     Owned,
-    /// Revoked: finish the work on it, then `POST /release`.
+    /// Revoked, and the group waits for this member's release: finish the work on it, then
+    /// `POST /release`.
     Draining,
-    /// Assigned, but this member's membership is not confirmed on its clock (its store is
-    /// unreachable): start nothing until it is owned again.
-    Suspended,
+    /// No longer this member's, without a handover: its membership may have run out on its own
+    /// clock (paused past the lease, store unreachable), so another member may own the partition
+    /// already. Stop the work on it at once; there is nothing to release. Listed until the member
+    /// has caught up, then absent.
+    Lost,
 }
 
 /// One partition this member holds.

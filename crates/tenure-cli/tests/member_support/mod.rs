@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::common::{get, post};
 
-/// A member's partitions by state (`owned`, `draining`, `suspended`) with their terms; `None`
+/// A member's partitions by state (`owned`, `draining`, `lost`) with their terms; `None`
 /// while it does not answer.
 pub fn partitions(address: &str) -> Option<BTreeMap<u32, (String, u64)>> {
     let (code, body) = get(address, "/assignment")?;
