@@ -25,6 +25,8 @@
 mod events;
 mod hold;
 mod metrics;
+/// The content type of `/metrics` answers, for the other sidecars that serve one.
+pub(crate) use metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
 mod probes;
 mod snapshots;
 mod status;

@@ -18,7 +18,7 @@ use std::time::Duration;
 use clap::Args;
 use tenure::Term;
 use tenure_group::store::GroupStore;
-use tenure_group::{Assignment, Group, GroupConfig, PartitionGuard};
+use tenure_group::{Assignment, Group, GroupConfig, GroupHealth, PartitionGuard};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -40,6 +40,7 @@ use crate::{http, logging, CliError};
         GET  /owns?key=K        200 {\"key\":K,\"owns\":true|false,\"partition\":P,\"term\":T|null}\n  \
         GET  /assignment        the members, and this member's partitions with their terms and state\n  \
         GET  /events            Server-Sent Events: the assignment, first the current one, then each change\n  \
+        GET  /metrics           OpenMetrics: tenure_group_missed_changes_total (alert when > 0), owned partitions, members\n  \
         POST /release?partition=P&term=T  the application stopped work on a draining partition\n\n\
         Partition states, judged on this host's clock at each answer (also the first one after a \
         pause): owned (work on its keys may run), draining (revoked; the group waits for your \
@@ -102,6 +103,8 @@ struct Held {
 #[derive(Debug)]
 pub struct Sidecar {
     identity: String,
+    group: String,
+    health: GroupHealth,
     drain_timeout: Duration,
     state: Mutex<SidecarState>,
     changes: watch::Sender<u64>,
@@ -267,6 +270,34 @@ impl Sidecar {
         }
     }
 
+    /// `GET /metrics`: the member's health in OpenMetrics text, labelled `group`.
+    pub fn metrics(&self) -> Result<String, std::fmt::Error> {
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let mut registry = prometheus_client::registry::Registry::with_labels(
+            [(std::borrow::Cow::Borrowed("group"), std::borrow::Cow::Owned(self.group.clone()))].into_iter(),
+        );
+        let members = self.state().members.len();
+        registry.register(
+            "tenure_group_missed_changes",
+            "Changes the group's watch lost that the once-per-lease read found (expected 0)",
+            ConstCounter::new(self.health.missed_changes()),
+        );
+        registry.register(
+            "tenure_group_owned_partitions",
+            "Partitions this member owns now (judged on its own clock)",
+            ConstGauge::new(i64::try_from(self.health.owned_partitions()).unwrap_or(i64::MAX)),
+        );
+        registry.register(
+            "tenure_group_members",
+            "Live members in this member's view",
+            ConstGauge::new(i64::try_from(members).unwrap_or(i64::MAX)),
+        );
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry)?;
+        Ok(text)
+    }
+
     /// Notifications of changes (the version), for `/events`.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
@@ -348,6 +379,8 @@ pub async fn member(args: MemberArgs) -> Result<u8, CliError> {
 
     let sidecar = Arc::new(Sidecar {
         identity,
+        group: args.group.clone(),
+        health: group.health(),
         drain_timeout,
         state: Mutex::new(SidecarState::default()),
         changes: watch::channel(0).0,

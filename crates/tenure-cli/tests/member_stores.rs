@@ -144,6 +144,11 @@ fn three_members_share_and_hand_over_on_freeze_leave_and_kill(
     assert!(took >= RENEW_DEADLINE, "taken over after {took:?}, before the killed member's deadline");
     assert!(took <= LEASE + Duration::from_secs(1), "taken over after {took:?}, more than a lease");
     assert!(killed.elapsed() >= took);
+
+    // Through all of it the watch lost no change: the once-per-lease read never found one.
+    let (code, metrics) = common::get(&a, "/metrics").expect("/metrics answers");
+    assert_eq!(code, 200, "{metrics}");
+    assert!(metrics.contains("tenure_group_missed_changes_total{group=\"g\"} 0\n"), "{metrics}");
 }
 
 #[test]

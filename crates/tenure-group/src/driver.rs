@@ -74,6 +74,7 @@ struct SharedState {
     members: Vec<String>,
     valid_until: Option<Instant>,
     guards: BTreeMap<(u32, Term), usize>,
+    missed_changes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -158,6 +159,30 @@ impl Drop for PartitionGuard {
         }
         drop(state);
         self.shared.guard_dropped.notify_one();
+    }
+}
+
+/// Reads a member's health counters (see [`Group::health`]).
+#[derive(Debug, Clone)]
+pub struct GroupHealth {
+    shared: Arc<Shared>,
+}
+
+impl GroupHealth {
+    /// See [`Group::missed_changes`].
+    pub fn missed_changes(&self) -> u64 {
+        self.shared.state().missed_changes
+    }
+
+    /// How many partitions the member owns now, judged on this host's clock.
+    pub fn owned_partitions(&self) -> usize {
+        let state = self.shared.state();
+        let valid = state.valid_until.is_some_and(|until| Instant::now() < until);
+        if valid {
+            state.active.len()
+        } else {
+            0
+        }
     }
 }
 
@@ -281,6 +306,20 @@ impl Group {
     /// The live members in this member's view (Tooz: `get_members`).
     pub fn members(&self) -> Vec<String> {
         self.shared.state().members.clone()
+    }
+
+    /// How many changes the group's watch lost that the once-per-lease read found since this
+    /// member joined. Why it exists: the read bounds the damage of a lost change (a handoff
+    /// waits a lease at most), so a store or watch that loses events would otherwise go
+    /// unnoticed; it is expected to stay 0, and worth an alert when it does not.
+    pub fn missed_changes(&self) -> u64 {
+        self.shared.state().missed_changes
+    }
+
+    /// A handle that reads this member's health counters after the `Group` itself was moved
+    /// (into [`Group::leave`]), for a metrics endpoint.
+    pub fn health(&self) -> GroupHealth {
+        GroupHealth { shared: self.shared.clone() }
     }
 
     /// The partition of a key (`namespace/name` for Kubernetes objects).
@@ -519,6 +558,10 @@ impl<S: GroupStore> Driver<S> {
                     )
                 }
                 GroupEvent::Left => tracing::info!("left the group"),
+                GroupEvent::MissedChange { version } => tracing::error!(
+                    %version,
+                    "the group's watch lost a change (found by the once-per-lease read); please report this"
+                ),
             }
         }
         any
@@ -560,6 +603,7 @@ impl<S: GroupStore> Driver<S> {
             state.partition_count = count;
             state.active = owned.clone();
             state.working = self.core.working(mono).collect();
+            state.missed_changes = self.core.missed_changes();
             state.valid_until = self.core.valid_until().filter(|_| self.core.is_member(mono)).map(|t| self.instant(t));
             state.owners = owners;
             state.members = members.clone();

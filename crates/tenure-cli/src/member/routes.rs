@@ -74,6 +74,7 @@ pub fn router(sidecar: Arc<Sidecar>) -> Router {
         .route("/assignment", get(assignment))
         .route("/events", get(events))
         .route("/release", post(release))
+        .route("/metrics", get(metrics))
         .with_state(sidecar)
 }
 
@@ -100,6 +101,15 @@ async fn owns(State(sidecar): State<Arc<Sidecar>>, RawQuery(query): RawQuery) ->
 
 async fn assignment(State(sidecar): State<Arc<Sidecar>>) -> Json<AssignmentReport> {
     Json(sidecar.report())
+}
+
+async fn metrics(State(sidecar): State<Arc<Sidecar>>) -> Response {
+    match sidecar.metrics() {
+        Ok(text) => ([(axum::http::header::CONTENT_TYPE, crate::http::METRICS_CONTENT_TYPE)], text).into_response(),
+        Err(error) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot encode the metrics: {error}\n")).into_response()
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
