@@ -203,8 +203,17 @@ async fn followers_only_watch_and_the_leader_writes_once_per_renew(kind: &str) {
     let (candidates, monitor) = candidates(&cluster, kind, "quiet", 3).await;
     let (leader, _) = monitor.one_leader().await;
     let leader = candidates.iter().find(|c| c.identity == leader).unwrap();
-    // Let the acquisition's echoes settle, then measure a window of about ten renews.
-    let _ = monitor.until("two renews", |_| leader.stats().renews >= 2).await;
+    // Let the acquisition's echoes settle (two renews, and every follower's watch of every lock
+    // object requested: what a follower does before that is not what this measures, and on a
+    // loaded machine it can come after two renews), then measure a window of about ten renews.
+    let objects = objects_of(kind).len() as u64;
+    let followers: Vec<&str> =
+        candidates.iter().filter(|c| c.identity != leader.identity).map(|c| c.identity.as_str()).collect();
+    let _ = monitor
+        .until("two renews and every follower watching", |_| {
+            leader.stats().renews >= 2 && followers.iter().all(|f| cluster.requests(f, Verb::Watch) >= objects)
+        })
+        .await;
     let renews_before = leader.stats().renews;
     cluster.server.faults().reset_counts();
     tokio::time::sleep(Duration::from_secs(2)).await;
