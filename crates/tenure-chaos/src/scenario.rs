@@ -320,8 +320,10 @@ impl Run<'_> {
             command.args(["--http", &address.to_string()]);
         }
         if self.mode == Mode::Run {
+            let grace = self.lease.mul_f64(witness::GRACE_SHARE_OF_TTL);
+            command.args(["--grace", &format!("{}ms", grace.as_millis())]);
             command.arg("--").arg(PYTHON).arg(&self.script).arg(&self.witness_out);
-            let linger = self.lease.as_secs_f64() / 4.0 * witness::GRACE_USED;
+            let linger = witness::GRACE_SHARE_OF_TTL * self.lease.as_secs_f64() * witness::GRACE_USED;
             command.args([
                 candidate.id.as_str(),
                 &witness::ALIVE_PERIOD_MS.to_string(),

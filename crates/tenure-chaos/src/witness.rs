@@ -22,9 +22,13 @@ use crate::ChaosError;
 /// Interval between two `alive` lines: the witness's measurement error.
 pub const ALIVE_PERIOD_MS: u64 = 20;
 
+/// `tenure run --grace`, as a share of the TTL: just under TTL/4, the longest every backend
+/// accepts (3/4 of lease - renew deadline, which is TTL/3 on etcd and ZooKeeper, rounded down).
+pub const GRACE_SHARE_OF_TTL: f64 = 0.24;
+
 /// How much of its grace period the witness uses after SIGTERM: it goes on writing `alive`
-/// lines for this share of `tenure run`'s default grace (TTL/4), then writes `stop` and exits, as
-/// a command that finishes its work before it stops. A lock released before the command is
+/// lines for this share of the grace ([`GRACE_SHARE_OF_TTL`]) (432 ms of 480 ms at TTL 2 s), then writes `stop` and exits,
+/// as a command that finishes its work before it stops. A lock released before the command is
 /// over shows as two commands alive at once.
 pub const GRACE_USED: f64 = 0.9;
 
