@@ -2,9 +2,9 @@
 //!
 //! Why it exists: the replicas of a service on one machine (or `tenure run -- cmd` instances) need
 //! a lock that every process can reach, that survives any of them being killed, and that tells
-//! the others the moment it is released. A file in a private directory does all three: the kernel
-//! releases a dead writer's `flock`, `rename` makes every update atomic, and inotify pushes
-//! changes.
+//! the others the moment it is released. A file in a private directory does all three: an
+//! exclusive `link` orders the writers without a lock anyone holds, `rename` makes every update
+//! atomic, and inotify pushes changes.
 //!
 //! # File format
 //!
@@ -30,28 +30,44 @@
 //!
 //! - **Reads** take no lock: they open the file and read it. Writers never modify the file in
 //!   place, so a reader sees one complete version or the absence of the file.
-//! - **Writes** (`create`, `update`) take an exclusive `flock` on a sidecar file, `<name>.lock`,
-//!   which is never renamed or deleted (a sidecar replaced behind our back is detected by
-//!   comparing inodes after locking, and locked again). Under the flock a writer reads the file,
-//!   compares its version, writes the new document to a temporary file in the same directory
-//!   (`.<name>.tmp.<pid>.<counter>`) and renames it over the file. Every error before the rename
-//!   leaves the file untouched and the rename is atomic, so an error from this lock always means
-//!   the write did not happen (a caller that times out and drops the call cannot know, as with
-//!   any store).
-//! - **Waiting for the flock** polls `LOCK_NB` with short, jittered sleeps on a blocking thread,
-//!   at most [`with_lock_wait`](crate::locks::file::FileLock::with_lock_wait) (2 s by default),
-//!   and stops early when the caller drops the future (the elector's call timeout). A holder only
-//!   keeps the flock for a read and a small write, so a long wait means it is stopped or its disk
-//!   hangs; no thread stays blocked behind it.
+//! - **Writes** (`create`, `update`) hold no lock at all, so no writer can block another, even
+//!   one stopped in the middle of a write (SIGSTOP, a frozen VM: a kernel `flock` cannot be taken
+//!   from a stopped process, and used to stall every other writer until it thawed). A write is a
+//!   compare-and-swap from the state it read (generation `g`):
+//!   1. write the new document (generation `g + 1`) to a temporary file of its own
+//!      (`.<name>.tmp.<pid>.<counter>`) in the same directory;
+//!   2. **claim** the generation: hard-link that file as `.<name>.claim.<g + 1>`. `link` fails if
+//!      the name exists, so of the writers that read the same state, one claims;
+//!   3. read the file again: if it is no longer the state read in step 1, give up (conflict);
+//!   4. rename the temporary file over the file, then remove the claim.
+//!
+//!   A writer that finds the claim taken by a writer still at work (its temporary file exists)
+//!   waits for its rename (then its own write conflicts), at most
+//!   [`with_lock_wait`](crate::locks::file::FileLock::with_lock_wait) (20 ms by default) on its
+//!   own monotonic clock; then it **takes the claim over**: it removes that writer's temporary
+//!   file, so that writer's rename fails (`ENOENT`) whenever it resumes, and claims the next
+//!   generation instead. The removal and the rename exclude each other (both act on the one name
+//!   of that file): either the stopped write landed first, and this write conflicts, or it can
+//!   never land. A claim whose temporary file is gone (link count 1) is dead: its generation is
+//!   skipped at once. So generations strictly increase, with a gap where a claim was taken over.
+//!   Why this is a compare-and-swap: writers from one state contend for one claim name; a writer
+//!   that holds its claim and still sees its state in step 3 is the only one that can rename
+//!   before the state changes, because any other writer from that state needs the same name, or a
+//!   takeover that makes this one's rename fail. Every error before the rename leaves the file
+//!   untouched, so an error from this lock always means the write did not happen (a caller that
+//!   times out and drops the call cannot know, as with any store).
+//! - **Upgrading** from a release that wrote under a `flock` (on `<name>.lock`): those writers and
+//!   these do not exclude each other; stop every candidate of one lock before upgrading, or
+//!   upgrade them all at once. The `<name>.lock` file is no longer used and may be removed.
 //! - **No fsync.** The lock coordinates live processes; a power loss or kernel crash kills all of
 //!   them. What the file then holds does not matter for safety (whoever starts next waits a whole
 //!   lease after seeing any record, invariant S3), and if it is left empty or torn it is read as
 //!   a malformed record and taken over after one lease. Skipping `fsync` keeps a renewal from
 //!   waiting behind unrelated disk flushes, which could otherwise eat into the renew deadline;
 //!   the default location (`$XDG_RUNTIME_DIR`) is a tmpfs where fsync does nothing anyway.
-//! - **Killed writers** leave at most one temporary file. Temporary files are only created under
-//!   the flock, so any temporary file seen while holding the flock belongs to a writer that died:
-//!   writers remove them on a handle's first write, on every `create`, and every 128th write.
+//! - **Killed writers** leave at most one temporary file and one claim. Writers remove temporary
+//!   files of processes that no longer exist (or older than a minute), and claims of generations
+//!   below the file's, on a handle's first write, on every `create`, and every 128th write.
 //!   Readers never look at them.
 //! - **Anything else at the path** (a directory, a FIFO, a file over 64 KiB) reads as a malformed
 //!   record too, without hanging or reading without bound.
@@ -71,17 +87,16 @@
 //!
 //! # Permissions
 //!
-//! Missing directories are created with mode 0700, the sidecar with 0600 and the file with 0644
-//! (less the umask): by default only the owner takes part, and whoever may enter the directory
-//! may read who leads. Processes of several users can share a lock in a directory they may all
-//! write to if the sidecar is created beforehand with a mode that lets them all open it.
+//! Missing directories are created with mode 0700 and the file with 0644 (less the umask): by
+//! default only the owner takes part, and whoever may enter the directory may read who leads.
+//! Processes of several users can share a lock in a directory they may all write to (without the
+//! sticky bit, which would keep them from replacing each other's files).
 
 use std::ffi::{OsStr, OsString};
-use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -96,9 +111,11 @@ use serde::{Deserialize, Serialize};
 use crate::lock::{ChangeStream, LockError, RecordLock, StoredRecord, Version};
 use crate::record::{LeaderElectionRecord, RecordError};
 
-/// How long a write waits for the flock by default.
-const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(2);
-/// The first and the longest pause between two attempts to take the flock.
+/// How long a write waits by default for another writer's pending claim to land before it takes
+/// the claim over: far longer than the few system calls between a claim and its rename, far
+/// shorter than any lease.
+const DEFAULT_STEAL_AFTER: Duration = Duration::from_millis(20);
+/// The first and the longest pause between two looks at another writer's pending claim.
 const FIRST_RETRY: Duration = Duration::from_micros(100);
 const LONGEST_RETRY: Duration = Duration::from_millis(5);
 /// Documents larger than this are not parsed (no honest writer comes close).
@@ -155,12 +172,22 @@ struct Paths {
     dir: PathBuf,
     /// Its file name, to filter inotify events.
     name: OsString,
-    /// The sidecar file that writers flock.
-    sidecar: PathBuf,
+    /// The start of this lock's claim names (`.<name>.claim.`), followed by a generation.
+    claim_prefix: OsString,
     /// The start of this lock's temporary file names.
     temp_prefix: OsString,
     /// Writes made through this handle and its clones, to pace the cleanup of temporary files.
     writes: AtomicU64,
+}
+
+impl Paths {
+    /// The claim of `generation`: taken by the one writer that creates it (`link` fails if it
+    /// exists).
+    fn claim(&self, generation: u64) -> PathBuf {
+        let mut name = self.claim_prefix.clone();
+        name.push(generation.to_string());
+        self.dir.join(name)
+    }
 }
 
 /// A leader election record kept in a file, shared by the processes of one host.
@@ -177,7 +204,7 @@ struct Paths {
 #[derive(Debug, Clone)]
 pub struct FileLock {
     paths: Arc<Paths>,
-    lock_wait: Duration,
+    steal_after: Duration,
 }
 
 impl FileLock {
@@ -206,21 +233,22 @@ impl FileLock {
             error,
         })?;
 
-        let mut sidecar_name = name.to_owned();
-        sidecar_name.push(".lock");
         let stem = &name.as_bytes()[..name.len().min(MAX_TEMP_STEM_BYTES)];
-        let mut temp_prefix = OsString::from(".");
-        temp_prefix.push(OsStr::from_bytes(stem));
-        temp_prefix.push(".tmp.");
+        let hidden = |suffix: &str| {
+            let mut prefix = OsString::from(".");
+            prefix.push(OsStr::from_bytes(stem));
+            prefix.push(suffix);
+            prefix
+        };
         let paths = Paths {
-            sidecar: dir.join(sidecar_name),
+            claim_prefix: hidden(".claim."),
+            temp_prefix: hidden(".tmp."),
             dir: dir.to_owned(),
             name: name.to_owned(),
-            temp_prefix,
             path,
             writes: AtomicU64::new(0),
         };
-        Ok(FileLock { paths: Arc::new(paths), lock_wait: DEFAULT_LOCK_WAIT })
+        Ok(FileLock { paths: Arc::new(paths), steal_after: DEFAULT_STEAL_AFTER })
     }
 
     /// The per-user default location for an election: `$XDG_RUNTIME_DIR/tenure/<election>.json`
@@ -243,15 +271,17 @@ impl FileLock {
         &self.paths.path
     }
 
-    /// Sets how long a write waits for another process's write to finish before failing with
-    /// [`LockError::Unavailable`] (default 2 s).
+    /// Sets how long a write waits for another process's pending write (a claim of the same
+    /// generation, see the module documentation) to land before it takes that claim over
+    /// (default 20 ms).
     ///
-    /// Why: a process that holds the flock for long is stopped or stuck on its disk; bounding the
-    /// wait keeps a write from blocking a thread indefinitely behind it. A write also stops
-    /// waiting as soon as its caller gives up (drops the future), so this bound matters only to
-    /// callers without their own timeout.
+    /// Why: a writer stopped between its claim and its rename (SIGSTOP, a frozen VM) must not keep
+    /// others from writing, as a held kernel lock would; taking its claim over makes its write
+    /// fail whenever it resumes. Measured on this process's monotonic clock from the moment it
+    /// first saw the claim. A live writer needs microseconds between the two steps; one slowed
+    /// past this bound only sees its write fail (a conflict), never land late.
     pub fn with_lock_wait(mut self, wait: Duration) -> FileLock {
-        self.lock_wait = wait;
+        self.steal_after = wait;
         self
     }
 
@@ -261,10 +291,10 @@ impl FileLock {
         work: impl FnOnce(&Paths, Duration, &AtomicBool) -> Result<T, LockError> + Send + 'static,
     ) -> Result<T, LockError> {
         let paths = self.paths.clone();
-        let lock_wait = self.lock_wait;
+        let steal_after = self.steal_after;
         let cancelled = Arc::new(AtomicBool::new(false));
         let _cancel_on_drop = CancelOnDrop(cancelled.clone());
-        tokio::task::spawn_blocking(move || work(&paths, lock_wait, &cancelled)).await.map_err(|error| {
+        tokio::task::spawn_blocking(move || work(&paths, steal_after, &cancelled)).await.map_err(|error| {
             LockError::Unavailable(format!("file lock {}: worker thread failed: {error}", self.paths.path.display()))
         })?
     }
@@ -451,166 +481,271 @@ fn raw_snapshot(generation: Option<u64>, hash: u64, reason: String) -> Snapshot 
 // ---------------------------------------------------------------------------------------------
 // Writing
 
-/// Creates (`expected == None`) or updates the record under the flock.
+/// Creates (`expected == None`) or updates the record by compare-and-swap, holding nothing that a
+/// stopped process could keep from others (see "Protocol" in the module documentation).
 fn write(
     paths: &Paths,
-    lock_wait: Duration,
+    steal_after: Duration,
     cancelled: &AtomicBool,
     expected: Option<&Version>,
     record: &LeaderElectionRecord,
 ) -> Result<Version, LockError> {
-    let _flock = acquire_flock(paths, lock_wait, cancelled)?;
-    if cancelled.load(Ordering::Relaxed) {
-        return Err(cancelled_error(paths));
-    }
     let writes = paths.writes.fetch_add(1, Ordering::Relaxed);
     #[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; the workspace supports 1.80
-    if expected.is_none() || writes % CLEAN_EVERY_WRITES == 0 {
-        remove_orphaned_temp_files(paths);
-    }
-
-    let current = read_snapshot(&paths.path)?;
-    let generation = match (expected, current) {
-        (None, Some(_)) => return Err(LockError::AlreadyExists),
-        (None, None) => 1,
-        (Some(_), None) => return Err(LockError::Conflict),
-        (Some(expected), Some(current)) if current.stored.version != *expected => return Err(LockError::Conflict),
-        (Some(_), Some(current)) => current.generation.unwrap_or(0).saturating_add(1),
-    };
-
-    let mut content = serde_json::to_vec(&DocumentOut { generation, record }).map_err(|error| {
-        LockError::Unavailable(format!("cannot encode the record for {}: {error}", paths.path.display()))
-    })?;
-    content.push(b'\n');
-    replace_file(paths, &content)?;
-    let mut hash = ContentHash::new();
-    hash.add(&content);
-    Ok(document_version(generation, hash.0))
-}
-
-/// Writes `content` to a new temporary file and renames it over the record's file.
-fn replace_file(paths: &Paths, content: &[u8]) -> Result<(), LockError> {
-    static TEMP_FILES: AtomicU64 = AtomicU64::new(0);
-    let mut attempts = 0;
-    let (temp, mut file) = loop {
-        let mut name = paths.temp_prefix.clone();
-        name.push(format!("{}.{}", std::process::id(), TEMP_FILES.fetch_add(1, Ordering::Relaxed)));
-        let temp = paths.dir.join(name);
-        match OpenOptions::new().write(true).create_new(true).mode(0o644).open(&temp) {
-            Ok(file) => break (temp, file),
-            // Left by a dead process that had our pid; the next cleanup removes it.
-            Err(error) if error.kind() == io::ErrorKind::AlreadyExists && attempts < 8 => attempts += 1,
-            Err(error) => return Err(io_error("create", &temp, error)),
-        }
-    };
-    let result = file.write_all(content).map_err(|error| io_error("write", &temp, error)).and_then(|()| {
-        drop(file);
-        fs::rename(&temp, &paths.path).map_err(|error| io_error("replace", &paths.path, error))
-    });
-    if result.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    result
-}
-
-/// Removes temporary files of this lock. Only call under the flock: then no live writer has one.
-fn remove_orphaned_temp_files(paths: &Paths) {
-    let Ok(entries) = fs::read_dir(&paths.dir) else { return };
-    for entry in entries.flatten() {
-        if entry.file_name().as_bytes().starts_with(paths.temp_prefix.as_bytes()) {
-            let path = entry.path();
-            match fs::remove_file(&path) {
-                Ok(()) => {
-                    tracing::debug!(path = %path.display(), "removed a temporary file left by a writer that died")
-                }
-                Err(error) => {
-                    tracing::debug!(path = %path.display(), %error, "cannot remove an orphaned temporary file")
-                }
-            }
-        }
-    }
-}
-
-/// Takes the exclusive flock on the sidecar, polling until `lock_wait` has passed or the caller
-/// gives up. The flock is released when the returned file is dropped.
-fn acquire_flock(paths: &Paths, lock_wait: Duration, cancelled: &AtomicBool) -> Result<File, LockError> {
-    let deadline = Instant::now() + lock_wait;
-    let mut pause = FIRST_RETRY;
-    let mut sidecar = open_sidecar(paths)?;
+    let tidy = expected.is_none() || writes % CLEAN_EVERY_WRITES == 0;
+    let mut pending = PendingClaim::default();
     loop {
-        if try_flock(&sidecar).map_err(|error| io_error("flock", &paths.sidecar, error))? {
-            if is_current_sidecar(paths, &sidecar)? {
-                return Ok(sidecar);
-            }
-            // Somebody deleted or replaced the sidecar: its lock protects nothing any more.
-            sidecar = open_sidecar(paths)?;
-            continue;
-        }
         if cancelled.load(Ordering::Relaxed) {
             return Err(cancelled_error(paths));
         }
-        let now = Instant::now();
-        if now >= deadline {
-            return Err(LockError::Unavailable(format!(
-                "another process held the flock on {} for more than {lock_wait:?}",
-                paths.sidecar.display()
-            )));
+        let current = read_snapshot(&paths.path)?;
+        let base = current.as_ref().map(|c| c.stored.version.clone());
+        let next = match (expected, &current) {
+            (None, Some(_)) => return Err(LockError::AlreadyExists),
+            (None, None) => 1,
+            (Some(_), None) => return Err(LockError::Conflict),
+            (Some(expected), Some(current)) if current.stored.version != *expected => return Err(LockError::Conflict),
+            (Some(_), Some(current)) => current.generation.unwrap_or(0).saturating_add(1),
+        };
+        if tidy {
+            remove_leftovers(paths, current.as_ref().and_then(|c| c.generation));
         }
-        let jittered = pause.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
-        std::thread::sleep(jittered.min(deadline - now));
-        pause = (pause * 2).min(LONGEST_RETRY);
+        // The first generation from `next` on that is free, or taken by a writer still at work.
+        let mut generation = next;
+        let outcome = loop {
+            let mut content = serde_json::to_vec(&DocumentOut { generation, record }).map_err(|error| {
+                LockError::Unavailable(format!("cannot encode the record for {}: {error}", paths.path.display()))
+            })?;
+            content.push(b'\n');
+            let temp = TempFile::write(paths, &content)?;
+            let claim = paths.claim(generation);
+            match fs::hard_link(&temp.path, &claim) {
+                Ok(()) => break Claimed::Ours(temp, claim, content),
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(error) => return Err(io_error("claim", &claim, error)),
+            }
+            drop(temp);
+            match claim_state(&claim)? {
+                // Its writer was stopped and its claim taken over, or it died: skip the generation.
+                ClaimState::Dead => generation = generation.saturating_add(1),
+                ClaimState::Gone => {}
+                ClaimState::Pending(inode) => break Claimed::Theirs(claim, inode),
+            }
+        };
+        match outcome {
+            Claimed::Ours(temp, claim, content) => {
+                let claim = OwnClaim { path: claim, inode: temp.inode };
+                // The compare of compare-and-swap: nothing landed since our read.
+                let now = read_snapshot(&paths.path)?;
+                if now.as_ref().map(|c| &c.stored.version) != base.as_ref() {
+                    drop(claim);
+                    return Err(if expected.is_none() { LockError::AlreadyExists } else { LockError::Conflict });
+                }
+                match fs::rename(&temp.path, &paths.path) {
+                    Ok(()) => temp.renamed(),
+                    // Our claim was taken over while this process was stopped: nothing was written.
+                    Err(error) if error.kind() == io::ErrorKind::NotFound => return Err(LockError::Conflict),
+                    Err(error) => return Err(io_error("replace", &paths.path, error)),
+                }
+                drop(claim);
+                let mut hash = ContentHash::new();
+                hash.add(&content);
+                return Ok(document_version(generation, hash.0));
+            }
+            Claimed::Theirs(claim, inode) => {
+                // Another write from the same state is under way: wait for it to land (then ours
+                // conflicts) or, once it stayed unfinished for `steal_after` on this clock (its
+                // writer is stopped or stuck), take its claim over so that it can never land.
+                if pending.waited(inode) >= steal_after {
+                    take_over(paths, &claim, inode);
+                    continue;
+                }
+                let pause = pending.pause();
+                std::thread::sleep(pause.min(steal_after));
+            }
+        }
     }
+}
+
+/// What an attempt to claim a generation found.
+enum Claimed {
+    /// The claim is ours: the temporary file, the claim's path, the document.
+    Ours(TempFile, PathBuf, Vec<u8>),
+    /// Another writer's pending claim: its path and inode.
+    Theirs(PathBuf, (u64, u64)),
+}
+
+/// The state of a claim that exists (or did a moment ago).
+enum ClaimState {
+    /// Gone meanwhile: try the same generation again.
+    Gone,
+    /// Its writer's temporary file is gone (taken over, or the writer died and it was cleaned):
+    /// it can never land.
+    Dead,
+    /// Its writer's temporary file still exists: the write may still land. (device, inode)
+    Pending((u64, u64)),
+}
+
+fn claim_state(claim: &Path) -> Result<ClaimState, LockError> {
+    match fs::symlink_metadata(claim) {
+        Ok(metadata) if metadata.nlink() <= 1 => Ok(ClaimState::Dead),
+        Ok(metadata) => Ok(ClaimState::Pending((metadata.dev(), metadata.ino()))),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(ClaimState::Gone),
+        Err(error) => Err(io_error("inspect", claim, error)),
+    }
+}
+
+/// How long this writer has watched one pending claim, on its own monotonic clock (never a file
+/// time: a clock another process wrote, invariant S3), and the pause between two looks.
+#[derive(Default)]
+struct PendingClaim {
+    watched: Option<((u64, u64), Instant)>,
+    pause: Option<Duration>,
+}
+
+impl PendingClaim {
+    fn waited(&mut self, inode: (u64, u64)) -> Duration {
+        match self.watched {
+            Some((seen, since)) if seen == inode => since.elapsed(),
+            _ => {
+                self.watched = Some((inode, Instant::now()));
+                self.pause = None;
+                Duration::ZERO
+            }
+        }
+    }
+
+    fn pause(&mut self) -> Duration {
+        let pause = self.pause.map_or(FIRST_RETRY, |p| (p * 2).min(LONGEST_RETRY));
+        self.pause = Some(pause);
+        pause.mul_f64(rand::thread_rng().gen_range(0.5..1.0))
+    }
+}
+
+/// Makes a stopped writer's pending claim dead: removes its temporary file (found by inode), so
+/// that its rename fails (`ENOENT`) whenever the writer resumes. The rename and the removal are
+/// atomic with respect to each other: either the write landed first (then the file changed and
+/// our own write conflicts) or it never will.
+fn take_over(paths: &Paths, claim: &Path, inode: (u64, u64)) {
+    let Ok(entries) = fs::read_dir(&paths.dir) else { return };
+    for entry in entries.flatten() {
+        if !entry.file_name().as_bytes().starts_with(paths.temp_prefix.as_bytes()) {
+            continue;
+        }
+        let path = entry.path();
+        if fs::symlink_metadata(&path).is_ok_and(|m| (m.dev(), m.ino()) == inode) && fs::remove_file(&path).is_ok() {
+            tracing::debug!(claim = %claim.display(), "took over the claim of a writer stopped in the middle of a write");
+        }
+    }
+}
+
+/// A claim this writer made: removed when dropped if the name still refers to our file.
+struct OwnClaim {
+    path: PathBuf,
+    inode: (u64, u64),
+}
+
+impl Drop for OwnClaim {
+    fn drop(&mut self) {
+        if fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.inode) {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// A new document in a temporary file of its own; removed when dropped unless renamed.
+struct TempFile {
+    path: PathBuf,
+    inode: (u64, u64),
+    renamed: bool,
+}
+
+impl TempFile {
+    fn write(paths: &Paths, content: &[u8]) -> Result<TempFile, LockError> {
+        static TEMP_FILES: AtomicU64 = AtomicU64::new(0);
+        let mut attempts = 0;
+        let (path, mut file) = loop {
+            let mut name = paths.temp_prefix.clone();
+            name.push(format!("{}.{}", std::process::id(), TEMP_FILES.fetch_add(1, Ordering::Relaxed)));
+            let path = paths.dir.join(name);
+            match OpenOptions::new().write(true).create_new(true).mode(0o644).open(&path) {
+                Ok(file) => break (path, file),
+                // Left by a dead process that had our pid; the next cleanup removes it.
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists && attempts < 8 => attempts += 1,
+                Err(error) if error.kind() == io::ErrorKind::NotFound && attempts < 8 => {
+                    attempts += 1;
+                    create_directories(&paths.dir).map_err(|error| io_error("create directory", &paths.dir, error))?;
+                }
+                Err(error) => return Err(io_error("create", &path, error)),
+            }
+        };
+        let mut temp = TempFile { path, inode: (0, 0), renamed: false };
+        file.write_all(content).map_err(|error| io_error("write", &temp.path, error))?;
+        let metadata = file.metadata().map_err(|error| io_error("inspect", &temp.path, error))?;
+        temp.inode = (metadata.dev(), metadata.ino());
+        Ok(temp)
+    }
+
+    fn renamed(mut self) {
+        self.renamed = true;
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.renamed {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// How old a temporary file must be before a writer removes it as left by a dead process. A
+/// writer resumed after a longer stop finds its file gone: its write fails, nothing else.
+const ORPHAN_AGE: Duration = Duration::from_secs(60);
+
+/// Removes what dead writers left: temporary files of processes that no longer exist or older
+/// than [`ORPHAN_AGE`], and claims of generations below the file's (their writers' state is gone:
+/// they can never land).
+fn remove_leftovers(paths: &Paths, generation: Option<u64>) {
+    let Ok(entries) = fs::read_dir(&paths.dir) else { return };
+    let now = std::time::SystemTime::now();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let bytes = name.as_bytes();
+        let leftover = if let Some(suffix) = bytes.strip_prefix(paths.temp_prefix.as_bytes()) {
+            let old = entry.metadata().ok().and_then(|m| m.modified().ok()).is_some_and(|modified| {
+                now.duration_since(modified).is_ok_and(|age| age > ORPHAN_AGE)
+            });
+            old || writer_is_gone(suffix)
+        } else if let Some(claimed) = bytes.strip_prefix(paths.claim_prefix.as_bytes()) {
+            let claimed = std::str::from_utf8(claimed).ok().and_then(|g| g.parse::<u64>().ok());
+            claimed.zip(generation).is_some_and(|(claimed, current)| claimed < current)
+        } else {
+            false
+        };
+        if leftover {
+            let path = entry.path();
+            match fs::remove_file(&path) {
+                Ok(()) => tracing::debug!(path = %path.display(), "removed a file left by a writer that died"),
+                Err(error) => tracing::debug!(path = %path.display(), %error, "cannot remove a leftover file"),
+            }
+        }
+    }
+}
+
+/// True when the process that named a temporary file (`<pid>.<counter>`) no longer exists here.
+/// A process in another PID namespace may share the directory: then its file may go too early,
+/// which makes its write fail, never land wrongly.
+fn writer_is_gone(suffix: &[u8]) -> bool {
+    let pid = suffix.split(|&b| b == b'.').next().and_then(|pid| std::str::from_utf8(pid).ok()?.parse::<i32>().ok());
+    let Some(pid) = pid.filter(|&pid| pid > 0) else { return false };
+    // SAFETY: kill with signal 0 only checks whether the process exists; no memory is involved.
+    let result = unsafe { libc::kill(pid, 0) };
+    result != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
 }
 
 fn cancelled_error(paths: &Paths) -> LockError {
     LockError::Unavailable(format!("write to {} abandoned: the caller gave up", paths.path.display()))
-}
-
-/// Opens the sidecar, creating it (and missing directories) if needed. An existing sidecar is
-/// opened read-only: flock needs no more, and watchers get no close-after-write event from it.
-fn open_sidecar(paths: &Paths) -> Result<File, LockError> {
-    let sidecar = &paths.sidecar;
-    match File::open(sidecar) {
-        Ok(file) => return Ok(file),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-        Err(error) => return Err(io_error("open", sidecar, error)),
-    }
-    let create = || OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(sidecar);
-    match create() {
-        Ok(file) => Ok(file),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => {
-            create_directories(&paths.dir).map_err(|error| io_error("create directory", &paths.dir, error))?;
-            create().map_err(|error| io_error("create", sidecar, error))
-        }
-        Err(error) => Err(io_error("create", sidecar, error)),
-    }
-}
-
-/// Tries once to take an exclusive flock; `false` when another open file holds it.
-fn try_flock(file: &File) -> io::Result<bool> {
-    loop {
-        // SAFETY: flock only takes a descriptor; `file` keeps it open for the whole call.
-        let result = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if result == 0 {
-            return Ok(true);
-        }
-        let error = io::Error::last_os_error();
-        match error.raw_os_error() {
-            Some(libc::EWOULDBLOCK) => return Ok(false),
-            Some(libc::EINTR) => continue,
-            _ => return Err(error),
-        }
-    }
-}
-
-/// True when `file` is still the file at the sidecar's path.
-fn is_current_sidecar(paths: &Paths, file: &File) -> Result<bool, LockError> {
-    let open = file.metadata().map_err(|error| io_error("inspect", &paths.sidecar, error))?;
-    match fs::metadata(&paths.sidecar) {
-        Ok(named) => Ok(named.dev() == open.dev() && named.ino() == open.ino()),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(error) => Err(io_error("inspect", &paths.sidecar, error)),
-    }
 }
 
 fn create_directories(dir: &Path) -> io::Result<()> {
@@ -874,22 +1009,6 @@ mod tests {
         std::os::unix::fs::symlink(&root, &dir).unwrap();
         assert!(matches!(default_path_in("svc", None, &root, uid), Err(FileLockError::UnsafeDirectory { .. })));
         fs::remove_dir_all(&root).unwrap();
-    }
-
-    #[test]
-    fn a_waiting_write_gives_up_when_its_caller_does() {
-        let dir = scratch("cancel");
-        let lock = FileLock::open(dir.join("x.json")).unwrap();
-        let holder = open_sidecar(&lock.paths).unwrap();
-        assert!(try_flock(&holder).unwrap());
-        let cancelled = AtomicBool::new(true);
-        let started = Instant::now();
-        let error = acquire_flock(&lock.paths, Duration::from_secs(60), &cancelled).unwrap_err();
-        assert!(started.elapsed() < Duration::from_secs(10), "waited {:?}", started.elapsed());
-        assert!(matches!(&error, LockError::Unavailable(m) if m.contains("gave up")), "{error}");
-        drop(holder);
-        assert!(acquire_flock(&lock.paths, Duration::ZERO, &cancelled).is_ok());
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
