@@ -773,3 +773,93 @@ fn killed_writers_never_tear_the_record_lose_an_increment_or_leave_the_lock_stuc
     let names: Vec<_> = scratch.names().into_iter().collect();
     assert_eq!(names, ["election.json"]);
 }
+
+/// A writer stopped (SIGSTOP) at a random point, in the middle of a write included, blocks none
+/// of the others (they go on writing while it is stopped), and when it resumes its write either
+/// landed before it was stopped or fails: no increment is lost or applied twice, and nothing it
+/// wrote lands over a newer record.
+#[test]
+fn stopped_writers_block_nobody_and_never_land_a_stale_write() {
+    const ROUNDS: usize = 20;
+    const CHILDREN: usize = 3;
+    let scratch = Scratch::new("stop");
+    let path = scratch.join("election.json");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let lock = FileLock::open(&path).unwrap();
+    runtime.block_on(lock.create(&record("", 0))).unwrap();
+    let read_counter = || match runtime.block_on(lock.get()).unwrap() {
+        Some(StoredRecord { record: Ok(record), .. }) => record.leader_transitions,
+        other => panic!("the file is not a record: {other:?}"),
+    };
+
+    let mut rng = rand::thread_rng();
+    let (mut writes_while_stopped, mut skipped_generations) = (0, 0);
+    for round in 0..ROUNDS {
+        let before = read_counter();
+        let generation_before = document(&path)["generation"].as_i64().unwrap();
+        let (sender, receiver) = mpsc::channel();
+        let mut children: Vec<Hammer> = (0..CHILDREN).map(|i| start_hammer(&path, i, sender.clone())).collect();
+        drop(sender);
+        let mut lines: HashMap<usize, Vec<String>> = HashMap::new();
+        let receive = |lines: &mut HashMap<usize, Vec<String>>| {
+            let (index, line) = receiver.recv_timeout(PATIENCE).expect("the writers were blocked");
+            let is_ok = line.starts_with("ok ");
+            lines.entry(index).or_default().push(line);
+            (index, is_ok)
+        };
+
+        let writes_before_stop = rng.gen_range(1..=30);
+        let mut writes = 0;
+        while writes < writes_before_stop {
+            writes += usize::from(receive(&mut lines).1);
+        }
+        // A random pause (not synchronisation) so that stops land at every point of a write.
+        std::thread::sleep(Duration::from_micros(rng.gen_range(0..2000)));
+        let victim = rng.gen_range(0..CHILDREN);
+        let pid = children[victim].process.id() as i32;
+        // SAFETY: kill only sends a signal to our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        // Until the victim is stopped for sure, its lines may still arrive.
+        let mut others_wrote = 0;
+        while others_wrote < 10 {
+            let (index, ok) = receive(&mut lines);
+            others_wrote += usize::from(ok && index != victim);
+        }
+        writes_while_stopped += others_wrote;
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        let mut victim_after = 0;
+        while victim_after < 2 {
+            let (index, _) = receive(&mut lines);
+            victim_after += usize::from(index == victim);
+        }
+        for child in &mut children {
+            drop(child.process.stdin.take());
+        }
+        for (index, child) in children.iter_mut().enumerate() {
+            let status = child.process.wait().unwrap();
+            assert!(status.success(), "round {round}: child {index} failed: {status}");
+            child.reader.take().unwrap().join().unwrap();
+        }
+        while let Ok((index, line)) = receiver.try_recv() {
+            lines.entry(index).or_default().push(line);
+        }
+
+        // Exact accounting: every value from `before` to `after` was written exactly once, each
+        // by a write its child was told succeeded.
+        let after = read_counter();
+        let mut applied = BTreeSet::new();
+        for index in 0..CHILDREN {
+            let outcome = outcome(lines.get(&index).map_or(&[][..], Vec::as_slice));
+            assert!(outcome.finished && outcome.in_flight.is_none(), "round {round}: child {index}: {outcome:?}");
+            for value in outcome.applied {
+                assert!(applied.insert(value), "round {round}: {value} was written twice");
+            }
+        }
+        let expected: BTreeSet<i64> = (before + 1..=after).collect();
+        assert_eq!(applied, expected, "round {round}: reported writes and the record's counter differ");
+        let generation = document(&path)["generation"].as_i64().unwrap();
+        skipped_generations += generation - generation_before - (after - before);
+    }
+    eprintln!("{ROUNDS} stops, {writes_while_stopped} writes by the others meanwhile, {skipped_generations} claims taken over");
+}
