@@ -218,7 +218,7 @@ async fn a_recreated_file_does_not_match_a_version_read_before_its_deletion() {
     fs::remove_file(&path).unwrap();
     let newcomer = FileLock::open(&path).unwrap();
     newcomer.create(&record("b", 0)).await.unwrap();
-    assert_eq!(document(&path)["generation"], 1, "generation restarts with the file");
+    assert_eq!(document(&path)["generation"], 2, "generations go on above the deleted file's, never down");
     assert_eq!(old_holder.update(&stale, &record("a", 1)).await, Err(LockError::Conflict));
     assert_eq!(newcomer.get().await.unwrap().unwrap().record, Ok(record("b", 0)));
 }
@@ -239,13 +239,14 @@ async fn leftover_temporary_files_are_ignored_by_readers_and_removed_by_writers(
     let restarted = FileLock::open(&path).unwrap();
     restarted.update(&version, &record("a", 1)).await.unwrap();
     let names: Vec<_> = scratch.names().into_iter().collect();
-    assert_eq!(names, ["election.json", "other.json"]);
+    // The claim of the file's generation stays: the high-water mark of generations.
+    assert_eq!(names, [".election.json.claim.2", "election.json", "other.json"]);
 }
 
 /// What a writer stopped (SIGSTOP, a frozen VM) between its claim and its rename leaves: its new
 /// document in a temporary file, hard-linked as the claim of the next generation.
 fn stopped_writer(scratch: &Scratch, generation: u64, document: &str) -> PathBuf {
-    let temp = scratch.join(&format!(".election.json.tmp.{}.stopped", std::process::id()));
+    let temp = scratch.join(&format!(".election.json.tmp.{}.999999999", std::process::id()));
     fs::write(&temp, document).unwrap();
     fs::hard_link(&temp, scratch.join(&format!(".election.json.claim.{generation}"))).unwrap();
     temp
@@ -348,7 +349,8 @@ async fn concurrent_writers_in_one_process_never_lose_an_increment() {
     }
     let stored = FileLock::open(&path).unwrap().get().await.unwrap().unwrap();
     assert_eq!(stored.record.unwrap().leader_transitions, WRITERS * 2 * INCREMENTS);
-    assert_eq!(document(&path)["generation"], WRITERS * 2 * INCREMENTS + 1);
+    // One generation per write, and one skipped for each claim that lost its compare.
+    assert!(document(&path)["generation"].as_i64().unwrap() > WRITERS * 2 * INCREMENTS);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -771,7 +773,8 @@ fn killed_writers_never_tear_the_record_lose_an_increment_or_leave_the_lock_stuc
     let stored = runtime.block_on(restarted.get()).unwrap().unwrap();
     runtime.block_on(restarted.update(&stored.version, &record("last", 0))).unwrap();
     let names: Vec<_> = scratch.names().into_iter().collect();
-    assert_eq!(names, ["election.json"]);
+    let generation = document(&path)["generation"].as_u64().unwrap();
+    assert_eq!(names, [format!(".election.json.claim.{generation}"), "election.json".to_owned()]);
 }
 
 /// A writer stopped (SIGSTOP) at a random point, in the middle of a write included, blocks none
@@ -861,5 +864,5 @@ fn stopped_writers_block_nobody_and_never_land_a_stale_write() {
         let generation = document(&path)["generation"].as_i64().unwrap();
         skipped_generations += generation - generation_before - (after - before);
     }
-    eprintln!("{ROUNDS} stops, {writes_while_stopped} writes by the others meanwhile, {skipped_generations} claims taken over");
+    eprintln!("{ROUNDS} stops, {writes_while_stopped} writes by the others meanwhile, {skipped_generations} generations skipped (claims that lost their compare or were taken over)");
 }

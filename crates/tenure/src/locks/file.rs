@@ -32,30 +32,38 @@
 //!   place, so a reader sees one complete version or the absence of the file.
 //! - **Writes** (`create`, `update`) hold no lock at all, so no writer can block another, even
 //!   one stopped in the middle of a write (SIGSTOP, a frozen VM: a kernel `flock` cannot be taken
-//!   from a stopped process, and used to stall every other writer until it thawed). A write is a
-//!   compare-and-swap from the state it read (generation `g`):
+//!   from a stopped process, and used to stall every other writer until it thawed). An update is
+//!   a compare-and-swap from the state it read (generation `g`):
 //!   1. write the new document (generation `g + 1`) to a temporary file of its own
 //!      (`.<name>.tmp.<pid>.<counter>`) in the same directory;
 //!   2. **claim** the generation: hard-link that file as `.<name>.claim.<g + 1>`. `link` fails if
 //!      the name exists, so of the writers that read the same state, one claims;
 //!   3. read the file again: if it is no longer the state read in step 1, give up (conflict);
-//!   4. rename the temporary file over the file, then remove the claim.
+//!   4. rename the temporary file over the file.
 //!
 //!   A writer that finds the claim taken by a writer still at work (its temporary file exists)
-//!   waits for its rename (then its own write conflicts), at most
+//!   first reads the file again (changed: conflict at once), then waits for that rename at most
 //!   [`with_lock_wait`](crate::locks::file::FileLock::with_lock_wait) (20 ms by default) on its
 //!   own monotonic clock; then it **takes the claim over**: it removes that writer's temporary
-//!   file, so that writer's rename fails (`ENOENT`) whenever it resumes, and claims the next
-//!   generation instead. The removal and the rename exclude each other (both act on the one name
-//!   of that file): either the stopped write landed first, and this write conflicts, or it can
-//!   never land. A claim whose temporary file is gone (link count 1) is dead: its generation is
-//!   skipped at once. So generations strictly increase, with a gap where a claim was taken over.
-//!   Why this is a compare-and-swap: writers from one state contend for one claim name; a writer
-//!   that holds its claim and still sees its state in step 3 is the only one that can rename
-//!   before the state changes, because any other writer from that state needs the same name, or a
-//!   takeover that makes this one's rename fail. Every error before the rename leaves the file
-//!   untouched, so an error from this lock always means the write did not happen (a caller that
-//!   times out and drops the call cannot know, as with any store).
+//!   file, so that writer's rename fails (`ENOENT`) whenever it resumes, and goes on to the next
+//!   generation. The removal and the rename exclude each other (both act on the one name of that
+//!   file): either the stopped write landed first, and this write conflicts, or it can never
+//!   land. A claim that can never land (its temporary file is gone, or it is the file itself) is
+//!   dead, and its generation is skipped. Claims are never removed by their writers, even when
+//!   their write fails: a name once claimed stays taken until the file's generation has passed
+//!   it, so writers from one state meet at the same name however many generations they skip.
+//!   Writers remove claims below the file's generation, whose writers' state is gone (they can
+//!   never land); the claim of the file's own generation stays as the high-water mark.
+//!   A **create** links its temporary file as the file itself (`link` fails if it exists): one
+//!   atomic step. It first waits for (or takes over) every pending claim, since a writer that
+//!   read the file before it was deleted may be about to rename over it, and continues above the
+//!   highest claim: generations never go down, even across a deletion. A write over content
+//!   without a generation (a foreign or torn file) does the same, then takes over every other
+//!   pending claim after its own.
+//!   Every error before the rename leaves the file untouched, so an error from this lock always
+//!   means the write did not happen (a caller that times out and drops the call cannot know, as
+//!   with any store). The directory must be on a local file system: the protocol relies on
+//!   `link`, `rename` and link counts as the kernel sees them at once (not NFS).
 //! - **Upgrading** from a release that wrote under a `flock` (on `<name>.lock`): those writers and
 //!   these do not exclude each other; stop every candidate of one lock before upgrading, or
 //!   upgrade them all at once. The `<name>.lock` file is no longer used and may be removed.
@@ -65,9 +73,9 @@
 //!   a malformed record and taken over after one lease. Skipping `fsync` keeps a renewal from
 //!   waiting behind unrelated disk flushes, which could otherwise eat into the renew deadline;
 //!   the default location (`$XDG_RUNTIME_DIR`) is a tmpfs where fsync does nothing anyway.
-//! - **Killed writers** leave at most one temporary file and one claim. Writers remove temporary
-//!   files of processes that no longer exist (or older than a minute), and claims of generations
-//!   below the file's, on a handle's first write, on every `create`, and every 128th write.
+//! - **Killed writers** leave at most one temporary file and one claim. After a handle's first
+//!   write, every `create` and every 128th write, the writer removes temporary files of processes
+//!   that no longer exist (or older than a minute) and claims of generations below the file's.
 //!   Readers never look at them.
 //! - **Anything else at the path** (a directory, a FIFO, a file over 64 KiB) reads as a malformed
 //!   record too, without hanging or reading without bound.
@@ -75,11 +83,11 @@
 //! # Change notification
 //!
 //! [`RecordLock::watch`](crate::RecordLock::watch) uses inotify on the directory, filtered to
-//! the file's name: a rename onto it (every Tenure write), a close after writing it in place (a
-//! foreign writer), its deletion or a rename away. Each burst of events gives one read of the
-//! file; a state equal to the one delivered just before is not repeated. Creation alone is not
-//! reported (a file created in place is reported when its writer closes it, so readers do not
-//! see it empty). If inotify cannot be set up, or the directory disappears, the stream yields one
+//! the file's name: a rename onto it (every Tenure update), its creation (a Tenure create links a
+//! complete file into place), a close after writing it in place (a foreign writer, whose file may
+//! also be read once right after its creation, before it wrote), its deletion or a rename away.
+//! Each burst of events gives one read of the file; a state equal to the one delivered just before
+//! is not repeated. If inotify cannot be set up, or the directory disappears, the stream yields one
 //! [`LockError::Unavailable`](crate::LockError::Unavailable) and ends; the elector then reads at
 //! its retry period and reopens the watch, so followers fall back to polling until inotify works
 //! again (returning `None` instead would make them poll forever). The stream must be polled
@@ -92,6 +100,7 @@
 //! Processes of several users can share a lock in a directory they may all write to (without the
 //! sticky bit, which would keep them from replacing each other's files).
 
+use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::{self, Read, Write};
@@ -233,10 +242,18 @@ impl FileLock {
             error,
         })?;
 
-        let stem = &name.as_bytes()[..name.len().min(MAX_TEMP_STEM_BYTES)];
+        // A long name is cut, with a hash of the whole name so that two locks whose names
+        // share the cut part never share temporary files or claims.
+        let mut stem = name.as_bytes().to_vec();
+        if stem.len() > MAX_TEMP_STEM_BYTES {
+            let mut hash = ContentHash::new();
+            hash.add(name.as_bytes());
+            stem.truncate(MAX_TEMP_STEM_BYTES - 17);
+            stem.extend_from_slice(format!("~{:016x}", hash.0).as_bytes());
+        }
         let hidden = |suffix: &str| {
             let mut prefix = OsString::from(".");
-            prefix.push(OsStr::from_bytes(stem));
+            prefix.push(OsStr::from_bytes(&stem));
             prefix.push(suffix);
             prefix
         };
@@ -306,6 +323,7 @@ impl FileLock {
             LockError::Unavailable(format!("cannot watch {}: inotify is unavailable: {error}", dir.display()))
         })?;
         let mask = WatchMask::MOVED_TO
+            | WatchMask::CREATE
             | WatchMask::MOVED_FROM
             | WatchMask::CLOSE_WRITE
             | WatchMask::DELETE
@@ -493,174 +511,279 @@ fn write(
     let writes = paths.writes.fetch_add(1, Ordering::Relaxed);
     #[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; the workspace supports 1.80
     let tidy = expected.is_none() || writes % CLEAN_EVERY_WRITES == 0;
-    let mut pending = PendingClaim::default();
+    let mut others = OtherClaims::default();
     loop {
         if cancelled.load(Ordering::Relaxed) {
             return Err(cancelled_error(paths));
         }
         let current = read_snapshot(&paths.path)?;
-        let base = current.as_ref().map(|c| c.stored.version.clone());
-        let next = match (expected, &current) {
+        match (expected, &current) {
             (None, Some(_)) => return Err(LockError::AlreadyExists),
-            (None, None) => 1,
             (Some(_), None) => return Err(LockError::Conflict),
             (Some(expected), Some(current)) if current.stored.version != *expected => return Err(LockError::Conflict),
-            (Some(_), Some(current)) => current.generation.unwrap_or(0).saturating_add(1),
-        };
-        if tidy {
-            remove_leftovers(paths, current.as_ref().and_then(|c| c.generation));
+            _ => {}
         }
-        // The first generation from `next` on that is free, or taken by a writer still at work.
-        let mut generation = next;
-        let outcome = loop {
-            let mut content = serde_json::to_vec(&DocumentOut { generation, record }).map_err(|error| {
-                LockError::Unavailable(format!("cannot encode the record for {}: {error}", paths.path.display()))
-            })?;
-            content.push(b'\n');
-            let temp = TempFile::write(paths, &content)?;
+        let base = current.as_ref().map(|c| c.stored.version.clone());
+        let stale = || -> Result<bool, LockError> {
+            Ok(read_snapshot(&paths.path)?.map(|c| c.stored.version) != base)
+        };
+        let lost = if expected.is_none() { LockError::AlreadyExists } else { LockError::Conflict };
+        let claims = list_claims(paths);
+        let file_inode = inode_of(&paths.path);
+        let generation = match current.as_ref().and_then(|c| c.generation) {
+            // Writers from one state contend for one name: the next generation.
+            Some(generation) => generation.saturating_add(1),
+            // No generation to continue from (no file, or content without one): continue above
+            // every claim, so that generations never go down, once no claim is pending (a
+            // writer that read the file before it was deleted or replaced, and may be about to
+            // rename over it).
+            None => {
+                match others.first_pending(&claims, file_inode, steal_after, paths) {
+                    Wait::Pause(pause) => {
+                        std::thread::sleep(pause);
+                        continue;
+                    }
+                    Wait::TakenOver => continue,
+                    Wait::None => {}
+                }
+                claims.keys().next_back().map_or(1, |highest| highest.saturating_add(1))
+            }
+        };
+        let Some(current) = current else {
+            // A create is one atomic step: `link` fails if the file exists.
+            let (temp, content) = TempFile::document(paths, generation, record)?;
+            match fs::hard_link(&temp.path, &paths.path) {
+                Ok(()) => {
+                    // The claim of the file's generation stays as the generations' high-water mark.
+                    let _ = fs::hard_link(&temp.path, paths.claim(generation));
+                    if tidy {
+                        remove_leftovers(paths, generation);
+                    }
+                    return Ok(content_version(generation, &content));
+                }
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => return Err(LockError::AlreadyExists),
+                Err(error) => return Err(io_error("create", &paths.path, error)),
+            }
+        };
+        // The first generation from `generation` on that is free, or claimed by a writer still
+        // at work; dead claims are skipped.
+        let mut generation = generation;
+        let (temp, content) = loop {
+            let (temp, content) = TempFile::document(paths, generation, record)?;
             let claim = paths.claim(generation);
             match fs::hard_link(&temp.path, &claim) {
-                Ok(()) => break Claimed::Ours(temp, claim, content),
+                Ok(()) => break (temp, content),
                 Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(error) => return Err(io_error("claim", &claim, error)),
             }
             drop(temp);
-            match claim_state(&claim)? {
-                // Its writer was stopped and its claim taken over, or it died: skip the generation.
+            match others.state(&claim, file_inode) {
                 ClaimState::Dead => generation = generation.saturating_add(1),
                 ClaimState::Gone => {}
-                ClaimState::Pending(inode) => break Claimed::Theirs(claim, inode),
+                ClaimState::Pending(inode) => {
+                    if stale()? {
+                        return Err(lost);
+                    }
+                    match others.wait(inode, &claim, steal_after, paths) {
+                        Wait::Pause(pause) => std::thread::sleep(pause),
+                        Wait::TakenOver | Wait::None => {}
+                    }
+                }
+            }
+            if cancelled.load(Ordering::Relaxed) {
+                return Err(cancelled_error(paths));
             }
         };
-        match outcome {
-            Claimed::Ours(temp, claim, content) => {
-                let claim = OwnClaim { path: claim, inode: temp.inode };
-                // The compare of compare-and-swap: nothing landed since our read.
-                let now = read_snapshot(&paths.path)?;
-                if now.as_ref().map(|c| &c.stored.version) != base.as_ref() {
-                    drop(claim);
-                    return Err(if expected.is_none() { LockError::AlreadyExists } else { LockError::Conflict });
+        // Without a generation to contend on (content without one), writers from that content
+        // may hold other claims: take each over. Of two such writers, one's takeover of the
+        // other fails only if the other's rename came first, and then the check below fails.
+        if current.generation.is_none() {
+            let own = inode_of(&temp.path);
+            for (_, claim) in list_claims(paths) {
+                if let ClaimState::Pending(inode) = others.state(&claim, file_inode) {
+                    if Some(inode) != own {
+                        take_over(paths, &claim, inode);
+                    }
                 }
-                match fs::rename(&temp.path, &paths.path) {
-                    Ok(()) => temp.renamed(),
-                    // Our claim was taken over while this process was stopped: nothing was written.
-                    Err(error) if error.kind() == io::ErrorKind::NotFound => return Err(LockError::Conflict),
-                    Err(error) => return Err(io_error("replace", &paths.path, error)),
-                }
-                drop(claim);
-                let mut hash = ContentHash::new();
-                hash.add(&content);
-                return Ok(document_version(generation, hash.0));
-            }
-            Claimed::Theirs(claim, inode) => {
-                // Another write from the same state is under way: wait for it to land (then ours
-                // conflicts) or, once it stayed unfinished for `steal_after` on this clock (its
-                // writer is stopped or stuck), take its claim over so that it can never land.
-                if pending.waited(inode) >= steal_after {
-                    take_over(paths, &claim, inode);
-                    continue;
-                }
-                let pause = pending.pause();
-                std::thread::sleep(pause.min(steal_after));
             }
         }
+        // The compare of compare-and-swap: nothing landed since our read. From here on, a writer
+        // from the same state needs our claim's name, or takes our claim over (then our rename
+        // fails). The claim stays whatever happens: a failed claim is dead (our temporary file
+        // goes) and is skipped; the claim of the file's generation is the high-water mark.
+        if stale()? {
+            return Err(lost);
+        }
+        match fs::rename(&temp.path, &paths.path) {
+            Ok(()) => temp.renamed(),
+            // Our claim was taken over while this process was stopped: nothing was written.
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Err(LockError::Conflict),
+            Err(error) => return Err(io_error("replace", &paths.path, error)),
+        }
+        if tidy {
+            remove_leftovers(paths, generation);
+        }
+        return Ok(content_version(generation, &content));
     }
 }
 
-/// What an attempt to claim a generation found.
-enum Claimed {
-    /// The claim is ours: the temporary file, the claim's path, the document.
-    Ours(TempFile, PathBuf, Vec<u8>),
-    /// Another writer's pending claim: its path and inode.
-    Theirs(PathBuf, (u64, u64)),
+fn content_version(generation: u64, content: &[u8]) -> Version {
+    let mut hash = ContentHash::new();
+    hash.add(content);
+    document_version(generation, hash.0)
+}
+
+/// The claims of this lock by generation (names that do not parse are not claims of this lock).
+fn list_claims(paths: &Paths) -> BTreeMap<u64, PathBuf> {
+    let Ok(entries) = fs::read_dir(&paths.dir) else { return BTreeMap::new() };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            let digits = name.as_bytes().strip_prefix(paths.claim_prefix.as_bytes())?;
+            let generation = std::str::from_utf8(digits).ok().filter(|d| d.bytes().all(|b| b.is_ascii_digit()))?;
+            Some((generation.parse().ok()?, entry.path()))
+        })
+        .collect()
+}
+
+/// (device, inode) of a path, if it exists.
+fn inode_of(path: &Path) -> Option<(u64, u64)> {
+    fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// The state of a claim that exists (or did a moment ago).
 enum ClaimState {
     /// Gone meanwhile: try the same generation again.
     Gone,
-    /// Its writer's temporary file is gone (taken over, or the writer died and it was cleaned):
-    /// it can never land.
+    /// It can never land: its writer's temporary file is gone (taken over, or the writer died
+    /// and it was cleaned), or it is the file itself (the claim of the file's generation).
     Dead,
-    /// Its writer's temporary file still exists: the write may still land. (device, inode)
+    /// Its writer's temporary file may still exist: the write may still land. (device, inode)
     Pending((u64, u64)),
 }
 
-fn claim_state(claim: &Path) -> Result<ClaimState, LockError> {
-    match fs::symlink_metadata(claim) {
-        Ok(metadata) if metadata.nlink() <= 1 => Ok(ClaimState::Dead),
-        Ok(metadata) => Ok(ClaimState::Pending((metadata.dev(), metadata.ino()))),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(ClaimState::Gone),
-        Err(error) => Err(io_error("inspect", claim, error)),
-    }
+/// What to do about another writer's pending claim.
+enum Wait {
+    /// Look again after this pause.
+    Pause(Duration),
+    /// Its temporary file was removed (or found gone): it can never land.
+    TakenOver,
+    /// No pending claim.
+    None,
 }
 
-/// How long this writer has watched one pending claim, on its own monotonic clock (never a file
-/// time: a clock another process wrote, invariant S3), and the pause between two looks.
+/// Other writers' claims as this writer saw them: since when each pending one was watched, on
+/// this process's monotonic clock (never a file time: a clock another process set, invariant S3),
+/// and those found dead by a takeover that found no temporary file to remove.
 #[derive(Default)]
-struct PendingClaim {
+struct OtherClaims {
     watched: Option<((u64, u64), Instant)>,
     pause: Option<Duration>,
+    dead: std::collections::HashSet<(u64, u64)>,
 }
 
-impl PendingClaim {
-    fn waited(&mut self, inode: (u64, u64)) -> Duration {
-        match self.watched {
-            Some((seen, since)) if seen == inode => since.elapsed(),
+impl OtherClaims {
+    fn state(&self, claim: &Path, file_inode: Option<(u64, u64)>) -> ClaimState {
+        match fs::symlink_metadata(claim) {
+            Ok(metadata) => {
+                let inode = (metadata.dev(), metadata.ino());
+                if metadata.nlink() <= 1 || Some(inode) == file_inode || self.dead.contains(&inode) {
+                    ClaimState::Dead
+                } else {
+                    ClaimState::Pending(inode)
+                }
+            }
+            Err(_) => ClaimState::Gone,
+        }
+    }
+
+    /// Waits for the pending claim `inode` to land, at most `steal_after` from when this writer
+    /// first saw it; then takes it over.
+    fn wait(&mut self, inode: (u64, u64), claim: &Path, steal_after: Duration, paths: &Paths) -> Wait {
+        let since = match self.watched {
+            Some((seen, since)) if seen == inode => since,
             _ => {
                 self.watched = Some((inode, Instant::now()));
                 self.pause = None;
-                Duration::ZERO
+                return Wait::Pause(FIRST_RETRY);
             }
+        };
+        if since.elapsed() >= steal_after {
+            if !take_over(paths, claim, inode) {
+                self.dead.insert(inode);
+            }
+            return Wait::TakenOver;
         }
-    }
-
-    fn pause(&mut self) -> Duration {
         let pause = self.pause.map_or(FIRST_RETRY, |p| (p * 2).min(LONGEST_RETRY));
         self.pause = Some(pause);
-        pause.mul_f64(rand::thread_rng().gen_range(0.5..1.0))
+        let left = steal_after.saturating_sub(since.elapsed());
+        Wait::Pause(pause.mul_f64(rand::thread_rng().gen_range(0.5..1.0)).min(left))
     }
+
+    /// Waits for (or takes over) the lowest pending claim, if any.
+    fn first_pending(
+        &mut self,
+        claims: &BTreeMap<u64, PathBuf>,
+        file_inode: Option<(u64, u64)>,
+        steal_after: Duration,
+        paths: &Paths,
+    ) -> Wait {
+        for claim in claims.values() {
+            if let ClaimState::Pending(inode) = self.state(claim, file_inode) {
+                return self.wait(inode, claim, steal_after, paths);
+            }
+        }
+        Wait::None
+    }
+
 }
 
-/// Makes a stopped writer's pending claim dead: removes its temporary file (found by inode), so
-/// that its rename fails (`ENOENT`) whenever the writer resumes. The rename and the removal are
-/// atomic with respect to each other: either the write landed first (then the file changed and
-/// our own write conflicts) or it never will.
-fn take_over(paths: &Paths, claim: &Path, inode: (u64, u64)) {
-    let Ok(entries) = fs::read_dir(&paths.dir) else { return };
+/// Makes a pending claim dead: removes its writer's temporary file (found by inode, and only
+/// while the claim still names that file), so that the writer's rename fails (`ENOENT`) whenever
+/// it resumes. The rename and the removal exclude each other (both act on the temporary file's
+/// one name): either the write landed first (then the file changed and this writer's conflicts)
+/// or it never will. False when no such temporary file exists (the claim can never land anyway).
+fn take_over(paths: &Paths, claim: &Path, inode: (u64, u64)) -> bool {
+    let Ok(entries) = fs::read_dir(&paths.dir) else { return false };
     for entry in entries.flatten() {
-        if !entry.file_name().as_bytes().starts_with(paths.temp_prefix.as_bytes()) {
+        if temp_pid(paths, entry.file_name().as_bytes()).is_none() {
             continue;
         }
         let path = entry.path();
-        if fs::symlink_metadata(&path).is_ok_and(|m| (m.dev(), m.ino()) == inode) && fs::remove_file(&path).is_ok() {
+        let same = fs::symlink_metadata(&path).is_ok_and(|m| (m.dev(), m.ino()) == inode && m.nlink() >= 2);
+        if same && inode_of(claim) == Some(inode) && fs::remove_file(&path).is_ok() {
             tracing::debug!(claim = %claim.display(), "took over the claim of a writer stopped in the middle of a write");
+            return true;
         }
     }
+    false
 }
 
-/// A claim this writer made: removed when dropped if the name still refers to our file.
-struct OwnClaim {
-    path: PathBuf,
-    inode: (u64, u64),
-}
-
-impl Drop for OwnClaim {
-    fn drop(&mut self) {
-        if fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.inode) {
-            let _ = fs::remove_file(&self.path);
-        }
-    }
+/// The writer's pid if `name` is one of this lock's temporary files (`<prefix><pid>.<counter>`).
+fn temp_pid(paths: &Paths, name: &[u8]) -> Option<i32> {
+    let suffix = std::str::from_utf8(name.strip_prefix(paths.temp_prefix.as_bytes())?).ok()?;
+    let (pid, counter) = suffix.split_once('.')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(pid) && digits(counter)).then(|| pid.parse().ok()).flatten()
 }
 
 /// A new document in a temporary file of its own; removed when dropped unless renamed.
 struct TempFile {
     path: PathBuf,
-    inode: (u64, u64),
     renamed: bool,
 }
 
 impl TempFile {
+    /// The document of `generation` with `record`, in a new temporary file; and its content.
+    fn document(paths: &Paths, generation: u64, record: &LeaderElectionRecord) -> Result<(TempFile, Vec<u8>), LockError> {
+        let mut content = serde_json::to_vec(&DocumentOut { generation, record }).map_err(|error| {
+            LockError::Unavailable(format!("cannot encode the record for {}: {error}", paths.path.display()))
+        })?;
+        content.push(b'\n');
+        Ok((TempFile::write(paths, &content)?, content))
+    }
+
     fn write(paths: &Paths, content: &[u8]) -> Result<TempFile, LockError> {
         static TEMP_FILES: AtomicU64 = AtomicU64::new(0);
         let mut attempts = 0;
@@ -679,10 +802,8 @@ impl TempFile {
                 Err(error) => return Err(io_error("create", &path, error)),
             }
         };
-        let mut temp = TempFile { path, inode: (0, 0), renamed: false };
+        let temp = TempFile { path, renamed: false };
         file.write_all(content).map_err(|error| io_error("write", &temp.path, error))?;
-        let metadata = file.metadata().map_err(|error| io_error("inspect", &temp.path, error))?;
-        temp.inode = (metadata.dev(), metadata.ino());
         Ok(temp)
     }
 
@@ -703,42 +824,40 @@ impl Drop for TempFile {
 /// writer resumed after a longer stop finds its file gone: its write fails, nothing else.
 const ORPHAN_AGE: Duration = Duration::from_secs(60);
 
-/// Removes what dead writers left: temporary files of processes that no longer exist or older
-/// than [`ORPHAN_AGE`], and claims of generations below the file's (their writers' state is gone:
-/// they can never land).
-fn remove_leftovers(paths: &Paths, generation: Option<u64>) {
-    let Ok(entries) = fs::read_dir(&paths.dir) else { return };
-    let now = std::time::SystemTime::now();
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let bytes = name.as_bytes();
-        let leftover = if let Some(suffix) = bytes.strip_prefix(paths.temp_prefix.as_bytes()) {
+/// Removes what writers left, after a write of `generation`: temporary files of processes that no
+/// longer exist or older than [`ORPHAN_AGE`], and claims of generations below the file's. Generations never go down (a
+/// create continues above every claim, and the claim of the file's generation stays), so a claim
+/// below the file's generation belongs to a writer whose state is gone: it can never land,
+/// whether it is removed or not.
+fn remove_leftovers(paths: &Paths, generation: u64) {
+    let mut leftovers: Vec<PathBuf> = list_claims(paths).range(..generation).map(|(_, path)| path.clone()).collect();
+    if let Ok(entries) = fs::read_dir(&paths.dir) {
+        let now = std::time::SystemTime::now();
+        for entry in entries.flatten() {
+            let Some(pid) = temp_pid(paths, entry.file_name().as_bytes()) else { continue };
             let old = entry.metadata().ok().and_then(|m| m.modified().ok()).is_some_and(|modified| {
                 now.duration_since(modified).is_ok_and(|age| age > ORPHAN_AGE)
             });
-            old || writer_is_gone(suffix)
-        } else if let Some(claimed) = bytes.strip_prefix(paths.claim_prefix.as_bytes()) {
-            let claimed = std::str::from_utf8(claimed).ok().and_then(|g| g.parse::<u64>().ok());
-            claimed.zip(generation).is_some_and(|(claimed, current)| claimed < current)
-        } else {
-            false
-        };
-        if leftover {
-            let path = entry.path();
-            match fs::remove_file(&path) {
-                Ok(()) => tracing::debug!(path = %path.display(), "removed a file left by a writer that died"),
-                Err(error) => tracing::debug!(path = %path.display(), %error, "cannot remove a leftover file"),
+            if old || process_is_gone(pid) {
+                leftovers.push(entry.path());
             }
+        }
+    }
+    for path in leftovers {
+        match fs::remove_file(&path) {
+            Ok(()) => tracing::debug!(path = %path.display(), "removed a file left by a writer"),
+            Err(error) => tracing::debug!(path = %path.display(), %error, "cannot remove a leftover file"),
         }
     }
 }
 
-/// True when the process that named a temporary file (`<pid>.<counter>`) no longer exists here.
-/// A process in another PID namespace may share the directory: then its file may go too early,
-/// which makes its write fail, never land wrongly.
-fn writer_is_gone(suffix: &[u8]) -> bool {
-    let pid = suffix.split(|&b| b == b'.').next().and_then(|pid| std::str::from_utf8(pid).ok()?.parse::<i32>().ok());
-    let Some(pid) = pid.filter(|&pid| pid > 0) else { return false };
+/// True when process `pid` no longer exists here. A process in another PID namespace may share
+/// the directory: then its temporary file may go too early, which makes its write fail, never
+/// land wrongly.
+fn process_is_gone(pid: i32) -> bool {
+    if pid <= 0 {
+        return false;
+    }
     // SAFETY: kill with signal 0 only checks whether the process exists; no memory is involved.
     let result = unsafe { libc::kill(pid, 0) };
     result != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
