@@ -528,7 +528,6 @@ fn write(
             Ok(read_snapshot(&paths.path)?.map(|c| c.stored.version) != base)
         };
         let lost = if expected.is_none() { LockError::AlreadyExists } else { LockError::Conflict };
-        let claims = list_claims(paths);
         let file_inode = inode_of(&paths.path);
         let generation = match current.as_ref().and_then(|c| c.generation) {
             // Writers from one state contend for one name: the next generation.
@@ -538,6 +537,8 @@ fn write(
             // writer that read the file before it was deleted or replaced, and may be about to
             // rename over it).
             None => {
+                // Only here is the directory listed: an update from a generation reads no more.
+                let claims = list_claims(paths);
                 match others.first_pending(&claims, file_inode, steal_after, paths) {
                     Wait::Pause(pause) => {
                         std::thread::sleep(pause);
