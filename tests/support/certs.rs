@@ -28,7 +28,7 @@ pub struct TestPki {
 
 struct Issuer {
     cert: rcgen::Certificate,
-    key: KeyPair,
+    signer: rcgen::Issuer<'static, KeyPair>,
 }
 
 fn ca(name: &str) -> Issuer {
@@ -38,7 +38,7 @@ fn ca(name: &str) -> Issuer {
     params.distinguished_name.push(DnType::CommonName, name);
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     let cert = params.self_signed(&key).expect("self-sign the CA");
-    Issuer { cert, key }
+    Issuer { cert, signer: rcgen::Issuer::new(params, key) }
 }
 
 fn leaf(issuer: &Issuer, common_name: &str, usage: Vec<ExtendedKeyUsagePurpose>) -> (String, String) {
@@ -48,7 +48,7 @@ fn leaf(issuer: &Issuer, common_name: &str, usage: Vec<ExtendedKeyUsagePurpose>)
     params.distinguished_name.push(DnType::CommonName, common_name);
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
     params.extended_key_usages = usage;
-    let cert = params.signed_by(&key, &issuer.cert, &issuer.key).expect("sign the leaf");
+    let cert = params.signed_by(&key, &issuer.signer).expect("sign the leaf");
     (cert.pem(), key.serialize_pem())
 }
 

@@ -97,8 +97,12 @@ impl ApiServer {
             // TCP_NODELAY, as Go's net package (and so a real kube-apiserver) sets on every
             // connection: without it a watch event written shortly after another waits for the
             // client's delayed ACK (up to 40 ms on Linux) before it leaves (Nagle's algorithm).
-            let serve =
-                axum::serve(listener, router).tcp_nodelay(true).with_graceful_shutdown(stop.clone().cancelled_owned());
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                if let Err(error) = tcp.set_nodelay(true) {
+                    tracing::debug!(%error, "cannot set TCP_NODELAY");
+                }
+            });
+            let serve = axum::serve(listener, router).with_graceful_shutdown(stop.clone().cancelled_owned());
             // A zero interval means no bookmarks (and must not reach `interval`, which refuses it).
             let bookmarking = async {
                 if config.bookmark_interval.is_zero() {

@@ -171,7 +171,7 @@ fn new_uid() -> String {
 
 fn random_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    (0..5).map(|_| ALPHABET[rand::random::<usize>() % ALPHABET.len()] as char).collect()
+    (0..5).map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char).collect()
 }
 
 fn metadata_str<'a>(object: &'a Value, field: &str) -> &'a str {

@@ -7,7 +7,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Namespace};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
-use kube::core::ErrorResponse;
+use kube::core::Status;
 use kube::{Api, Client, Config};
 use serde_json::json;
 use tenure_apiserver::{ApiServer, ApiServerConfig, FaultScope, InjectedFault, Verb, CLIENT_HEADER};
@@ -53,9 +53,9 @@ fn lease(name: &str, holder: &str, duration: i32) -> Lease {
     }
 }
 
-fn api_error(error: kube::Error) -> ErrorResponse {
+fn api_error(error: kube::Error) -> Status {
     match error {
-        kube::Error::Api(status) => status,
+        kube::Error::Api(status) => *status,
         other => panic!("expected an API error, got {other}"),
     }
 }

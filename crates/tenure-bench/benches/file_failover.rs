@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::RngExt;
 use serde_json::json;
 use tenure_bench::binary::tenure_binary;
 use tenure_bench::cluster::Cluster;
@@ -46,7 +46,7 @@ fn main() {
     }
     eprintln!("file_failover: {} ({CANDIDATES} candidates, --ttl {TTL}), {kills} kills", binary.display());
 
-    let mut rng = SmallRng::from_entropy();
+    let mut rng = rand::make_rng::<SmallRng>();
     let mut after_renew = Vec::with_capacity(kills);
     let mut after_kill = Vec::with_capacity(kills);
     let mut term_errors = 0;
@@ -64,7 +64,7 @@ fn main() {
                 last_renew = seen.at;
             }
         };
-        let pause = rng.gen_range(Duration::ZERO..RENEW_PERIOD);
+        let pause = rng.random_range(Duration::ZERO..RENEW_PERIOD);
         watcher.wait_for(pause, &mut note_renew, |_| false);
         cluster.check_running();
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::RngExt;
 use serde_json::json;
 use tenure_bench::binary::tenure_binary;
 use tenure_bench::cluster::Cluster;
@@ -45,7 +45,7 @@ fn main() {
     }
     eprintln!("file_handover: {} ({CANDIDATES} candidates, --ttl {TTL}), {rounds} rounds", binary.display());
 
-    let mut rng = SmallRng::from_entropy();
+    let mut rng = rand::make_rng::<SmallRng>();
     let mut handovers = Vec::with_capacity(rounds);
     let mut releases = Vec::with_capacity(rounds);
     let mut exits = Vec::with_capacity(rounds);
@@ -57,7 +57,7 @@ fn main() {
             panic!("round {round}: no leader renewed within {:?}", RENEW_PERIOD * 8);
         };
         let leader = renew.holder.clone().expect("a renew has a holder");
-        watcher.wait_for(rng.gen_range(Duration::ZERO..RENEW_PERIOD), |_| {}, |_| false);
+        watcher.wait_for(rng.random_range(Duration::ZERO..RENEW_PERIOD), |_| {}, |_| false);
         cluster.check_running();
 
         let mut stopping = cluster.remove(&leader);

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, WatchEvent, WatchParams};
-use rand::Rng;
+use rand::RngExt;
 use serde_json::json;
 use tenure::{Elector, Timing};
 use tenure_apiserver::{ApiServer, ApiServerConfig, Verb};
@@ -211,7 +211,7 @@ async fn failover_and_handover(report: &mut Report) {
         start(server, &reference, &format!("fast-{next}"), timing)
     };
     let mut candidates: Vec<Candidate> = (0..3).map(|_| fresh(&server)).collect();
-    let mut rng = rand::thread_rng();
+    let mut rng = rand::rng();
 
     let kills = env_usize("TENURE_BENCH_KILLS", 20);
     let mut failovers = Vec::new();
@@ -222,7 +222,7 @@ async fn failover_and_handover(report: &mut Report) {
         // A renew of the leader, then a random part of the renew period.
         let from = observed.len();
         observed.wait(from, Duration::from_secs(5), |h| h == leader_id).await.expect("the leader renews");
-        tokio::time::sleep(timing.retry_period.mul_f64(rng.gen::<f64>())).await;
+        tokio::time::sleep(timing.retry_period.mul_f64(rng.random::<f64>())).await;
         let dead = candidates.remove(leader);
         server.faults().partition(&dead.agent);
         let mark = observed.len();
@@ -246,7 +246,7 @@ async fn failover_and_handover(report: &mut Report) {
         let leader_id = candidates[leader].elector.identity().to_owned();
         let from = observed.len();
         observed.wait(from, Duration::from_secs(5), |h| h == leader_id).await.expect("the leader renews");
-        tokio::time::sleep(timing.retry_period.mul_f64(rng.gen::<f64>())).await;
+        tokio::time::sleep(timing.retry_period.mul_f64(rng.random::<f64>())).await;
         let stopping = candidates.remove(leader);
         let mark = observed.len();
         let started = Instant::now();

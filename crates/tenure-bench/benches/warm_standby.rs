@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, ResourceExt};
-use rand::Rng;
+use rand::RngExt;
 use serde_json::json;
 use tenure::{Elector, Timing};
 use tenure_apiserver::resources::find_resource_type;
@@ -230,7 +230,7 @@ async fn run(report: &mut Report) {
     let mut from_renew = Vec::new();
     for round in 0..kills {
         let leader = leader_of(&replicas).await;
-        let phase = rand::thread_rng().gen_range(Duration::ZERO..retry);
+        let phase = rand::rng().random_range(Duration::ZERO..retry);
         tokio::time::sleep(phase).await;
         let pod = format!("crash-{round}");
         let fresh = Replica::start(&url, &replica(&mut next), timing, sink.clone()).await;

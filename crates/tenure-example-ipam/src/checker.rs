@@ -38,7 +38,7 @@ use kube::{Api, Client, ResourceExt};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use tenure_apiserver::{ApiServer, ApiServerConfig};
 use tenure_etcd::EtcdElection;
 use tokio::process::{Child, Command};
@@ -535,7 +535,7 @@ async fn churn(pods: Api<Pod>, scenario: Scenario, observer: Arc<Mutex<Observati
     let mut live: Vec<(String, String)> = Vec::new();
     let mut next = 0u64;
     while !stop.is_cancelled() {
-        let create = live.len() < 2 || (live.len() < scenario.live_pods * 2 && rng.gen_bool(0.5));
+        let create = live.len() < 2 || (live.len() < scenario.live_pods * 2 && rng.random_bool(0.5));
         if create {
             next += 1;
             let name = format!("pod-{next}");
@@ -544,7 +544,7 @@ async fn churn(pods: Api<Pod>, scenario: Scenario, observer: Arc<Mutex<Observati
                 observer.lock().unwrap_or_else(|e| e.into_inner()).created += 1;
             }
         } else {
-            let (name, uid) = live.swap_remove(rng.gen_range(0..live.len()));
+            let (name, uid) = live.swap_remove(rng.random_range(0..live.len()));
             if pods.delete(&name, &DeleteParams::default()).await.is_ok() {
                 observer.lock().unwrap_or_else(|e| e.into_inner()).deleted.insert(uid);
             }

@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use tenure::Timing;
 use tenure_group::store::GroupStore;
 use tenure_group::stores::file::FileGroupStore;
@@ -149,24 +149,24 @@ fn a_hundred_membership_changes_of_real_processes_never_let_two_work_on_one_part
     let mut leaves = 0;
     for _ in 0..CHANGES {
         // The moment of the next change is random; nothing waits for it to be safe.
-        std::thread::sleep(Duration::from_millis(rng.gen_range(20..400)));
-        let choice = rng.gen_range(0..4);
+        std::thread::sleep(Duration::from_millis(rng.random_range(20..400)));
+        let choice = rng.random_range(0..4);
         if (choice == 0 && running.len() > 1) || running.len() >= 5 {
-            let id = running.keys().nth(rng.gen_range(0..running.len())).unwrap().clone();
+            let id = running.keys().nth(rng.random_range(0..running.len())).unwrap().clone();
             let mut child = running.remove(&id).unwrap();
             signal(&child, libc::SIGKILL);
             child.wait().unwrap();
             kills += 1;
             stopped.push(id);
         } else if choice == 1 && running.len() > 1 {
-            let id = running.keys().nth(rng.gen_range(0..running.len())).unwrap().clone();
+            let id = running.keys().nth(rng.random_range(0..running.len())).unwrap().clone();
             let mut child = running.remove(&id).unwrap();
             signal(&child, libc::SIGTERM);
             child.wait().unwrap();
             leaves += 1;
             stopped.push(id);
         } else if choice == 2 && !stopped.is_empty() {
-            let id = stopped.swap_remove(rng.gen_range(0..stopped.len()));
+            let id = stopped.swap_remove(rng.random_range(0..stopped.len()));
             running.insert(id.clone(), spawn_member(&dir, &id, &witness));
         } else {
             next_identity += 1;

@@ -50,7 +50,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use tenure::{MonotonicTime, Timing};
 use tenure_group::handoff::{Action, GroupEvent, MemberCore};
 use tenure_group::record::{MemberRecord, MemberState, PartitionTable};
@@ -248,15 +248,15 @@ struct World {
 impl World {
     fn new(seed: u64, params: Params) -> World {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let timing = match rng.gen_range(0..4) {
+        let timing = match rng.random_range(0..4) {
             0 => Timing::default(),
-            _ => Timing::from_ttl(Duration::from_secs(rng.gen_range(1..=4))).expect("valid ttl"),
+            _ => Timing::from_ttl(Duration::from_secs(rng.random_range(1..=4))).expect("valid ttl"),
         };
-        let partitions = [1, 3, 4, 8, 16][rng.gen_range(0..5)];
-        let has_watch = rng.gen_bool(0.5);
-        let record_watch = has_watch && rng.gen_bool(0.5);
+        let partitions = [1, 3, 4, 8, 16][rng.random_range(0..5)];
+        let has_watch = rng.random_bool(0.5);
+        let record_watch = has_watch && rng.random_bool(0.5);
         let drift = (params.drift_fraction * timing.max_clock_drift()).min(0.8);
-        let phases_left = rng.gen_range(2..=6);
+        let phases_left = rng.random_range(2..=6);
         let mut world = World {
             seed,
             params,
@@ -283,7 +283,7 @@ impl World {
             identities: 0,
             final_phase: false,
         };
-        let members = world.rng.gen_range(2..=5);
+        let members = world.rng.random_range(2..=5);
         for _ in 0..members {
             world.add_node(None);
         }
@@ -309,14 +309,14 @@ impl World {
     }
 
     fn delay(&mut self) -> u64 {
-        let long = self.storm && self.rng.gen_bool(0.2);
+        let long = self.storm && self.rng.random_bool(0.2);
         if long {
-            self.rng.gen_range(0..3 * self.timing.call_timeout.as_nanos() as u64)
+            self.rng.random_range(0..3 * self.timing.call_timeout.as_nanos() as u64)
         } else {
             // Log-uniform between MIN_DELAY and MAX_DELAY.
             let low = (MIN_DELAY as f64).ln();
             let high = (MAX_DELAY as f64).ln();
-            self.rng.gen_range(low..high).exp() as u64
+            self.rng.random_range(low..high).exp() as u64
         }
     }
 
@@ -333,17 +333,17 @@ impl World {
             self.identities += 1;
             format!("m{}", self.identities)
         });
-        let rate = if self.rng.gen_bool(0.5) {
-            if self.rng.gen_bool(0.5) {
+        let rate = if self.rng.random_bool(0.5) {
+            if self.rng.random_bool(0.5) {
                 1.0 - self.drift
             } else {
                 1.0 + self.drift
             }
         } else {
-            self.rng.gen_range(1.0 - self.drift..=1.0 + self.drift)
+            self.rng.random_range(1.0 - self.drift..=1.0 + self.drift)
         };
-        let clock = Clock { offset: self.rng.gen_range(0..1_000_000 * MS), rate_ppb: (rate * 1e9) as u64 };
-        let core = MemberCore::new(identity.clone(), self.rng.gen(), self.config(), self.has_watch).expect("valid");
+        let clock = Clock { offset: self.rng.random_range(0..1_000_000 * MS), rate_ppb: (rate * 1e9) as u64 };
+        let core = MemberCore::new(identity.clone(), self.rng.random(), self.config(), self.has_watch).expect("valid");
         self.nodes.push(Node {
             identity: identity.clone(),
             gen: 1,
@@ -463,7 +463,7 @@ impl World {
             Ev::Push { node, gen } => {
                 let Some(change) = self.nodes[node].pushed.pop_front() else { return false };
                 if !self.nodes[node].pushed.is_empty() {
-                    let delay = self.rng.gen_range(0..MAX_WATCH_DELAY / 4);
+                    let delay = self.rng.random_range(0..MAX_WATCH_DELAY / 4);
                     self.push(self.now + delay, Ev::Push { node, gen });
                 }
                 let now = self.local(node);
@@ -556,11 +556,11 @@ impl World {
                 if n.crashed || n.gone || n.isolated {
                     continue;
                 }
-                let gap = self.storm && self.rng.gen_bool(0.05);
-                let delay = if self.storm && self.rng.gen_bool(0.2) {
-                    self.rng.gen_range(0..self.lease_ns() / 2)
+                let gap = self.storm && self.rng.random_bool(0.05);
+                let delay = if self.storm && self.rng.random_bool(0.2) {
+                    self.rng.random_range(0..self.lease_ns() / 2)
                 } else {
-                    self.rng.gen_range(0..MAX_WATCH_DELAY)
+                    self.rng.random_range(0..MAX_WATCH_DELAY)
                 };
                 let n = &mut self.nodes[node];
                 if gap {
@@ -582,10 +582,10 @@ impl World {
             if n.crashed || n.gone || n.isolated || n.notify_pending {
                 continue;
             }
-            let delay = if self.storm && self.rng.gen_bool(0.2) {
-                self.rng.gen_range(0..self.lease_ns() / 2)
+            let delay = if self.storm && self.rng.random_bool(0.2) {
+                self.rng.random_range(0..self.lease_ns() / 2)
             } else {
-                self.rng.gen_range(0..MAX_WATCH_DELAY)
+                self.rng.random_range(0..MAX_WATCH_DELAY)
             };
             self.nodes[node].notify_pending = true;
             let gen = self.nodes[node].gen;
@@ -659,10 +659,10 @@ impl World {
                 *last = (*last).max(term.0);
             }
             GroupEvent::Revoked { partition, .. } => {
-                let drain = if !self.final_phase && self.rng.gen_bool(0.1) {
-                    self.rng.gen_range(0..self.lease_ns())
+                let drain = if !self.final_phase && self.rng.random_bool(0.1) {
+                    self.rng.random_range(0..self.lease_ns())
                 } else {
-                    self.rng.gen_range(0..MAX_DRAIN)
+                    self.rng.random_range(0..MAX_DRAIN)
                 };
                 let gen = self.nodes[node].gen;
                 self.push(self.now + drain, Ev::Drained { node, gen, partition });
@@ -685,8 +685,8 @@ impl World {
         trace!(self, "{} sends {}", self.nodes[node].identity, describe_action(&action));
         self.nodes[node].outstanding.insert(req, outstanding);
         let gen = self.nodes[node].gen;
-        let drop = self.storm && self.rng.gen_bool(0.05);
-        let lose_reply = self.storm && self.rng.gen_bool(0.05);
+        let drop = self.storm && self.rng.random_bool(0.05);
+        let lose_reply = self.storm && self.rng.random_bool(0.05);
         let there = self.delay();
         let back = self.delay();
         let local = self.local(node);
@@ -712,36 +712,36 @@ impl World {
             return true;
         }
         self.phases_left -= 1;
-        self.storm = self.rng.gen_bool(0.4);
+        self.storm = self.rng.random_bool(0.4);
         let lease = self.lease_ns();
-        let length = self.rng.gen_range(lease / 2..=2 * lease);
+        let length = self.rng.random_range(lease / 2..=2 * lease);
         trace!(self, "phase: {} for {:.0} ms", if self.storm { "storm" } else { "calm" }, length as f64 / 1e6);
         let live = self.live_nodes();
-        match self.rng.gen_range(0..10) {
+        match self.rng.random_range(0..10) {
             0 | 1 if live.len() > 1 => {
-                let node = live[self.rng.gen_range(0..live.len())];
+                let node = live[self.rng.random_range(0..live.len())];
                 self.crash(node);
             }
             2 if !live.is_empty() => {
-                let node = live[self.rng.gen_range(0..live.len())];
+                let node = live[self.rng.random_range(0..live.len())];
                 self.nodes[node].paused = true;
-                let until = self.now + self.rng.gen_range(0..2 * lease);
+                let until = self.now + self.rng.random_range(0..2 * lease);
                 let gen = self.nodes[node].gen;
                 trace!(self, "{} paused", self.nodes[node].identity);
                 self.push(until, Ev::Resume { node, gen });
             }
             3 if !live.is_empty() => {
-                let node = live[self.rng.gen_range(0..live.len())];
+                let node = live[self.rng.random_range(0..live.len())];
                 self.nodes[node].isolated = true;
                 // Its watch breaks: what was queued is lost (the heal resyncs).
                 self.nodes[node].pushed.clear();
-                let until = self.now + self.rng.gen_range(0..2 * lease);
+                let until = self.now + self.rng.random_range(0..2 * lease);
                 let gen = self.nodes[node].gen;
                 trace!(self, "{} isolated", self.nodes[node].identity);
                 self.push(until, Ev::Heal { node, gen });
             }
             4 if live.len() > 1 => {
-                let node = live[self.rng.gen_range(0..live.len())];
+                let node = live[self.rng.random_range(0..live.len())];
                 let now = self.local(node);
                 trace!(self, "{} leaves", self.nodes[node].identity);
                 self.nodes[node].core.as_mut().expect("alive").leave(now);
@@ -758,7 +758,7 @@ impl World {
             }
             7 if !live.is_empty() && live.len() < 6 => {
                 // A second process with a live member's identity.
-                let node = live[self.rng.gen_range(0..live.len())];
+                let node = live[self.rng.random_range(0..live.len())];
                 let identity = self.nodes[node].identity.clone();
                 trace!(self, "a duplicate of {identity} starts");
                 self.add_node(Some(identity));
@@ -783,7 +783,7 @@ impl World {
     }
 
     fn restart(&mut self, node: usize) {
-        let core = MemberCore::new(self.nodes[node].identity.clone(), self.rng.gen(), self.config(), self.has_watch)
+        let core = MemberCore::new(self.nodes[node].identity.clone(), self.rng.random(), self.config(), self.has_watch)
             .expect("valid");
         let n = &mut self.nodes[node];
         n.crashed = false;

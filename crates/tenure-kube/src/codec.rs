@@ -82,8 +82,8 @@ pub fn record_from_lease_spec(spec: Option<&LeaseSpec>) -> Result<LeaderElection
     validate(LeaderElectionRecord {
         holder_identity: spec.holder_identity.clone().unwrap_or_default(),
         lease_duration_seconds: spec.lease_duration_seconds.map_or(0, i64::from),
-        acquire_time: spec.acquire_time.as_ref().map(|t| t.0),
-        renew_time: spec.renew_time.as_ref().map(|t| t.0),
+        acquire_time: spec.acquire_time.as_ref().map(|t| from_kube_time(t.0)),
+        renew_time: spec.renew_time.as_ref().map(|t| from_kube_time(t.0)),
         leader_transitions: spec.lease_transitions.map_or(0, i64::from),
     })
 }
@@ -97,10 +97,31 @@ pub fn lease_spec_from_record(record: &LeaderElectionRecord) -> Result<LeaseSpec
         lease_duration_seconds: Some(
             i32::try_from(record.lease_duration_seconds).map_err(|_| too_large("leaseDurationSeconds"))?,
         ),
-        acquire_time: record.acquire_time.map(MicroTime),
-        renew_time: record.renew_time.map(MicroTime),
+        acquire_time: record.acquire_time.map(|t| to_kube_time(t).map(MicroTime)).transpose()?,
+        renew_time: record.renew_time.map(|t| to_kube_time(t).map(MicroTime)).transpose()?,
         lease_transitions: Some(i32::try_from(record.leader_transitions).map_err(|_| too_large("leaderTransitions"))?),
+        ..LeaseSpec::default()
     })
+}
+
+/// A record's time as k8s-openapi holds it (jiff; the record keeps chrono, which `tenure` uses
+/// without Kubernetes). Times a Kubernetes object cannot hold (outside the years -9999 to 9999)
+/// are refused rather than written wrong.
+pub(crate) fn to_kube_time(time: DateTime<Utc>) -> Result<k8s_openapi::jiff::Timestamp, LockError> {
+    // `timestamp_subsec_nanos` is below 2 * 10^9 (a leap second), which fits an i32.
+    let nanos = i32::try_from(time.timestamp_subsec_nanos()).unwrap_or(999_999_999);
+    k8s_openapi::jiff::Timestamp::new(time.timestamp(), nanos.min(999_999_999))
+        .map_err(|error| LockError::Rejected(format!("{time} cannot be written to Kubernetes: {error}")))
+}
+
+/// A Kubernetes time as the record holds it; every jiff timestamp is within chrono's range.
+pub(crate) fn from_kube_time(time: k8s_openapi::jiff::Timestamp) -> DateTime<Utc> {
+    // jiff counts the fraction of a time before 1970 below zero, chrono above.
+    let (seconds, nanos) = match time.subsec_nanosecond() {
+        nanos if nanos < 0 => (time.as_second() - 1, nanos + 1_000_000_000),
+        nanos => (time.as_second(), nanos),
+    };
+    DateTime::from_timestamp(seconds, nanos.unsigned_abs()).unwrap_or_default()
 }
 
 /// The record in the leader annotation; no annotation is a free lock (client-go reads it so).

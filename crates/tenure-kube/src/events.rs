@@ -115,6 +115,7 @@ impl EventRecorder {
     pub fn event(&self, subject: &ObjectReference, change: LeadershipChange, now: chrono::DateTime<Utc>) -> Event {
         let name = subject.name.clone().unwrap_or_default();
         let nanos = now.timestamp_nanos_opt().unwrap_or_default();
+        let time = crate::codec::to_kube_time(now).ok().map(Time);
         Event {
             metadata: ObjectMeta {
                 // client-go: "<object name>.<unix nanoseconds in hex>".
@@ -129,8 +130,8 @@ impl EventRecorder {
             source: Some(EventSource { component: Some(self.component.clone()), host: self.host.clone() }),
             reporting_component: Some(self.component.clone()),
             reporting_instance: Some(self.host.clone().unwrap_or_else(|| self.identity.clone())),
-            first_timestamp: Some(Time(now)),
-            last_timestamp: Some(Time(now)),
+            first_timestamp: time.clone(),
+            last_timestamp: time,
             count: Some(1),
             ..Event::default()
         }

@@ -367,10 +367,10 @@ impl<K: RecordObject> RecordLock for ObjectLock<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::core::ErrorResponse;
+    use kube::core::Status;
 
     fn api_error(code: u16, reason: &str) -> kube::Error {
-        kube::Error::Api(ErrorResponse { status: "Failure".into(), message: "m".into(), reason: reason.into(), code })
+        kube::Error::Api(Status::failure("m", reason).with_code(code).boxed())
     }
 
     #[test]

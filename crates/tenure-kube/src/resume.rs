@@ -48,7 +48,7 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use kube::api::{ListParams, WatchEvent, WatchParams};
-use kube::core::ErrorResponse;
+use kube::core::Status;
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
@@ -129,7 +129,7 @@ pub enum ResumeError {
     InvalidTimeout(u32),
     /// The server sent an `ERROR` event other than an expiry.
     #[error("the server ended the watch with an error: {0}")]
-    ErrorEvent(#[source] ErrorResponse),
+    ErrorEvent(#[source] Box<Status>),
 }
 
 /// How long to wait before retrying after consecutive failures: doubling from `initial` up to
@@ -297,7 +297,7 @@ enum Refusal {
 }
 
 /// Whether a watch error is the server refusing the start version, and how.
-fn refusal(response: &ErrorResponse) -> Option<Refusal> {
+fn refusal(response: &Status) -> Option<Refusal> {
     let message = response.message.to_ascii_lowercase();
     let names_the_version = message.contains("resourceversion") || message.contains("resource version");
     match response.code {
@@ -455,7 +455,7 @@ where
     }
 
     /// A relist if `response` refuses the version the watch started from.
-    fn relist_if_refused(&self, response: &ErrorResponse) -> Option<Step<K>> {
+    fn relist_if_refused(&self, response: &Status) -> Option<Step<K>> {
         let requested = self.version.clone().unwrap_or_default();
         Some(Step::Relist(match refusal(response)? {
             Refusal::Expired => ListCause::Expired { requested },
@@ -489,8 +489,8 @@ where
 mod tests {
     use super::*;
 
-    fn response(code: u16, message: &str) -> ErrorResponse {
-        ErrorResponse { status: "Failure".into(), message: message.into(), reason: String::new(), code }
+    fn response(code: u16, message: &str) -> Status {
+        Status::failure(message, "").with_code(code)
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! same names and order so that Tenure candidates and Java `LeaderLatch`es on one path agree on
 //! one leader.
 
-use rand::RngCore;
+use rand::Rng;
 
 /// LeaderLatch's node name; the sequence number follows it.
 pub const LATCH_NAME: &str = "latch-";
@@ -19,7 +19,7 @@ pub const PROTECTED_PREFIX: &str = "_c_";
 /// A fresh random guid in the textual form of a version-4 UUID, as Curator writes it.
 pub fn new_guid() -> String {
     let mut bytes = [0u8; 16];
-    rand::thread_rng().fill_bytes(&mut bytes);
+    rand::rng().fill_bytes(&mut bytes);
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();

@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 
 use crate::clock::MonotonicTime;
 use crate::leadership::WaitReason;
@@ -742,7 +742,7 @@ impl Candidate {
     }
 
     fn jittered_retry(&mut self) -> Duration {
-        let spread = self.rng.gen::<f64>() * self.timing.jitter_factor;
+        let spread = self.rng.random::<f64>() * self.timing.jitter_factor;
         self.timing.retry_period.mul_f64(1.0 + spread)
     }
 

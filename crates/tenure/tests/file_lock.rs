@@ -16,7 +16,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use rand::Rng;
+use rand::RngExt;
 use tenure::locks::file::{FileLock, FileLockError};
 use tenure::{ChangeStream, Elector, LeaderElectionRecord, LockError, RecordError, RecordLock, StoredRecord};
 
@@ -684,7 +684,7 @@ fn killed_writers_never_tear_the_record_lose_an_increment_or_leave_the_lock_stuc
         }
     });
 
-    let mut rng = rand::thread_rng();
+    let mut rng = rand::rng();
     let (mut total_applied, mut killed_mid_write) = (0, 0);
     for round in 0..ROUNDS {
         let before = read_counter();
@@ -700,14 +700,14 @@ fn killed_writers_never_tear_the_record_lose_an_increment_or_leave_the_lock_stuc
         };
 
         // Let them hammer for a random number of writes, then kill one at whatever it is doing.
-        let writes_before_kill = rng.gen_range(1..=30);
+        let writes_before_kill = rng.random_range(1..=30);
         let mut writes = 0;
         while writes < writes_before_kill {
             writes += usize::from(receive(&mut lines));
         }
         // A random pause (not synchronisation) so that kills land at every point of a write.
-        std::thread::sleep(Duration::from_micros(rng.gen_range(0..2000)));
-        let victim = rng.gen_range(0..CHILDREN);
+        std::thread::sleep(Duration::from_micros(rng.random_range(0..2000)));
+        let victim = rng.random_range(0..CHILDREN);
         children[victim].process.kill().unwrap();
         let status = children[victim].process.wait().unwrap();
         assert_eq!(status.signal(), Some(libc::SIGKILL), "round {round}: the victim was not killed");
@@ -795,7 +795,7 @@ fn stopped_writers_block_nobody_and_never_land_a_stale_write() {
         other => panic!("the file is not a record: {other:?}"),
     };
 
-    let mut rng = rand::thread_rng();
+    let mut rng = rand::rng();
     let (mut writes_while_stopped, mut skipped_generations) = (0, 0);
     for round in 0..ROUNDS {
         let before = read_counter();
@@ -811,14 +811,14 @@ fn stopped_writers_block_nobody_and_never_land_a_stale_write() {
             (index, is_ok)
         };
 
-        let writes_before_stop = rng.gen_range(1..=30);
+        let writes_before_stop = rng.random_range(1..=30);
         let mut writes = 0;
         while writes < writes_before_stop {
             writes += usize::from(receive(&mut lines).1);
         }
         // A random pause (not synchronisation) so that stops land at every point of a write.
-        std::thread::sleep(Duration::from_micros(rng.gen_range(0..2000)));
-        let victim = rng.gen_range(0..CHILDREN);
+        std::thread::sleep(Duration::from_micros(rng.random_range(0..2000)));
+        let victim = rng.random_range(0..CHILDREN);
         let pid = children[victim].process.id() as i32;
         // SAFETY: kill only sends a signal to our own child.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);

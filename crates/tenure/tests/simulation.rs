@@ -99,7 +99,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use tenure::{
     Action, AfterRelease, Candidate, Event, LeaderElectionRecord, LockError, MonotonicTime, StoredRecord, Term, Timing,
     Version,
@@ -180,15 +180,15 @@ struct Scenario {
 
 impl Scenario {
     fn generate(seed: u64, params: &Params, rng: &mut SmallRng) -> Scenario {
-        let candidates = rng.gen_range(2..=7);
-        let timing = match rng.gen_range(0..3) {
+        let candidates = rng.random_range(2..=7);
+        let timing = match rng.random_range(0..3) {
             0 => Timing::default(),
-            _ => Timing::from_ttl(Duration::from_secs(rng.gen_range(2..=10))).expect("valid ttl"),
+            _ => Timing::from_ttl(Duration::from_secs(rng.random_range(2..=10))).expect("valid ttl"),
         };
-        let has_watch = rng.gen_bool(0.5);
-        let coalescing_watch = has_watch && rng.gen_bool(0.5);
+        let has_watch = rng.random_bool(0.5);
+        let coalescing_watch = has_watch && rng.random_bool(0.5);
         let drift = (params.drift_fraction * timing.max_clock_drift()).min(0.8);
-        let phases = rng.gen_range(PHASES);
+        let phases = rng.random_range(PHASES);
         Scenario { seed, candidates, timing, has_watch, coalescing_watch, drift, phases }
     }
 }
@@ -616,20 +616,20 @@ impl World {
         let mut nodes = Vec::with_capacity(sc.candidates);
         for i in 0..sc.candidates {
             // Half of the clocks sit at the extremes of the allowed drift: that is where it bites.
-            let spread = if rng.gen_bool(0.5) {
-                if rng.gen_bool(0.5) {
+            let spread = if rng.random_bool(0.5) {
+                if rng.random_bool(0.5) {
                     1.0
                 } else {
                     -1.0
                 }
             } else {
-                rng.gen_range(-1.0..=1.0)
+                rng.random_range(-1.0..=1.0)
             };
             let rate_ppb = (1e9 * (1.0 + sc.drift * spread)).round() as u64;
             nodes.push(Node {
                 identity: format!("c{i}"),
-                clock: Clock { offset: rng.gen_range(0..1_000_000 * SEC), rate_ppb },
-                wall_skew: rng.gen_range(-3600 * SEC as i64..=3600 * SEC as i64),
+                clock: Clock { offset: rng.random_range(0..1_000_000 * SEC), rate_ppb },
+                wall_skew: rng.random_range(-3600 * SEC as i64..=3600 * SEC as i64),
                 proc: None,
                 incarnations: 0,
                 paused_until: None,
@@ -668,7 +668,7 @@ impl World {
         };
         let lease = nanos(world.sc.timing.lease_duration);
         for node in 0..world.sc.candidates {
-            let at = world.rng.gen_range(0..=lease / 2);
+            let at = world.rng.random_range(0..=lease / 2);
             world.push(at, Ev::Restart { node });
         }
         world.push(0, Ev::Phase);
@@ -780,11 +780,11 @@ impl World {
     fn normal_delay(&mut self) -> u64 {
         // Log-uniform: mostly sub-millisecond to a few milliseconds, sometimes up to the maximum.
         let (lo, hi) = ((MIN_DELAY as f64).ln(), (MAX_DELAY as f64).ln());
-        (self.rng.gen_range(lo..=hi).exp() as u64).clamp(MIN_DELAY, MAX_DELAY)
+        (self.rng.random_range(lo..=hi).exp() as u64).clamp(MIN_DELAY, MAX_DELAY)
     }
 
     fn long_delay(&mut self) -> u64 {
-        (nanos(self.sc.timing.call_timeout) as f64 * self.rng.gen_range(0.5..3.0)) as u64
+        (nanos(self.sc.timing.call_timeout) as f64 * self.rng.random_range(0.5..3.0)) as u64
     }
 
     fn lease_ns(&self) -> u64 {
@@ -1150,10 +1150,10 @@ impl World {
             return Fate::default();
         }
         Fate {
-            drop_request: self.rng.gen_bool(f.drop),
-            lose_reply: self.rng.gen_bool(if is_write { f.lost } else { f.lost / 2.0 }),
-            slow_request: self.rng.gen_bool(f.slow),
-            slow_reply: self.rng.gen_bool(f.slow),
+            drop_request: self.rng.random_bool(f.drop),
+            lose_reply: self.rng.random_bool(if is_write { f.lost } else { f.lost / 2.0 }),
+            slow_request: self.rng.random_bool(f.slow),
+            slow_reply: self.rng.random_bool(f.slow),
         }
     }
 
@@ -1234,8 +1234,8 @@ impl World {
                 if !proc.watch_up {
                     continue;
                 }
-                let (slow, normal) = (self.rng.gen_bool(self.faults.slow), self.normal_delay());
-                let delay = if slow { (self.lease_ns() as f64 * self.rng.gen_range(0.1..1.0)) as u64 } else { normal };
+                let (slow, normal) = (self.rng.random_bool(self.faults.slow), self.normal_delay());
+                let delay = if slow { (self.lease_ns() as f64 * self.rng.random_range(0.1..1.0)) as u64 } else { normal };
                 let proc = self.nodes[n].proc.as_mut().expect("alive");
                 let at = (self.now + delay).max(proc.watch_last);
                 proc.watch_last = at;
@@ -1263,12 +1263,12 @@ impl World {
     fn on_phase(&mut self) {
         self.phases_started += 1;
         let last = self.phases_started > self.sc.phases;
-        let storm = !last && self.phases_started > 1 && self.rng.gen_bool(0.4);
+        let storm = !last && self.phases_started > 1 && self.rng.random_bool(0.4);
         self.faults = if storm {
             FaultLevels {
-                drop: self.rng.gen_range(0.0..0.3),
-                lost: self.rng.gen_range(0.0..0.3),
-                slow: self.rng.gen_range(0.0..0.15),
+                drop: self.rng.random_range(0.0..0.3),
+                lost: self.rng.random_range(0.0..0.3),
+                slow: self.rng.random_range(0.0..0.15),
             }
         } else {
             FaultLevels::default()
@@ -1278,9 +1278,9 @@ impl World {
             // A long calm tail, so that the last fault is followed by a checked failover.
             (2 * self.settle_bound) as f64 + lease
         } else if storm {
-            lease * self.rng.gen_range(0.3..1.5)
+            lease * self.rng.random_range(0.3..1.5)
         } else {
-            lease * self.rng.gen_range(0.8..4.0)
+            lease * self.rng.random_range(0.8..4.0)
         } as u64;
         let f = self.faults;
         self.log(None, What::Phase { storm, drop: f.drop, lost: f.lost, slow: f.slow, length_s: secs(length) });
@@ -1290,7 +1290,7 @@ impl World {
             let at = self.now + length;
             self.push(at, Ev::Phase);
         }
-        if !last && self.phases_started > 1 && self.rng.gen_bool(0.8) {
+        if !last && self.phases_started > 1 && self.rng.random_bool(0.8) {
             self.process_fault();
         }
     }
@@ -1317,8 +1317,8 @@ impl World {
         let leader = (0..n).find(|&i| self.leader_term(i).is_some());
         let up: Vec<usize> = (0..n).filter(|&i| self.is_up(i)).collect();
         let dead: Vec<usize> = (0..n).filter(|&i| self.nodes[i].proc.is_none()).collect();
-        if (up.len() <= 1 || self.rng.gen_bool(0.15)) && !dead.is_empty() {
-            let node = dead[self.rng.gen_range(0..dead.len())];
+        if (up.len() <= 1 || self.rng.random_bool(0.15)) && !dead.is_empty() {
+            let node = dead[self.rng.random_range(0..dead.len())];
             self.on_restart(node);
             return;
         }
@@ -1326,23 +1326,23 @@ impl World {
             return;
         }
         let target = match leader {
-            Some(l) if self.rng.gen_bool(0.7) && self.is_up(l) => l,
-            _ => up[self.rng.gen_range(0..up.len())],
+            Some(l) if self.rng.random_bool(0.7) && self.is_up(l) => l,
+            _ => up[self.rng.random_range(0..up.len())],
         };
         // A tight failover check needs a settled system: nothing disturbed it for `B`, so every
         // follower has seen the leader's latest record and none is backing off after a failure.
         let settled = self.now >= self.quiet_since() + self.settle_bound;
         let lease = self.lease_ns() as f64;
-        match self.rng.gen_range(0..100) {
+        match self.rng.random_range(0..100) {
             0..=34 => {
                 self.crash(target);
-                if self.rng.gen_bool(0.6) {
-                    let at = self.now + (lease * self.rng.gen_range(0.0..2.0)) as u64;
+                if self.rng.random_bool(0.6) {
+                    let at = self.now + (lease * self.rng.random_range(0.0..2.0)) as u64;
                     self.push(at, Ev::Restart { node: target });
                 }
             }
             35..=59 => {
-                let length = (lease * self.rng.gen_range(0.05..2.0)) as u64;
+                let length = (lease * self.rng.random_range(0.05..2.0)) as u64;
                 self.stats.pauses += 1;
                 if length > self.lease_ns() {
                     self.stats.pauses_beyond_lease += 1;
@@ -1354,7 +1354,7 @@ impl World {
                 self.disturb();
             }
             60..=69 => {
-                let length = (lease * self.rng.gen_range(0.5..2.5)) as u64;
+                let length = (lease * self.rng.random_range(0.5..2.5)) as u64;
                 self.stats.partitions += 1;
                 self.nodes[target].partitioned = true;
                 self.log(Some(target), What::Partition { for_s: secs(length) });
@@ -1398,8 +1398,8 @@ impl World {
         let n = &mut self.nodes[node];
         n.proc = None;
         n.deferred.clear();
-        if self.rng.gen_bool(0.5) {
-            let at = self.now + (self.lease_ns() as f64 * self.rng.gen_range(0.0..2.0)) as u64;
+        if self.rng.random_bool(0.5) {
+            let at = self.now + (self.lease_ns() as f64 * self.rng.random_range(0.0..2.0)) as u64;
             self.push(at, Ev::Restart { node });
         }
     }
@@ -1412,7 +1412,7 @@ impl World {
         n.incarnations += 1;
         let inc = n.incarnations;
         let origin = n.clock.local(self.now);
-        let seed = self.rng.gen();
+        let seed = self.rng.random();
         let n = &mut self.nodes[node];
         n.proc = Some(Proc {
             cand: Candidate::new(n.identity.clone(), self.sc.timing, self.sc.has_watch, seed),
@@ -1469,7 +1469,7 @@ impl World {
             } else if other.is_empty() {
                 true
             } else {
-                self.rng.gen_bool(0.5)
+                self.rng.random_bool(0.5)
             };
             let ev = if from_watch { watch.pop_front() } else { other.pop_front() }.expect("non-empty");
             let Some((n, inc)) = ev.process() else { continue };
@@ -1521,10 +1521,10 @@ impl World {
         let led = self.nodes[node].proc.as_ref().expect("up").led;
         let drain = if !led {
             0
-        } else if self.rng.gen_bool(0.6) {
+        } else if self.rng.random_bool(0.6) {
             self.normal_delay()
         } else {
-            (nanos(self.sc.timing.renew_deadline) as f64 * self.rng.gen_range(0.0..1.0)) as u64
+            (nanos(self.sc.timing.renew_deadline) as f64 * self.rng.random_range(0.0..1.0)) as u64
         };
         let at = self.now + drain;
         self.push(at, Ev::Drained { node, inc });

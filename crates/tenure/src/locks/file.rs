@@ -114,7 +114,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::{stream, FutureExt, StreamExt};
 use inotify::{EventMask, EventStream, Inotify, WatchMask};
-use rand::Rng;
+use rand::RngExt;
 use serde::{Deserialize, Serialize};
 
 use crate::lock::{ChangeStream, LockError, RecordLock, StoredRecord, Version};
@@ -719,7 +719,7 @@ impl OtherClaims {
         let pause = self.pause.map_or(FIRST_RETRY, |p| (p * 2).min(LONGEST_RETRY));
         self.pause = Some(pause);
         let left = steal_after.saturating_sub(since.elapsed());
-        Wait::Pause(pause.mul_f64(rand::thread_rng().gen_range(0.5..1.0)).min(left))
+        Wait::Pause(pause.mul_f64(rand::rng().random_range(0.5..1.0)).min(left))
     }
 
     /// Waits for (or takes over) the lowest pending claim, if any.
