@@ -30,8 +30,12 @@ pub fn core_versions(server_address: &str) -> Value {
 }
 
 fn group_entry(group: &str) -> Value {
-    let version = json!({"groupVersion": format!("{group}/v1"), "version": "v1"});
-    json!({"name": group, "versions": [version.clone()], "preferredVersion": version})
+    let versions: Vec<Value> = resources::group_versions(group)
+        .into_iter()
+        .map(|version| json!({"groupVersion": format!("{group}/{version}"), "version": version}))
+        .collect();
+    let preferred = versions.first().cloned().unwrap_or_default();
+    json!({"name": group, "preferredVersion": preferred, "versions": versions})
 }
 
 /// `/apis`: every named group.
@@ -154,6 +158,9 @@ mod tests {
                 assert!(group_list()["groups"].as_array().unwrap().iter().any(|g| g["name"] == resource.group));
             }
         }
+        let coordination = group("coordination.k8s.io").unwrap();
+        assert_eq!(coordination["preferredVersion"]["version"], "v1");
+        assert_eq!(coordination["versions"][1]["groupVersion"], "coordination.k8s.io/v1beta1");
         assert!(resource_list("nope", "v1").is_none());
         assert!(group("nope").is_none());
     }

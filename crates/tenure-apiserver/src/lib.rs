@@ -8,7 +8,8 @@
 //! writes and duplicate creates, watches that resume from a version and answer `410 Expired` once it
 //! is too old, `Status` errors worded as the real server words them, and discovery good enough for
 //! kubectl. On top, [`Faults`] counts requests per client and verb and injects latency, errors and
-//! partitions.
+//! partitions. The coordinator of Coordinated Leader Election runs inside it (see [`coordinator`]),
+//! so that clients of LeaseCandidates can be tested too.
 //!
 //! What it is not: there is no authentication, authorization, admission, protobuf, server-side
 //! apply field management, pagination (`limit` is ignored) or garbage collection. It listens on
@@ -16,7 +17,9 @@
 
 #![warn(missing_docs)]
 
+pub mod coordinator;
 pub mod discovery;
+pub mod election;
 pub mod errors;
 pub mod faults;
 pub mod kubeconfig;
@@ -30,6 +33,7 @@ pub mod table;
 pub mod validation;
 pub mod watch;
 
+pub use coordinator::{CoordinatorConfig, CoordinatorMetrics};
 pub use errors::ApiError;
 pub use faults::{FaultScope, Faults, InjectedFault, Verb, CLIENT_HEADER};
 pub use server::{ApiServer, ApiServerConfig};

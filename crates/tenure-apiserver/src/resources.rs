@@ -20,8 +20,20 @@ pub struct ResourceType {
     pub short_names: &'static [&'static str],
     /// Whether a PUT to an absent object creates it, as the real registry allows for some types.
     pub create_on_update: bool,
-    /// Whether names must be DNS labels (no dots) rather than DNS subdomains.
-    pub name_is_dns_label: bool,
+    /// Which names the real server accepts for objects of this type.
+    pub names: NameRule,
+}
+
+/// The rule an object's name must follow, as the real server's validation for its type applies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameRule {
+    /// A DNS subdomain (RFC 1123): lower-case alphanumerics, `-` and `.`; most types.
+    Subdomain,
+    /// A DNS label: a subdomain without dots (namespaces, services, deployments).
+    Label,
+    /// A ConfigMap key: alphanumerics, `-`, `_` and `.` (LeaseCandidates, named after their
+    /// holder identity, which may contain upper case and underscores).
+    ConfigMapKey,
 }
 
 impl ResourceType {
@@ -57,7 +69,8 @@ const CORE_V1: (&str, &str) = ("", "v1");
 
 /// Every resource type served. Leader election and controllers need the first seven; service
 /// accounts, deployments and RBAC roles are served (stored, not enforced) so that the manifests in
-/// `deploy/` can be applied with kubectl.
+/// `deploy/` can be applied with kubectl; LeaseCandidates (`coordination.k8s.io/v1beta1`) are the
+/// candidates of Coordinated Leader Election, which [`crate::coordinator`] elects from.
 pub static RESOURCE_TYPES: &[ResourceType] = &[
     ResourceType {
         group: CORE_V1.0,
@@ -68,7 +81,7 @@ pub static RESOURCE_TYPES: &[ResourceType] = &[
         namespaced: true,
         short_names: &["cm"],
         create_on_update: false,
-        name_is_dns_label: false,
+        names: NameRule::Subdomain,
     },
     ResourceType {
         group: CORE_V1.0,
@@ -79,7 +92,7 @@ pub static RESOURCE_TYPES: &[ResourceType] = &[
         namespaced: true,
         short_names: &["ep"],
         create_on_update: true,
-        name_is_dns_label: false,
+        names: NameRule::Subdomain,
     },
     ResourceType {
         group: CORE_V1.0,
@@ -90,7 +103,7 @@ pub static RESOURCE_TYPES: &[ResourceType] = &[
         namespaced: true,
         short_names: &["ev"],
         create_on_update: true,
-        name_is_dns_label: false,
+        names: NameRule::Subdomain,
     },
     ResourceType {
         group: CORE_V1.0,
@@ -101,7 +114,7 @@ pub static RESOURCE_TYPES: &[ResourceType] = &[
         namespaced: false,
         short_names: &["ns"],
         create_on_update: false,
-        name_is_dns_label: true,
+        names: NameRule::Label,
     },
     ResourceType {
         group: CORE_V1.0,
@@ -112,7 +125,7 @@ pub static RESOURCE_TYPES: &[ResourceType] = &[
         namespaced: true,
         short_names: &["po"],
         create_on_update: false,
-        name_is_dns_label: false,
+        names: NameRule::Subdomain,
     },
     ResourceType {
         group: CORE_V1.0,
@@ -123,7 +136,7 @@ pub static RESOURCE_TYPES: &[ResourceType] = &[
         namespaced: true,
         short_names: &["svc"],
         create_on_update: false,
-        name_is_dns_label: true,
+        names: NameRule::Label,
     },
     ResourceType {
         group: CORE_V1.0,
@@ -134,7 +147,7 @@ pub static RESOURCE_TYPES: &[ResourceType] = &[
         namespaced: true,
         short_names: &["sa"],
         create_on_update: false,
-        name_is_dns_label: false,
+        names: NameRule::Subdomain,
     },
     ResourceType {
         group: "coordination.k8s.io",
@@ -145,7 +158,18 @@ pub static RESOURCE_TYPES: &[ResourceType] = &[
         namespaced: true,
         short_names: &[],
         create_on_update: true,
-        name_is_dns_label: false,
+        names: NameRule::Subdomain,
+    },
+    ResourceType {
+        group: "coordination.k8s.io",
+        version: "v1beta1",
+        plural: "leasecandidates",
+        singular: "leasecandidate",
+        kind: "LeaseCandidate",
+        namespaced: true,
+        short_names: &[],
+        create_on_update: false,
+        names: NameRule::ConfigMapKey,
     },
     ResourceType {
         group: "apps",
@@ -156,7 +180,7 @@ pub static RESOURCE_TYPES: &[ResourceType] = &[
         namespaced: true,
         short_names: &["deploy"],
         create_on_update: false,
-        name_is_dns_label: true,
+        names: NameRule::Label,
     },
     ResourceType {
         group: "rbac.authorization.k8s.io",
@@ -167,7 +191,7 @@ pub static RESOURCE_TYPES: &[ResourceType] = &[
         namespaced: true,
         short_names: &[],
         create_on_update: true,
-        name_is_dns_label: false,
+        names: NameRule::Subdomain,
     },
     ResourceType {
         group: "rbac.authorization.k8s.io",
@@ -178,13 +202,44 @@ pub static RESOURCE_TYPES: &[ResourceType] = &[
         namespaced: true,
         short_names: &[],
         create_on_update: true,
-        name_is_dns_label: false,
+        names: NameRule::Subdomain,
     },
 ];
 
 /// Finds the resource type served at `group/version/plural`, if any.
 pub fn find_resource_type(group: &str, version: &str, plural: &str) -> Option<&'static ResourceType> {
     RESOURCE_TYPES.iter().find(|r| r.group == group && r.version == version && r.plural == plural)
+}
+
+/// The type stored under `group` and `plural`, whatever its version (the store keys objects by
+/// group and plural only, as each type is served in one version).
+pub fn find_stored_type(group: &str, plural: &str) -> Option<&'static ResourceType> {
+    RESOURCE_TYPES.iter().find(|r| r.group == group && r.plural == plural)
+}
+
+/// The versions of one group, preferred (`v1`, else the first served) first.
+pub fn group_versions(group: &str) -> Vec<&'static str> {
+    let mut versions: Vec<&'static str> = Vec::new();
+    for resource in RESOURCE_TYPES.iter().filter(|r| r.group == group) {
+        if !versions.contains(&resource.version) {
+            versions.push(resource.version);
+        }
+    }
+    if let Some(v1) = versions.iter().position(|v| *v == "v1") {
+        let preferred = versions.remove(v1);
+        versions.insert(0, preferred);
+    }
+    versions
+}
+
+/// The type of LeaseCandidates, which the coordinator watches and pings.
+pub fn lease_candidates() -> &'static ResourceType {
+    RESOURCE_TYPES.iter().find(|r| r.kind == "LeaseCandidate").expect("lease candidates are always served")
+}
+
+/// The type of Leases, which the coordinator writes.
+pub fn leases() -> &'static ResourceType {
+    RESOURCE_TYPES.iter().find(|r| r.kind == "Lease").expect("leases are always served")
 }
 
 /// The API groups served, other than the core group, in discovery order.

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::coordinator::{self, CoordinatorConfig, CoordinatorMetrics, Counters};
 use crate::discovery;
 use crate::errors::ApiError;
 use crate::faults::{Faults, InjectedFault, Verb};
@@ -44,6 +45,12 @@ pub struct ApiServerConfig {
     /// In a cluster, watches also end early when an API server restarts or a load balancer cuts
     /// long connections; a short cap makes clients' re-watch paths run within a test or profile.
     pub max_watch_duration: Option<Duration>,
+    /// The coordinator of Coordinated Leader Election, which elects holders for Leases that have
+    /// LeaseCandidates. On by default: it touches only Leases that have candidates (so nothing
+    /// changes for clients that create none), a real cluster where clients create candidates has
+    /// it on too (the `CoordinatedLeaderElection` feature gate), and `tenure apiserver` has no
+    /// switch for it yet.
+    pub coordinator: CoordinatorConfig,
 }
 
 impl Default for ApiServerConfig {
@@ -55,6 +62,7 @@ impl Default for ApiServerConfig {
             bookmark_interval: Duration::from_secs(60),
             default_watch_timeout: Duration::from_secs(1800),
             max_watch_duration: None,
+            coordinator: CoordinatorConfig::default(),
         }
     }
 }
@@ -66,12 +74,14 @@ struct Shared {
     address: SocketAddr,
     default_watch_timeout: Duration,
     max_watch_duration: Option<Duration>,
+    coordinator_counters: Arc<Counters>,
 }
 
 /// A running in-memory Kubernetes API server. Dropping it without [`ApiServer::shutdown`] stops it too.
 pub struct ApiServer {
     shared: Arc<Shared>,
     task: Option<JoinHandle<()>>,
+    coordinator: Option<JoinHandle<()>>,
 }
 
 impl ApiServer {
@@ -89,6 +99,7 @@ impl ApiServer {
             address,
             default_watch_timeout: config.default_watch_timeout,
             max_watch_duration: config.max_watch_duration,
+            coordinator_counters: Arc::default(),
         });
         let router = axum::Router::new().fallback(handle).with_state(shared.clone());
         let stop = shared.shutdown.clone();
@@ -124,8 +135,14 @@ impl ApiServer {
                 _ = bookmarking => {}
             }
         });
+        let coordinator = coordinator::spawn(
+            shared.store.clone(),
+            config.coordinator,
+            shared.coordinator_counters.clone(),
+            shared.shutdown.clone(),
+        );
         tracing::info!(url = %format!("http://{address}"), "Kubernetes API server listening");
-        Ok(ApiServer { shared, task: Some(task) })
+        Ok(ApiServer { shared, task: Some(task), coordinator })
     }
 
     /// The address served.
@@ -148,6 +165,11 @@ impl ApiServer {
         &self.shared.store
     }
 
+    /// What the Coordinated Leader Election coordinator has done (all zero when it is disabled).
+    pub fn coordinator_metrics(&self) -> CoordinatorMetrics {
+        self.shared.coordinator_counters.snapshot()
+    }
+
     /// A kubeconfig that points kubectl and kube-rs at this server, in `namespace` by default.
     pub fn kubeconfig(&self, namespace: &str) -> String {
         crate::kubeconfig::render(&self.url(), namespace)
@@ -162,6 +184,12 @@ impl ApiServer {
     /// open ones to finish.
     pub async fn shutdown(mut self) {
         self.stop();
+        if let Some(coordinator) = self.coordinator.take() {
+            let abort = coordinator.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), coordinator).await.is_err() {
+                abort.abort();
+            }
+        }
         if let Some(task) = self.task.take() {
             let abort = task.abort_handle();
             if tokio::time::timeout(Duration::from_secs(2), task).await.is_err() {
@@ -194,6 +222,9 @@ impl Drop for ApiServer {
         self.stop();
         if let Some(task) = self.task.take() {
             task.abort();
+        }
+        if let Some(coordinator) = self.coordinator.take() {
+            coordinator.abort();
         }
     }
 }

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::errors::ApiError;
 use crate::resources::{self, ResourceType};
 use crate::selectors::Selectors;
-use crate::validation::{validate, WriteKind};
+use crate::validation::{validate, validate_update, WriteKind};
 
 /// What happened to an object in one change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -413,6 +413,7 @@ impl Store {
         if !wanted_version.is_empty() && wanted_version != current_version {
             return Err(ApiError::conflict(resource, name));
         }
+        validate_update(resource, name, existing, &object)?;
         object["apiVersion"] = json!(resource.api_version());
         object["kind"] = json!(resource.kind);
         for kept in ["uid", "creationTimestamp", "generation"] {
@@ -465,8 +466,7 @@ impl Store {
             let contained: Vec<ObjectKey> = state.objects.keys().filter(|(_, _, ns, _)| ns == name).cloned().collect();
             for contained_key in contained {
                 if let Some(object) = state.objects.get(&contained_key).cloned() {
-                    if let Some(contained_type) = resources::find_resource_type(contained_key.0, "v1", contained_key.1)
-                    {
+                    if let Some(contained_type) = resources::find_stored_type(contained_key.0, contained_key.1) {
                         Self::commit_deletion(&mut state, contained_type, &contained_key.2, &contained_key.3, &object);
                     }
                 }

@@ -28,23 +28,37 @@ fn age(object: &Value, now: chrono::DateTime<chrono::Utc>) -> String {
     }
 }
 
-/// A column between Name and Age: its title and how to fill it from an object.
-type Column = (&'static str, fn(&Value) -> Value);
+/// A column besides Name and Age: its title, its priority (0: always shown, before Age; 1: shown
+/// by `kubectl get -o wide` only, after Age, as the real server lays out wide columns) and how to
+/// fill it from an object.
+type Column = (&'static str, u8, fn(&Value) -> Value);
 
-/// The columns of one type between Name and Age.
+fn spec_text(object: &Value, field: &str) -> Value {
+    json!(object["spec"][field].as_str().unwrap_or(""))
+}
+
+/// The columns of one type besides Name and Age.
 fn extra_columns(resource: &ResourceType) -> Vec<Column> {
     match resource.kind {
-        "Lease" => vec![("Holder", |o| json!(o["spec"]["holderIdentity"].as_str().unwrap_or("")))],
-        "ConfigMap" => vec![("Data", |o| json!(o["data"].as_object().map_or(0, |d| d.len())))],
-        "Pod" => vec![("Status", |o| json!(o["status"]["phase"].as_str().unwrap_or("Unknown")))],
+        "Lease" => vec![("Holder", 0, |o| spec_text(o, "holderIdentity"))],
+        // The real server's columns, plus the two times a candidate's liveness is judged by.
+        "LeaseCandidate" => vec![
+            ("LeaseName", 0, |o| spec_text(o, "leaseName")),
+            ("BinaryVersion", 0, |o| spec_text(o, "binaryVersion")),
+            ("EmulationVersion", 0, |o| spec_text(o, "emulationVersion")),
+            ("RenewTime", 1, |o| spec_text(o, "renewTime")),
+            ("PingTime", 1, |o| spec_text(o, "pingTime")),
+        ],
+        "ConfigMap" => vec![("Data", 0, |o| json!(o["data"].as_object().map_or(0, |d| d.len())))],
+        "Pod" => vec![("Status", 0, |o| json!(o["status"]["phase"].as_str().unwrap_or("Unknown")))],
         "Event" => vec![
-            ("Type", |o| o["type"].clone()),
-            ("Reason", |o| o["reason"].clone()),
-            ("Object", |o| {
+            ("Type", 0, |o| o["type"].clone()),
+            ("Reason", 0, |o| o["reason"].clone()),
+            ("Object", 0, |o| {
                 let kind = o["involvedObject"]["kind"].as_str().unwrap_or("").to_ascii_lowercase();
                 json!(format!("{kind}/{}", o["involvedObject"]["name"].as_str().unwrap_or("")))
             }),
-            ("Message", |o| o["message"].clone()),
+            ("Message", 0, |o| o["message"].clone()),
         ],
         _ => Vec::new(),
     }
@@ -53,17 +67,21 @@ fn extra_columns(resource: &ResourceType) -> Vec<Column> {
 /// The objects as a `meta.k8s.io/v1` Table at list version `resource_version`.
 pub fn render(resource: &ResourceType, objects: &[Arc<Value>], resource_version: &str) -> Value {
     let extra = extra_columns(resource);
-    let column = |name: &str, format: &str| json!({"name": name, "type": "string", "format": format, "description": name, "priority": 0});
-    let mut columns = vec![column("Name", "name")];
-    columns.extend(extra.iter().map(|(name, _)| column(name, "")));
-    columns.push(column("Age", ""));
+    let (before_age, after_age): (Vec<&Column>, Vec<&Column>) =
+        extra.iter().partition(|(_, priority, _)| *priority == 0);
+    let column = |name: &str, format: &str, priority: u8| json!({"name": name, "type": "string", "format": format, "description": name, "priority": priority});
+    let mut columns = vec![column("Name", "name", 0)];
+    columns.extend(before_age.iter().map(|(name, priority, _)| column(name, "", *priority)));
+    columns.push(column("Age", "", 0));
+    columns.extend(after_age.iter().map(|(name, priority, _)| column(name, "", *priority)));
     let now = chrono::Utc::now();
     let rows: Vec<Value> = objects
         .iter()
         .map(|object| {
             let mut cells = vec![object["metadata"]["name"].clone()];
-            cells.extend(extra.iter().map(|(_, cell)| cell(object)));
+            cells.extend(before_age.iter().map(|(_, _, cell)| cell(object)));
             cells.push(json!(age(object, now)));
+            cells.extend(after_age.iter().map(|(_, _, cell)| cell(object)));
             let metadata = json!({
                 "kind": "PartialObjectMetadata",
                 "apiVersion": "meta.k8s.io/v1",
@@ -98,5 +116,36 @@ mod tests {
         assert_eq!(table["rows"][0]["cells"][1], "pod-a");
         assert!(wants_table("application/json;as=Table;v=v1;g=meta.k8s.io,application/json"));
         assert!(!wants_table("application/json"));
+    }
+
+    #[test]
+    fn a_lease_candidate_table_shows_the_real_servers_columns_and_its_times_when_wide() {
+        let candidates = crate::resources::lease_candidates();
+        let object = Arc::new(json!({"metadata": {"name": "a", "creationTimestamp": "2020-01-01T00:00:00Z"}, "spec": {
+            "leaseName": "l", "binaryVersion": "1.1.0", "emulationVersion": "1.0.0", "renewTime": "2020-01-01T00:00:01.000000Z"}}));
+        let table = render(candidates, &[object], "5");
+        let columns: Vec<(&str, u64)> = table["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (c["name"].as_str().unwrap(), c["priority"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(
+            columns,
+            [
+                ("Name", 0),
+                ("LeaseName", 0),
+                ("BinaryVersion", 0),
+                ("EmulationVersion", 0),
+                ("Age", 0),
+                ("RenewTime", 1),
+                ("PingTime", 1)
+            ]
+        );
+        let cells = &table["rows"][0]["cells"];
+        assert_eq!(
+            (&cells[1], &cells[3], &cells[5], &cells[6]),
+            (&json!("l"), &json!("1.0.0"), &json!("2020-01-01T00:00:01.000000Z"), &json!(""))
+        );
     }
 }

@@ -5,8 +5,9 @@
 
 use serde_json::Value;
 
+use crate::election::{Version, OLDEST_EMULATION_VERSION};
 use crate::errors::{ApiError, FieldCause};
-use crate::resources::ResourceType;
+use crate::resources::{NameRule, ResourceType};
 
 const SUBDOMAIN_HELP: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
 const LABEL_HELP: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
@@ -22,6 +23,141 @@ fn is_dns_label(text: &str) -> bool {
 
 fn is_dns_subdomain(text: &str) -> bool {
     text.len() <= 253 && text.split('.').all(is_dns_label)
+}
+
+const CONFIG_MAP_KEY_HELP: &str = "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')";
+
+/// What is wrong with a name that must be a ConfigMap key, as the real server words it.
+fn config_map_key_errors(text: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    if text.len() > 253 {
+        errors.push("must be no more than 253 characters".to_string());
+    }
+    if !text.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')) {
+        errors.push(CONFIG_MAP_KEY_HELP.to_string());
+    }
+    match text {
+        "." => errors.push("must not be '.'".to_string()),
+        ".." => errors.push("must not be '..'".to_string()),
+        _ if text.starts_with("..") => errors.push("must not start with '..'".to_string()),
+        _ => {}
+    }
+    errors
+}
+
+const QUALIFIED_NAME_HELP: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+
+/// What is wrong with a qualified name (`[prefix/]name`, as label keys and third-party strategies
+/// are), as the real server words it.
+fn qualified_name_errors(text: &str) -> Vec<String> {
+    let parts: Vec<&str> = text.split('/').collect();
+    let (prefix, name) = match parts.as_slice() {
+        [name] => (None, *name),
+        [prefix, name] => (Some(*prefix), *name),
+        _ => {
+            return vec![format!(
+                "a qualified name {QUALIFIED_NAME_HELP} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
+            )]
+        }
+    };
+    let mut errors = Vec::new();
+    match prefix {
+        Some("") => errors.push("prefix part must be non-empty".to_string()),
+        Some(prefix) if !is_dns_subdomain(prefix) => errors.push(format!("prefix part {SUBDOMAIN_HELP}")),
+        _ => {}
+    }
+    let bytes = name.as_bytes();
+    if bytes.is_empty() {
+        errors.push("name part must be non-empty".to_string());
+    } else {
+        if bytes.len() > 63 {
+            errors.push("name part must be no more than 63 characters".to_string());
+        }
+        let inner_ok = bytes.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        if !inner_ok || !bytes[0].is_ascii_alphanumeric() || !bytes[bytes.len() - 1].is_ascii_alphanumeric() {
+            errors.push(format!("name part {QUALIFIED_NAME_HELP}"));
+        }
+    }
+    errors
+}
+
+fn invalid(field: &str, value: &str, why: &str) -> FieldCause {
+    FieldCause { field: field.into(), message: format!("Invalid value: {value:?}: {why}"), reason: "FieldValueInvalid" }
+}
+
+fn required(field: &str, detail: &str) -> FieldCause {
+    let message = if detail.is_empty() { "Required value".to_string() } else { format!("Required value: {detail}") };
+    FieldCause { field: field.into(), message, reason: "FieldValueRequired" }
+}
+
+/// The checks of a `CoordinatedLeaseStrategy` (a Lease's or a LeaseCandidate's): the built-in
+/// name, or a third-party qualified name with a `/`. (Upstream reports these at
+/// `spec.strategy.strategy`, a doubled path; the field is named once here.)
+fn strategy_causes(field: &str, strategy: &str, causes: &mut Vec<FieldCause>) {
+    if strategy.contains('/') {
+        causes.extend(qualified_name_errors(strategy).iter().map(|why| invalid(field, strategy, why)));
+    } else if strategy != OLDEST_EMULATION_VERSION {
+        causes.push(FieldCause {
+            field: field.into(),
+            message: format!("Unsupported value: {strategy:?}: supported values: \"{OLDEST_EMULATION_VERSION}\""),
+            reason: "FieldValueNotSupported",
+        });
+    }
+}
+
+/// The Lease fields of Coordinated Leader Election: a valid strategy, and a preferred holder only
+/// with a strategy (a holder told to hand over must know who coordinates).
+fn lease_causes(spec: &Value, causes: &mut Vec<FieldCause>) {
+    let strategy = spec.get("strategy").and_then(Value::as_str);
+    if let Some(strategy) = strategy {
+        strategy_causes("spec.strategy", strategy, causes);
+    }
+    let preferred = spec.get("preferredHolder").and_then(Value::as_str).unwrap_or("");
+    if !preferred.is_empty() && strategy.unwrap_or("").is_empty() {
+        causes.push(FieldCause {
+            field: "spec.preferredHolder".into(),
+            message: "Forbidden: may only be specified if `strategy` is defined".into(),
+            reason: "FieldValueForbidden",
+        });
+    }
+}
+
+/// A LeaseCandidate's spec: what it competes for, its versions and its strategy, as upstream checks them.
+fn lease_candidate_causes(spec: &Value, causes: &mut Vec<FieldCause>) {
+    let text = |field: &str| spec.get(field).and_then(Value::as_str).unwrap_or("");
+    if text("leaseName").is_empty() {
+        causes.push(required("spec.leaseName", ""));
+    }
+    let mut parse = |field: &str| {
+        let value = text(field);
+        let parsed = Version::parse(value);
+        if !value.is_empty() && parsed.is_none() {
+            causes.push(invalid(&format!("spec.{field}"), value, "must be a valid semantic version"));
+        }
+        parsed
+    };
+    let emulation = parse("emulationVersion");
+    let binary = parse("binaryVersion");
+    if text("binaryVersion").is_empty() {
+        causes.push(required("spec.binaryVersion", ""));
+    }
+    if let (Some(binary), Some(emulation)) = (&binary, &emulation) {
+        if binary < emulation {
+            let why = "must be greater than or equal to `emulationVersion`";
+            causes.push(invalid("spec.binaryVersion", text("binaryVersion"), why));
+        }
+    }
+    let strategy = text("strategy");
+    if strategy.is_empty() {
+        causes.push(required("spec.strategy", ""));
+        return;
+    }
+    let no_emulation = text("emulationVersion").is_empty() || emulation.as_ref().is_some_and(Version::is_zero);
+    if strategy == OLDEST_EMULATION_VERSION && no_emulation {
+        let why = "must be specified when `strategy` is 'OldestEmulationVersion'";
+        causes.push(required("spec.emulationVersion", why));
+    }
+    strategy_causes("spec.strategy", strategy, causes);
 }
 
 /// How an object about to be stored arrived: the real server reports a field it cannot decode
@@ -95,6 +231,15 @@ fn kind_fields(kind: &str) -> &'static [(&'static str, &'static str, FieldType)]
             ("spec.preferredHolder", "LeaseSpec", FieldType::String),
             ("spec.strategy", "LeaseSpec", FieldType::String),
         ],
+        "LeaseCandidate" => &[
+            ("spec", "LeaseCandidate", FieldType::Object),
+            ("spec.leaseName", "LeaseCandidateSpec", FieldType::String),
+            ("spec.pingTime", "LeaseCandidateSpec", FieldType::Time),
+            ("spec.renewTime", "LeaseCandidateSpec", FieldType::Time),
+            ("spec.binaryVersion", "LeaseCandidateSpec", FieldType::String),
+            ("spec.emulationVersion", "LeaseCandidateSpec", FieldType::String),
+            ("spec.strategy", "LeaseCandidateSpec", FieldType::String),
+        ],
         "ConfigMap" => {
             &[("data", "ConfigMap", FieldType::StringMap), ("binaryData", "ConfigMap", FieldType::StringMap)]
         }
@@ -155,18 +300,14 @@ pub fn validate(resource: &ResourceType, name: &str, object: &Value, write: Writ
             message: "Required value: name or generateName is required".into(),
             reason: "FieldValueRequired",
         });
-    } else if resource.name_is_dns_label && !is_dns_label(name) {
-        causes.push(FieldCause {
-            field: "metadata.name".into(),
-            message: format!("Invalid value: \"{name}\": {LABEL_HELP}"),
-            reason: "FieldValueInvalid",
-        });
-    } else if !resource.name_is_dns_label && !is_dns_subdomain(name) {
-        causes.push(FieldCause {
-            field: "metadata.name".into(),
-            message: format!("Invalid value: \"{name}\": {SUBDOMAIN_HELP}"),
-            reason: "FieldValueInvalid",
-        });
+    } else {
+        let errors = match resource.names {
+            NameRule::Label if !is_dns_label(name) => vec![LABEL_HELP.to_string()],
+            NameRule::Subdomain if !is_dns_subdomain(name) => vec![SUBDOMAIN_HELP.to_string()],
+            NameRule::ConfigMapKey => config_map_key_errors(name),
+            _ => Vec::new(),
+        };
+        causes.extend(errors.iter().map(|why| invalid("metadata.name", name, why)));
     }
     if resource.kind == "Lease" {
         let spec = &object["spec"];
@@ -188,12 +329,33 @@ pub fn validate(resource: &ResourceType, name: &str, object: &Value, write: Writ
                 });
             }
         }
+        lease_causes(spec, &mut causes);
+    }
+    if resource.kind == "LeaseCandidate" {
+        lease_candidate_causes(&object["spec"], &mut causes);
     }
     if causes.is_empty() {
         Ok(())
     } else {
         Err(ApiError::invalid(resource, name, causes))
     }
+}
+
+/// Validates a replacement of `old` by `new` beyond what [`validate`] checks of `new` alone: the
+/// fields that cannot change once set.
+pub fn validate_update(resource: &ResourceType, name: &str, old: &Value, new: &Value) -> Result<(), ApiError> {
+    if resource.kind == "LeaseCandidate" {
+        let (before, after) = (&old["spec"]["leaseName"], &new["spec"]["leaseName"]);
+        if before != after {
+            let shown = after.as_str().unwrap_or("");
+            return Err(ApiError::invalid(
+                resource,
+                name,
+                vec![invalid("spec.leaseName", shown, "field is immutable")],
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -246,5 +408,104 @@ mod tests {
             "holderIdentity": "a", "leaseDurationSeconds": 15, "renewTime": "2024-05-01T10:00:00.000000Z",
             "acquireTime": null, "leaseTransitions": 3}});
         assert!(validate(lease(), "x", &good, WriteKind::Body).is_ok());
+    }
+
+    fn causes(resource: &ResourceType, object: serde_json::Value) -> Vec<(String, String)> {
+        let name = object["metadata"]["name"].as_str().unwrap_or("").to_string();
+        match validate(resource, &name, &object, WriteKind::Body) {
+            Ok(()) => Vec::new(),
+            Err(error) => {
+                assert_eq!((error.code, error.reason), (422, "Invalid"), "{error}");
+                let status = error.to_status();
+                status["details"]["causes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|c| (c["field"].as_str().unwrap().to_string(), c["message"].as_str().unwrap().to_string()))
+                    .collect()
+            }
+        }
+    }
+
+    #[test]
+    fn a_preferred_holder_needs_a_strategy_and_strategies_are_built_in_or_qualified() {
+        let lease_with = |spec: serde_json::Value| serde_json::json!({"metadata": {"name": "x"}, "spec": spec});
+        assert_eq!(
+            causes(lease(), lease_with(serde_json::json!({"preferredHolder": "b"}))),
+            [(
+                "spec.preferredHolder".to_string(),
+                "Forbidden: may only be specified if `strategy` is defined".to_string()
+            )]
+        );
+        assert!(
+            causes(lease(), lease_with(serde_json::json!({"preferredHolder": "", "holderIdentity": "a"}))).is_empty()
+        );
+        for good in ["OldestEmulationVersion", "example.com/Custom", "example.com/my.strategy_2"] {
+            let spec = serde_json::json!({"strategy": good, "preferredHolder": "b"});
+            assert!(causes(lease(), lease_with(spec)).is_empty(), "{good}");
+        }
+        let unsupported = causes(lease(), lease_with(serde_json::json!({"strategy": "Youngest"})));
+        assert_eq!(
+            unsupported,
+            [(
+                "spec.strategy".to_string(),
+                "Unsupported value: \"Youngest\": supported values: \"OldestEmulationVersion\"".to_string()
+            )]
+        );
+        for bad in ["", "/x", "Example.com/x", "example.com/-x", "a/b/c"] {
+            assert!(!causes(lease(), lease_with(serde_json::json!({"strategy": bad}))).is_empty(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn lease_candidates_need_a_lease_name_versions_and_a_strategy() {
+        let candidates = crate::resources::lease_candidates();
+        let candidate = |spec: serde_json::Value| serde_json::json!({"metadata": {"name": "Pod_A.1"}, "spec": spec});
+        let good = serde_json::json!({"leaseName": "l", "binaryVersion": "1.31.0", "emulationVersion": "1.30",
+            "strategy": "OldestEmulationVersion", "renewTime": "2024-05-01T10:00:00.000000Z"});
+        assert!(causes(candidates, candidate(good)).is_empty());
+        let fields = |spec| {
+            causes(candidates, candidate(spec)).into_iter().map(|(f, m)| format!("{f}: {m}")).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            fields(serde_json::json!({})),
+            ["spec.leaseName: Required value", "spec.binaryVersion: Required value", "spec.strategy: Required value"]
+        );
+        assert_eq!(
+            fields(
+                serde_json::json!({"leaseName": "l", "binaryVersion": "1.30.0", "strategy": "OldestEmulationVersion"})
+            ),
+            ["spec.emulationVersion: Required value: must be specified when `strategy` is 'OldestEmulationVersion'"]
+        );
+        assert_eq!(
+            fields(serde_json::json!({"leaseName": "l", "binaryVersion": "1.x", "emulationVersion": "v1",
+                "strategy": "OldestEmulationVersion"})),
+            [
+                "spec.emulationVersion: Invalid value: \"v1\": must be a valid semantic version",
+                "spec.binaryVersion: Invalid value: \"1.x\": must be a valid semantic version"
+            ]
+        );
+        assert_eq!(
+            fields(serde_json::json!({"leaseName": "l", "binaryVersion": "1.29.0", "emulationVersion": "1.30.0",
+                "strategy": "OldestEmulationVersion"})),
+            ["spec.binaryVersion: Invalid value: \"1.29.0\": must be greater than or equal to `emulationVersion`"]
+        );
+        // A third-party strategy needs no emulation version.
+        assert!(fields(serde_json::json!({"leaseName": "l", "binaryVersion": "1.29.0", "strategy": "example.com/x"}))
+            .is_empty());
+        let bad_name = serde_json::json!({"metadata": {"name": "a/b"}, "spec": {"leaseName": "l", "binaryVersion": "1.0.0",
+            "emulationVersion": "1.0.0", "strategy": "OldestEmulationVersion"}});
+        assert_eq!(causes(candidates, bad_name)[0].0, "metadata.name");
+        let wrong_type = serde_json::json!({"metadata": {"name": "a"}, "spec": {"pingTime": "now"}});
+        assert_eq!(validate(candidates, "a", &wrong_type, WriteKind::Body).unwrap_err().code, 400);
+        let old = serde_json::json!({"spec": {"leaseName": "l"}});
+        let moved = serde_json::json!({"spec": {"leaseName": "m"}});
+        let error = validate_update(candidates, "a", &old, &moved).unwrap_err();
+        assert!(
+            error.message.contains("spec.leaseName: Invalid value: \"m\": field is immutable"),
+            "{}",
+            error.message
+        );
+        assert!(validate_update(candidates, "a", &old, &old).is_ok());
     }
 }
