@@ -161,7 +161,7 @@ pub fn router(view: Weak<dyn LeadershipView>, settings: ApiSettings) -> Router {
         .route("/events", get(events::events))
         .route("/hold", get(hold::hold))
         .route("/metrics", get(metrics::metrics))
-        .route("/*path", get(any_other_path))
+        .route("/{*path}", get(any_other_path))
         // The router's matcher does not fall back from `/status` to the catch-all for `/status/`
         // and the like: those arrive here.
         .fallback(unrouted)
