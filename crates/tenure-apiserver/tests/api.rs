@@ -23,6 +23,8 @@ fn client(server: &ApiServer, name: &str) -> Client {
     let mut config = Config::new(server.url().parse().expect("the server URL is a URI"));
     config.default_namespace = "default".into();
     config.read_timeout = Some(Duration::from_secs(2));
+    // The server's answers as they are: no retry of a 429 or 503 inside the client.
+    config.default_retry = false;
     config.headers.push((CLIENT_HEADER.parse().unwrap(), name.parse().unwrap()));
     Client::try_from(config).expect("a client")
 }

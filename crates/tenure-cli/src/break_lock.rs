@@ -93,6 +93,7 @@ pub async fn break_lock(args: BreakLockArgs) -> Result<u8, CliError> {
         acquire_time: Some(now),
         renew_time: Some(now),
         leader_transitions: term,
+        ..Default::default()
     };
     let written = match &before {
         Some(stored) => lock.update(&stored.version, &released).await,

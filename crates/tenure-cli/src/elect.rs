@@ -78,6 +78,37 @@ pub struct ElectArgs {
     /// lock's) and the --id. Advisory: for a moment after a change two pods, or none, may carry it.
     #[arg(long, value_name = "KEY[=VALUE]", value_parser = pod_label::parse_leader_label)]
     leader_label: Option<pod_label::LeaderLabel>,
+
+    /// Take part in Kubernetes' Coordinated Leader Election (1.33+, feature gate
+    /// CoordinatedLeaderElection; a Lease lock only): publish a LeaseCandidate with
+    /// --binary-version and --emulation-version, lead only when the API server's coordinator
+    /// names this instance, and hand over gracefully (drain, then release) when it prefers
+    /// another candidate, e.g. an older version during a rolling upgrade.
+    #[arg(long)]
+    coordinated: bool,
+
+    /// With --coordinated: this instance's version, MAJOR.MINOR[.PATCH] (default: this build's).
+    #[arg(long, value_name = "VERSION", requires = "coordinated")]
+    binary_version: Option<String>,
+
+    /// With --coordinated: the version this instance behaves as; the coordinator prefers the
+    /// lowest (default: --binary-version).
+    #[arg(long, value_name = "VERSION", requires = "coordinated")]
+    emulation_version: Option<String>,
+}
+
+impl ElectArgs {
+    /// The versions to publish when --coordinated, checked before anything starts.
+    fn coordination(&self) -> Result<Option<tenure_kube::coordinated::CandidateVersions>, CliError> {
+        if !self.coordinated {
+            return Ok(None);
+        }
+        let binary = self.binary_version.as_deref().unwrap_or(env!("CARGO_PKG_VERSION"));
+        let emulation = self.emulation_version.as_deref().unwrap_or(binary);
+        tenure_kube::coordinated::CandidateVersions::new(binary, emulation)
+            .map(Some)
+            .map_err(|e| CliError::Usage(e.to_string()))
+    }
 }
 
 /// Runs `tenure elect` until a termination signal; returns the exit status.
@@ -95,11 +126,13 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
     if args.leader_label.is_some() && !matches!(url, crate::lock_url::LockUrl::Kube(_)) {
         return Err(CliError::Usage(format!("--leader-label needs a Kubernetes lock, and the lock is {url}")));
     }
+    let coordination = args.coordination()?;
     let listener = match &args.http {
         Some(address) => Some(bind(address).await?),
         None => None,
     };
-    let campaign = url.campaign(&identity, args.candidate.ttl.timing, &cluster).await?;
+    let campaign = url.campaign(&identity, args.candidate.ttl.timing, &cluster, coordination).await?;
+    let candidacy = campaign.candidacy;
     let kube_extras = match (&url, &campaign.kube) {
         (crate::lock_url::LockUrl::Kube(reference), Some(lock)) => {
             Some(KubeExtras::start(lock, &campaign.elector, args.leader_label.clone(), &identity, &reference.namespace))
@@ -148,6 +181,11 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
     };
 
     // The HTTP server keeps answering while the lock is released.
+    // A coordinated candidate withdraws first, so that the coordinator does not name it again
+    // between its release and its exit.
+    if let Some(candidacy) = candidacy {
+        candidacy.withdraw().await;
+    }
     let released = shutdown(elector).await;
     if let Some(extras) = kube_extras {
         extras.finish().await;

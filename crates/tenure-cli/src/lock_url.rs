@@ -312,26 +312,55 @@ pub struct Campaign {
     pub elector: Elector,
     /// The Kubernetes lock, when the lock is one.
     pub kube: Option<tenure_kube::KubeLock>,
+    /// The published LeaseCandidate of a coordinated campaign, to withdraw after the release.
+    pub candidacy: Option<tenure_kube::coordinated::LeaseCandidacy>,
 }
 
 impl LockUrl {
     /// Starts campaigning as `identity` on the lock this URL names (reaching a Kubernetes cluster
     /// with `cluster`). One place builds electors, so that backends with their own electors (etcd,
-    /// ZooKeeper) are one match arm each.
+    /// ZooKeeper) are one match arm each. With `coordinated` versions, the campaign takes part
+    /// in Kubernetes' Coordinated Leader Election (a Lease lock only).
     pub async fn campaign(
         &self,
         identity: &str,
         timing: Timing,
         cluster: &tenure_kube::ClusterOptions,
+        coordinated: Option<tenure_kube::coordinated::CandidateVersions>,
     ) -> Result<Campaign, crate::CliError> {
         let usage = |e: tenure::ElectorError| crate::CliError::Usage(e.to_string());
-        if let LockUrl::Kube(reference) = self {
-            let lock = self.kube_lock(reference, cluster, identity).await?;
-            let elector = Elector::builder(identity, lock.record_lock()).timing(timing).spawn().map_err(usage)?;
-            return Ok(Campaign { elector, kube: Some(lock) });
+        match (self, coordinated) {
+            (LockUrl::Kube(reference), coordinated) => {
+                if coordinated.is_some() && reference.kind != tenure_kube::LockKind::Leases {
+                    return Err(crate::CliError::Usage(format!(
+                        "--coordinated needs a Lease lock (kube://NAMESPACE/leases/NAME), and the lock is {self}"
+                    )));
+                }
+                let lock = self.kube_lock(reference, cluster, identity).await?;
+                let mut builder = Elector::builder(identity, lock.record_lock()).timing(timing);
+                if coordinated.is_some() {
+                    builder = builder.coordinated();
+                }
+                let elector = builder.spawn().map_err(usage)?;
+                let candidacy = coordinated.map(|versions| {
+                    tenure_kube::coordinated::LeaseCandidacy::publish(
+                        lock.client().clone(),
+                        &reference.namespace,
+                        &reference.name,
+                        identity,
+                        versions,
+                    )
+                });
+                Ok(Campaign { elector, kube: Some(lock), candidacy })
+            }
+            (_, Some(_)) => Err(crate::CliError::Usage(format!(
+                "--coordinated needs a Kubernetes Lease lock (kube://NAMESPACE/leases/NAME), and the lock is {self}"
+            ))),
+            (_, None) => {
+                let elector = self.campaign_elsewhere(identity, timing).await?;
+                Ok(Campaign { elector, kube: None, candidacy: None })
+            }
         }
-        let elector = self.campaign_elsewhere(identity, timing).await?;
-        Ok(Campaign { elector, kube: None })
     }
 
     /// Connects to a Kubernetes lock as `identity`.

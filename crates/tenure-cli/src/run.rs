@@ -156,7 +156,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let url = args.election.lock_url()?;
     crate::lock_scope::LockScope::announce(&url, args.election.lock.is_none());
     let cluster = args.election.cluster.options().map_err(CliError::Usage)?;
-    let campaign = url.campaign(&identity, timing, &cluster).await?;
+    let campaign = url.campaign(&identity, timing, &cluster, None).await?;
     let events = campaign.kube.as_ref().map(|lock| lock.record_events(&campaign.elector));
     let elector = campaign.elector;
     // The timing in force may differ from the one asked for (a backend's session rules).

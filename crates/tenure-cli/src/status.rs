@@ -340,6 +340,7 @@ mod tests {
                 acquire_time: Some(now - chrono::Duration::seconds(60)),
                 renew_time: Some(now - chrono::Duration::seconds(renewed_ago)),
                 leader_transitions: 3,
+                ..Default::default()
             }),
         }
     }

@@ -198,6 +198,7 @@ async fn work_is_aborted_at_once_when_the_lock_is_lost() {
         acquire_time: Some(now),
         renew_time: Some(now),
         leader_transitions: 2,
+        ..Default::default()
     };
     let taken_at = Instant::now();
     store.put_raw(&intruder.to_json());

@@ -85,6 +85,8 @@ pub fn record_from_lease_spec(spec: Option<&LeaseSpec>) -> Result<LeaderElection
         acquire_time: spec.acquire_time.as_ref().map(|t| from_kube_time(t.0)),
         renew_time: spec.renew_time.as_ref().map(|t| from_kube_time(t.0)),
         leader_transitions: spec.lease_transitions.map_or(0, i64::from),
+        strategy: spec.strategy.clone(),
+        preferred_holder: spec.preferred_holder.clone(),
     })
 }
 
@@ -100,7 +102,8 @@ pub fn lease_spec_from_record(record: &LeaderElectionRecord) -> Result<LeaseSpec
         acquire_time: record.acquire_time.map(|t| to_kube_time(t).map(MicroTime)).transpose()?,
         renew_time: record.renew_time.map(|t| to_kube_time(t).map(MicroTime)).transpose()?,
         lease_transitions: Some(i32::try_from(record.leader_transitions).map_err(|_| too_large("leaderTransitions"))?),
-        ..LeaseSpec::default()
+        strategy: record.strategy.clone(),
+        preferred_holder: record.preferred_holder.clone(),
     })
 }
 
@@ -147,6 +150,7 @@ fn free_record() -> LeaderElectionRecord {
         acquire_time: None,
         renew_time: None,
         leader_transitions: 0,
+        ..Default::default()
     }
 }
 
@@ -158,9 +162,15 @@ impl RecordObject for Lease {
     }
 
     fn set_record(&mut self, record: &LeaderElectionRecord) -> Result<(), LockError> {
-        // Kubernetes 1.30's LeaseSpec holds nothing but the record, so all of it is replaced; the
-        // metadata (labels, annotations, owners) stays.
-        self.spec = Some(lease_spec_from_record(record)?);
+        // The record's fields are replaced; the metadata (labels, annotations, owners) stays, and
+        // so do the coordinator's `strategy` and `preferredHolder` when the record sets none (a
+        // candidate renews or releases a coordinated lease without touching them).
+        let mut spec = lease_spec_from_record(record)?;
+        if let Some(old) = self.spec.take() {
+            spec.strategy = spec.strategy.or(old.strategy);
+            spec.preferred_holder = spec.preferred_holder.or(old.preferred_holder);
+        }
+        self.spec = Some(spec);
         Ok(())
     }
 
@@ -218,6 +228,7 @@ mod tests {
             acquire_time: Some(time("2024-05-01T10:00:00.123456Z")),
             renew_time: Some(time("2024-05-01T10:00:30.654321Z")),
             leader_transitions: transitions,
+            ..Default::default()
         }
     }
 

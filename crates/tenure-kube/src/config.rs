@@ -221,6 +221,10 @@ impl ClusterOptions {
         if let Some(server) = server {
             config.cluster_url = server;
         }
+        // kube 5 retries 429, 503 and 504 by itself (with back-off, honouring Retry-After). An
+        // elector retries on its own schedule, bounded by its renew deadline, and logs each
+        // failure; a retry hidden inside one call would hold a renew past that deadline unseen.
+        config.default_retry = false;
         let agent = crate::user_agent(identity);
         let value = http::HeaderValue::from_str(&agent).map_err(|e| KubeError::InvalidIdentity(e.to_string()))?;
         config.headers.retain(|(name, _)| name != http::header::USER_AGENT);

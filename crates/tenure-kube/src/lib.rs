@@ -47,6 +47,7 @@
 
 pub mod codec;
 pub mod config;
+pub mod coordinated;
 pub mod events;
 pub mod group_store;
 pub mod lock;

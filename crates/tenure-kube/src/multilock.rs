@@ -335,6 +335,7 @@ mod tests {
             acquire_time: None,
             renew_time: None,
             leader_transitions: transitions,
+            ..Default::default()
         }
     }
 

@@ -24,6 +24,7 @@ fn client_go_record(holder: &str, lease_seconds: i64, transitions: i64) -> Leade
         acquire_time: Some(now),
         renew_time: Some(now),
         leader_transitions: transitions,
+        ..Default::default()
     }
 }
 

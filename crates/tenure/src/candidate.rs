@@ -28,6 +28,13 @@
 //!   object at once would give two leaders (client-go has this gap). The wait counts from the
 //!   deletion, not from the record as last seen, because that view may be stale (missed renews):
 //!   a create has no version to compare, so nothing else would catch it.
+//! - **Coordinated leases** (Kubernetes' Coordinated Leader Election): a lease whose record has a
+//!   `strategy` is the API server coordinator's to give. A candidate that is not coordinated
+//!   ([`Candidate::coordinated`]) never takes one. A coordinated candidate never takes a free or
+//!   expired lease either: it takes the lease when it sees the record change to name it (the
+//!   coordinator's grant), at once and under a new term, and when the record names another
+//!   preferred holder while it leads, it hands over gracefully ([`Event::HandoverRequested`]:
+//!   drain, then release) instead of letting the lease run out.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -85,6 +92,14 @@ pub enum Event {
         term: Term,
         /// Why it ended.
         reason: StopReason,
+    },
+    /// The coordinator of a coordinated lease prefers another holder: the driver steps down
+    /// (drains, then releases), so the preferred candidate leads within a round trip.
+    HandoverRequested {
+        /// The term of the tenure to hand over.
+        term: Term,
+        /// The candidate the coordinator named.
+        to: String,
     },
     /// The holder seen in the lock changed (including to or from this candidate).
     LeaderObserved {
@@ -147,6 +162,11 @@ enum Holder {
     Free,
     Ours,
     Other { expires_at: MonotonicTime },
+    /// Coordinated: the coordinator just named this candidate; take it now.
+    Granted,
+    /// Not this candidate's to take however long it waits: a coordinated lease the coordinator
+    /// has not given it (or a lease under a strategy this candidate does not take part in).
+    NotOurs,
 }
 
 /// The decision state of one candidate in one election. See the module documentation.
@@ -193,6 +213,13 @@ pub struct Candidate {
     deleted_lease_until: Option<MonotonicTime>,
     /// Calls to the lock that failed in a row (a conflict is an answer, not a failure).
     consecutive_failures: u32,
+    /// Takes part in Coordinated Leader Election (see the module documentation).
+    coordinated: bool,
+    /// Coordinated: the version of the record in which the coordinator named this candidate,
+    /// seen change to name it (or first seen naming it, never renewed).
+    granted: Option<Version>,
+    /// Coordinated: the term for which a handover was already asked for.
+    handover_asked: Option<Term>,
 }
 
 impl Candidate {
@@ -219,8 +246,23 @@ impl Candidate {
             resync_after_pending: false,
             deleted_lease_until: None,
             consecutive_failures: 0,
+            coordinated: false,
+            granted: None,
+            handover_asked: None,
         }
     }
+
+    /// Makes this a candidate of Kubernetes' Coordinated Leader Election: it leads only when the
+    /// API server's coordinator names it in the lease and hands over when the coordinator prefers
+    /// another candidate (see the module documentation). Publishing the candidacy (a
+    /// `LeaseCandidate`) is the backend's part.
+    pub fn coordinated(mut self) -> Self {
+        self.coordinated = true;
+        self
+    }
+
+    /// The strategy this candidate can take part in, when coordinated.
+    pub const COORDINATED_STRATEGY: &'static str = "OldestEmulationVersion";
 
     /// Why and until when this candidate waits before it may take the lock, when what it waits
     /// on is not a live leader's record: a deleted or corrupt record, or its own hold-off after a
@@ -239,10 +281,30 @@ impl Candidate {
             (Some(StoredRecord { record: Err(_), .. }), Holder::Other { expires_at }) => {
                 Some((WaitReason::CorruptRecord, expires_at))
             }
+            (None, Holder::NotOurs) => Some((WaitReason::Coordinator, observed.seen_at + MAX_LEASE)),
+            (Some(stored), Holder::NotOurs) => self.not_ours_reason(stored, observed.seen_at, now).map(|reason| {
+                // Until something changes: no deadline of its own.
+                (reason, observed.seen_at + MAX_LEASE)
+            }),
             _ => None,
         };
         let hold_off = self.hold_off_until.map(|until| (WaitReason::HoldOffAfterResign, until));
         [record_wait, hold_off].into_iter().flatten().filter(|(_, until)| *until > now).max_by_key(|(_, until)| *until)
+    }
+
+    /// Why a lease that is not this candidate's to take is waited on; `None` for a live holder's
+    /// lease (an ordinary follower).
+    fn not_ours_reason(&self, stored: &StoredRecord, seen_at: MonotonicTime, now: MonotonicTime) -> Option<WaitReason> {
+        let record = stored.record.as_ref().ok();
+        let strategy = record.and_then(|r| r.coordination_strategy());
+        let live_holder =
+            record.is_some_and(|r| !r.holder_identity.is_empty()) && now < seen_at + self.lease_of(stored);
+        match (self.coordinated, strategy) {
+            (false, Some(_)) => Some(WaitReason::CoordinatedLease),
+            (true, Some(s)) if s != Self::COORDINATED_STRATEGY => Some(WaitReason::UnknownStrategy),
+            (true, _) if !live_holder => Some(WaitReason::Coordinator),
+            _ => None,
+        }
     }
 
     /// This candidate's identity.
@@ -355,7 +417,9 @@ impl Candidate {
             return Some(Action::Read);
         }
         let holder = self.classify();
-        let may_acquire = self.mode == Mode::Campaigning && self.hold_off_until.is_none_or(|t| now >= t);
+        // A grant skips the hold-off after a resign: the coordinator chose this candidate again.
+        let may_acquire = self.mode == Mode::Campaigning
+            && (self.hold_off_until.is_none_or(|t| now >= t) || matches!(holder, Holder::Granted));
         match (self.mode, holder) {
             (Mode::Releasing(_), Holder::Ours) => {
                 let record = self.released_record(wall);
@@ -369,7 +433,7 @@ impl Candidate {
                 let record = self.renewed_record(wall);
                 return self.write(now, WriteKind::Renew, record);
             }
-            (_, Holder::Absent | Holder::Free | Holder::Ours) if may_acquire => {
+            (_, Holder::Absent | Holder::Free | Holder::Ours | Holder::Granted) if may_acquire => {
                 let record = self.acquired_record(wall);
                 return self.write(now, WriteKind::Acquire, record);
             }
@@ -394,6 +458,13 @@ impl Candidate {
                 // A draining candidate may face an expired lease it must not take: never schedule
                 // in the past, or the driver would spin.
                 self.next_attempt = if next > now { next } else { now + self.timing.retry_period };
+            }
+            (Mode::Campaigning, Holder::NotOurs) => {
+                // Only a change can make it ours: wait for one (without notifications, look
+                // again every jittered retry period).
+                let wait = if self.has_watch { self.timing.lease_duration } else { self.jittered_retry() };
+                self.needs_read = !self.has_watch;
+                self.next_attempt = now + wait;
             }
             (Mode::Campaigning, _) => {
                 // Held off after a resign: look again when the hold-off ends; without notifications,
@@ -619,6 +690,9 @@ impl Candidate {
         if let Some(Ok(record)) = stored.as_ref().map(|s| &s.record) {
             self.note_term(Term(u64::try_from(record.leader_transitions).unwrap_or(0)));
         }
+        if self.coordinated {
+            self.observe_coordination(stored.as_ref(), ours);
+        }
         // A deletion does not end another holder's lease (see the module documentation); the
         // holder itself, having seen it, knows its tenure is over.
         self.deleted_lease_until = match (&stored, self.classify(), self.observed_lease()) {
@@ -636,6 +710,33 @@ impl Candidate {
             }
         }
         self.publish_holder();
+    }
+
+    /// Coordinated: notes a grant (the record changed to name this candidate) and asks once per
+    /// term for a handover when the coordinator prefers another candidate.
+    fn observe_coordination(&mut self, stored: Option<&StoredRecord>, ours: bool) {
+        let names_self = |stored: Option<&StoredRecord>| {
+            matches!(stored.map(|s| &s.record), Some(Ok(r)) if r.holder_identity == self.identity)
+        };
+        let named_before = self.observed.as_ref().map(|o| names_self(o.stored.as_ref()));
+        // A record first seen naming this candidate is a grant only if nobody renewed it yet (the
+        // coordinator writes acquireTime = renewTime): the candidacy may be published before
+        // the first read. Otherwise it may be a live duplicate's, and is waited out.
+        let fresh = matches!(stored.map(|s| &s.record), Some(Ok(r)) if r.acquire_time == r.renew_time);
+        self.granted = match (named_before, names_self(stored)) {
+            (Some(false), true) | (None, true) if !ours && (named_before.is_some() || fresh) => {
+                stored.map(|s| s.version.clone())
+            }
+            _ => None,
+        };
+        let Some(Ok(record)) = stored.map(|s| &s.record) else { return };
+        let Some(tenure) = self.tenure.as_ref().filter(|t| ours && t.leading) else { return };
+        if let Some(to) = record.preferred_other_than(&self.identity) {
+            if self.handover_asked != Some(tenure.term) {
+                self.handover_asked = Some(tenure.term);
+                self.events.push_back(Event::HandoverRequested { term: tenure.term, to: to.to_owned() });
+            }
+        }
     }
 
     fn publish_holder(&mut self) {
@@ -662,6 +763,29 @@ impl Candidate {
     }
 
     fn classify(&self) -> Holder {
+        let holder = self.classify_record();
+        let strategy = self.observed_record().and_then(|r| r.coordination_strategy());
+        match (self.coordinated, strategy, holder) {
+            (_, _, Holder::Ours) => Holder::Ours,
+            // A lease under a strategy this candidate does not know is not its to take, even if
+            // named in it: another coordinator decides by rules it cannot follow.
+            (true, Some(s), _) if s != Self::COORDINATED_STRATEGY => Holder::NotOurs,
+            (true, _, _) if self.is_granted() => Holder::Granted,
+            // A record that named this identity when first seen: waited out (a restart).
+            (true, _, holder @ Holder::Other { .. }) if self.observed_leader() == Some(self.identity.as_str()) => holder,
+            (true, _, _) => Holder::NotOurs,
+            // A coordinated lease is not taken by candidates outside the coordination.
+            (false, Some(_), Holder::Free | Holder::Other { .. }) => Holder::NotOurs,
+            (false, _, holder) => holder,
+        }
+    }
+
+    fn is_granted(&self) -> bool {
+        let version = self.observed.as_ref().and_then(|o| o.stored.as_ref()).map(|s| &s.version);
+        self.granted.is_some() && self.granted.as_ref() == version
+    }
+
+    fn classify_record(&self) -> Holder {
         let Some(observed) = &self.observed else { return Holder::Absent };
         let Some(stored) = &observed.stored else {
             return match self.deleted_lease_until {
@@ -713,6 +837,7 @@ impl Candidate {
             acquire_time: Some(wall),
             renew_time: Some(wall),
             leader_transitions: i64::try_from(term.0).unwrap_or(i64::MAX),
+            ..Default::default()
         }
     }
 
@@ -724,6 +849,7 @@ impl Candidate {
             acquire_time: self.tenure.as_ref().and_then(|t| t.acquire_time),
             renew_time: Some(wall),
             leader_transitions: i64::try_from(term.0).unwrap_or(i64::MAX),
+            ..Default::default()
         }
     }
 
@@ -734,6 +860,7 @@ impl Candidate {
             acquire_time: Some(wall),
             renew_time: Some(wall),
             leader_transitions: self.observed_record().map_or(0, |r| r.leader_transitions),
+            ..Default::default()
         }
     }
 
@@ -778,6 +905,7 @@ mod tests {
                 acquire_time: Some(wall()),
                 renew_time: Some(wall()),
                 leader_transitions: transitions,
+                ..Default::default()
             }),
         })
     }
@@ -798,6 +926,87 @@ mod tests {
             now = next;
         }
         delays
+    }
+
+    fn coordinated_lease(holder: &str, version: &str, transitions: i64, preferred: Option<&str>) -> Option<StoredRecord> {
+        let mut stored = held_by(holder, version, transitions)?;
+        if let Ok(record) = stored.record.as_mut() {
+            record.strategy = Some(Candidate::COORDINATED_STRATEGY.into());
+            record.preferred_holder = preferred.map(str::to_owned);
+        }
+        Some(stored)
+    }
+
+    #[test]
+    fn a_coordinated_candidate_takes_only_what_the_coordinator_gives_it_and_hands_over_when_asked() {
+        let timing = Timing::default();
+        let mut c = Candidate::new("b", timing, true, 1).coordinated();
+        assert_eq!(c.poll_action(T0, wall()), Some(Action::Read));
+        c.on_read(T0, Ok(None));
+        // Absent, then free, then another's expired lease: never taken, however long it waits.
+        assert_eq!(c.poll_action(T0, wall()), None);
+        assert_eq!(c.wait(T0).map(|w| w.0), Some(WaitReason::Coordinator));
+        let later = T0 + Duration::from_secs(3600);
+        c.on_change(later, coordinated_lease("", "2", 1, None));
+        assert_eq!(c.poll_action(later, wall()), None);
+        c.on_change(later, coordinated_lease("a", "3", 1, None));
+        let expired = later + Duration::from_secs(3600);
+        assert_eq!(c.poll_action(expired, wall()), None, "an expired lease is the coordinator's to give");
+
+        // The coordinator names b: taken at once, under a new term.
+        c.on_change(expired, coordinated_lease("b", "4", 2, None));
+        let Some(Action::Update { expected, record }) = c.poll_action(expired, wall()) else { panic!("takes the grant") };
+        assert_eq!((expected, record.holder_identity.as_str(), record.leader_transitions), (Version("4".into()), "b", 3));
+        c.on_write(expired, Ok(Version("5".into())));
+        assert_eq!(c.is_leader(expired), Some(Term(3)));
+        events(&mut c);
+
+        // It prefers a: one handover request for this term, however often it is seen.
+        c.on_change(expired, coordinated_lease("b", "6", 3, Some("a")));
+        c.on_change(expired, coordinated_lease("b", "7", 3, Some("a")));
+        let asked: Vec<_> = events(&mut c).into_iter().filter(|e| matches!(e, Event::HandoverRequested { .. })).collect();
+        assert_eq!(asked, vec![Event::HandoverRequested { term: Term(3), to: "a".into() }]);
+    }
+
+    #[test]
+    fn a_coordinated_candidate_waits_out_a_renewed_record_naming_it_and_refuses_unknown_strategies() {
+        let timing = Timing::default();
+        // First seen naming b but renewed since it was given: perhaps a live duplicate's.
+        let mut c = Candidate::new("b", timing, true, 1).coordinated();
+        assert_eq!(c.poll_action(T0, wall()), Some(Action::Read));
+        let mut renewed = coordinated_lease("b", "4", 2, None);
+        if let Some(Ok(record)) = renewed.as_mut().map(|s| &mut s.record) {
+            record.renew_time = Some(wall() + chrono::Duration::seconds(5));
+        }
+        c.on_read(T0, Ok(renewed));
+        assert_eq!(c.poll_action(T0, wall()), None);
+        let after_lease = T0 + timing.lease_duration;
+        assert!(matches!(c.poll_action(after_lease, wall()), Some(Action::Update { .. })), "taken after one lease");
+
+        // A strategy it does not know: not even a grant is taken.
+        let mut c = Candidate::new("b", timing, true, 1).coordinated();
+        assert_eq!(c.poll_action(T0, wall()), Some(Action::Read));
+        c.on_read(T0, Ok(coordinated_lease("a", "1", 1, None)));
+        let mut other = coordinated_lease("b", "2", 2, None);
+        if let Some(Ok(record)) = other.as_mut().map(|s| &mut s.record) {
+            record.strategy = Some("example.com/Custom".into());
+        }
+        c.on_change(T0, other);
+        assert_eq!(c.poll_action(T0 + Duration::from_secs(3600), wall()), None);
+        assert_eq!(c.wait(T0).map(|w| w.0), Some(WaitReason::UnknownStrategy));
+    }
+
+    #[test]
+    fn a_candidate_outside_the_coordination_never_takes_a_coordinated_lease() {
+        let timing = Timing::default();
+        let mut c = Candidate::new("b", timing, true, 1);
+        assert_eq!(c.poll_action(T0, wall()), Some(Action::Read));
+        c.on_read(T0, Ok(coordinated_lease("", "1", 1, None)));
+        assert_eq!(c.poll_action(T0 + Duration::from_secs(3600), wall()), None);
+        assert_eq!(c.wait(T0).map(|w| w.0), Some(WaitReason::CoordinatedLease));
+        // Without a strategy the same free lease is taken at once.
+        c.on_change(T0, held_by("", "2", 1));
+        assert!(matches!(c.poll_action(T0, wall()), Some(Action::Update { .. })));
     }
 
     #[test]

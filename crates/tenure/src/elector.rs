@@ -59,9 +59,19 @@ pub struct ElectorBuilder {
     timing: Timing,
     drain_timeout: Duration,
     seed: Option<u64>,
+    coordinated: bool,
 }
 
 impl ElectorBuilder {
+    /// Takes part in Kubernetes' Coordinated Leader Election: lead only when the API server's
+    /// coordinator names this instance in the lease, and hand over gracefully (drain, then
+    /// release) when it prefers another candidate. The lock must be a Lease whose candidacy is
+    /// published (`tenure_kube::coordinated`); see [`Candidate::coordinated`].
+    pub fn coordinated(mut self) -> Self {
+        self.coordinated = true;
+        self
+    }
+
     /// The election timing; client-go's defaults if not set.
     pub fn timing(mut self, timing: Timing) -> Self {
         self.timing = timing;
@@ -90,7 +100,10 @@ impl ElectorBuilder {
         self.timing.validate()?;
         let has_watch = self.lock.watch();
         let seed = self.seed.unwrap_or_else(rand::random);
-        let candidate = Candidate::new(self.identity.clone(), self.timing, has_watch.is_some(), seed);
+        let mut candidate = Candidate::new(self.identity.clone(), self.timing, has_watch.is_some(), seed);
+        if self.coordinated {
+            candidate = candidate.coordinated();
+        }
         let lock = self.lock;
         let drain_timeout = self.drain_timeout;
         Ok(Elector::from_driver(self.identity, self.timing, move |publisher, commands| {
@@ -104,6 +117,7 @@ impl ElectorBuilder {
                 reopen_watch_at: None,
                 failures: FailureLog::new(),
                 watch_failures: 0,
+                handover_requested: false,
             };
             driver.run(commands)
         }))
@@ -147,6 +161,7 @@ impl Elector {
             timing,
             drain_timeout: timing.renew_deadline,
             seed: None,
+            coordinated: false,
         }
     }
 
@@ -364,6 +379,8 @@ struct Driver {
     failures: FailureLog,
     /// Watch streams that failed in a row (reset by the first change delivered).
     watch_failures: u32,
+    /// The coordinator asked for a graceful handover: step down as a resign would.
+    handover_requested: bool,
 }
 
 impl Driver {
@@ -390,6 +407,9 @@ impl Driver {
                 op_started = Instant::now();
             }
             self.publish();
+            if std::mem::take(&mut self.handover_requested) && stopping.is_none() {
+                stopping = Some(self.begin_stop(AfterRelease::Campaign, None, &mut drained));
+            }
 
             if let Some(stop) = stopping.as_mut() {
                 if let StopStage::Releasing { deadline } = stop.stage {
@@ -502,11 +522,7 @@ impl Driver {
                             (AfterRelease::Stop, None)
                         }
                     };
-                    self.candidate.step_down(now);
-                    self.publish();
-                    drained = Some(Box::pin(self.publisher.wait_for_ended_tenures()));
-                    let deadline = Instant::now() + self.drain_timeout.min(FAR_FUTURE);
-                    stopping = Some(Stopping { after, stage: StopStage::Draining { deadline }, reply });
+                    stopping = Some(self.begin_stop(after, reply, &mut drained));
                 }
                 Wake::Drained => drained = None,
             }
@@ -530,6 +546,21 @@ impl Driver {
 }
 
 impl Driver {
+    /// Steps down and starts draining: the tenure ends now, the lock is released once its guards
+    /// are dropped (or the drain timeout passes).
+    fn begin_stop(
+        &mut self,
+        after: AfterRelease,
+        reply: Reply,
+        drained: &mut Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    ) -> Stopping {
+        self.candidate.step_down(self.now());
+        self.publish();
+        *drained = Some(Box::pin(self.publisher.wait_for_ended_tenures()));
+        let deadline = Instant::now() + self.drain_timeout.min(FAR_FUTURE);
+        Stopping { after, stage: StopStage::Draining { deadline }, reply }
+    }
+
     fn start(&self, action: Action) -> OpFuture {
         let lock = self.lock.clone();
         let limit = self.candidate.timing().call_timeout;
@@ -603,6 +634,15 @@ impl Driver {
                     };
                     tracing::info!(identity = %identity, term = term.0, reason, "stopped leading");
                 }
+                Event::HandoverRequested { term, to } => {
+                    tracing::info!(
+                        identity = %identity,
+                        term = term.0,
+                        preferred = %to,
+                        "the coordinator prefers another candidate: handing over (drain, then release)"
+                    );
+                    self.handover_requested = true;
+                }
                 Event::LeaderObserved { leader, term } => {
                     tracing::info!(
                         identity = %identity,
@@ -625,7 +665,9 @@ impl Driver {
             LockWait { reason, until: self.instant(until), until_wall }
         });
         if self.publisher.set_wait(wait) {
-            if let Some(wait) = wait {
+            if let Some(wait) = wait.filter(|w| w.reason.is_open_ended()) {
+                tracing::info!(identity = self.candidate.identity(), "not taking the lock: {}", wait.reason.describe());
+            } else if let Some(wait) = wait {
                 let until = chrono::DateTime::<chrono::Utc>::from(wait.until_wall);
                 tracing::info!(
                     identity = self.candidate.identity(),

@@ -117,6 +117,15 @@ pub enum WaitReason {
     CorruptRecord,
     /// This instance resigned and leaves the lock to others for one lease.
     HoldOffAfterResign,
+    /// The lock is a coordinated lease (it has a `strategy`): the API server's coordinator gives
+    /// it, and this instance does not take part in the coordination.
+    CoordinatedLease,
+    /// This instance takes part in the coordination, but the lease names a strategy it does not
+    /// know: it does not campaign on that lock.
+    UnknownStrategy,
+    /// This instance takes part in the coordination and no live holder has the lease: it waits
+    /// for the coordinator to name one.
+    Coordinator,
 }
 
 impl WaitReason {
@@ -128,7 +137,21 @@ impl WaitReason {
             }
             WaitReason::CorruptRecord => "the lock holds no valid record; waiting one lease for an unknown holder",
             WaitReason::HoldOffAfterResign => "this instance resigned; leaving the lock to others for one lease",
+            WaitReason::CoordinatedLease => {
+                "the lease is coordinated by the API server (it has a strategy); start this instance as a coordinated candidate to take part"
+            }
+            WaitReason::UnknownStrategy => {
+                "the lease names a coordination strategy this instance does not know; not campaigning on it"
+            }
+            WaitReason::Coordinator => {
+                "waiting for the API server's coordinator to name a leader (if none is named, is the CoordinatedLeaderElection feature on?)"
+            }
         }
+    }
+
+    /// True for waits that last until something changes rather than until a known instant.
+    pub fn is_open_ended(self) -> bool {
+        matches!(self, WaitReason::CoordinatedLease | WaitReason::UnknownStrategy | WaitReason::Coordinator)
     }
 }
 

@@ -31,7 +31,7 @@ pub const LEADER_ANNOTATION: &str = "control-plane.alpha.kubernetes.io/leader";
 /// assert_eq!(record.holder_identity, "a3e0");
 /// assert_eq!(record.to_json(), json);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LeaderElectionRecord {
     /// Identity of the holder; empty when nobody holds the lock (after a release).
@@ -49,6 +49,28 @@ pub struct LeaderElectionRecord {
     /// How many times the lock changed hands; Tenure uses it as the fencing [`Term`](crate::Term).
     #[serde(default, deserialize_with = "lenient::whole_number")]
     pub leader_transitions: i64,
+    /// Coordinated leader election (Kubernetes 1.33+, a Lease's `spec.strategy`): how the API
+    /// server's coordinator picks the holder, e.g. `OldestEmulationVersion`. A lease with a
+    /// strategy is the coordinator's to give: candidates that are not coordinated never take it.
+    /// Written only by the coordinator; omitted from JSON when unset, as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<String>,
+    /// Coordinated leader election (a Lease's `spec.preferredHolder`): the candidate the
+    /// coordinator wants to lead next. The holder hands over gracefully (drains, then releases).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preferred_holder: Option<String>,
+}
+
+impl LeaderElectionRecord {
+    /// The coordination strategy, if the lease has a non-empty one.
+    pub fn coordination_strategy(&self) -> Option<&str> {
+        self.strategy.as_deref().filter(|s| !s.is_empty())
+    }
+
+    /// The preferred next holder, if the coordinator named one that is not `identity`.
+    pub fn preferred_other_than(&self, identity: &str) -> Option<&str> {
+        self.preferred_holder.as_deref().filter(|p| !p.is_empty() && *p != identity)
+    }
 }
 
 /// Why the content of a lock could not be read as a record.
@@ -181,6 +203,7 @@ mod tests {
             acquire_time: Some(t),
             renew_time: Some(t),
             leader_transitions: 3,
+            ..Default::default()
         };
         assert_eq!(
             record.to_json(),

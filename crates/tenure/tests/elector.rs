@@ -61,6 +61,7 @@ fn foreign_record(holder: &str, lease_seconds: i64, transitions: i64) -> String 
         acquire_time: Some(ancient),
         renew_time: Some(ancient),
         leader_transitions: transitions,
+        ..Default::default()
     }
     .to_json()
 }

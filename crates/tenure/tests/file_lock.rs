@@ -62,6 +62,7 @@ fn record(holder: &str, transitions: i64) -> LeaderElectionRecord {
         acquire_time: None,
         renew_time: None,
         leader_transitions: transitions,
+        ..Default::default()
     }
 }
 

@@ -1106,7 +1106,8 @@ impl World {
                     }
                     proc.published = None;
                 }
-                Event::LeaderObserved { .. } => {}
+                // The simulated store has no coordinator: nobody asks for a handover.
+                Event::LeaderObserved { .. } | Event::HandoverRequested { .. } => {}
             }
         }
     }
@@ -1891,6 +1892,7 @@ fn record(holder: &str, term: i64, lease_seconds: i64) -> LeaderElectionRecord {
         acquire_time: None,
         renew_time: None,
         leader_transitions: term,
+        ..Default::default()
     }
 }
 
