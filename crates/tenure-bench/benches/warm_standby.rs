@@ -83,7 +83,7 @@ impl Replica {
                         if let Change::Applied(pod) = change {
                             let _ = reconciled.send((id.clone(), pod.name_any(), Instant::now()));
                         }
-                        async {}
+                        async { Ok::<_, std::convert::Infallible>(()) }
                     },
                 );
                 (elector, watch)

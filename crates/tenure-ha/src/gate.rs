@@ -359,23 +359,26 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
                     if let Err(message) = flatten(result) {
                         tracing::info!(term = tenure.term().0, %message, "leader work returned after leadership ended");
                     }
-                    self.stopped(reason, Duration::ZERO);
+                    self.stopped(tenure.term(), reason, Duration::ZERO, false);
                     return self.wait_for_end(tenure).await;
                 }
                 Ended::TenureOver => {
                     cancel.cancel();
                     let reason = self.why_it_ended(&tenure).await;
                     let deadline = self.abort_deadline(reason, &tenure);
+                    let term = tenure.term();
                     drop(tenure); // the work's guard is the one the elector waits for
-                    let drained = self.drain(task, deadline, reason).await;
-                    self.stopped(reason, drained);
+                    let (drained, aborted) = self.drain(task, deadline, reason).await;
+                    self.stopped(term, reason, drained, aborted);
                     return Next::Campaign;
                 }
                 Ended::Shutdown => {
                     cancel.cancel();
+                    let term = tenure.term();
                     drop(tenure);
-                    let drained = self.drain(task, Instant::now() + config.drain_timeout, StopReason::Shutdown).await;
-                    self.stopped(StopReason::Shutdown, drained);
+                    let deadline = Instant::now() + config.drain_timeout;
+                    let (drained, aborted) = self.drain(task, deadline, StopReason::Shutdown).await;
+                    self.stopped(term, StopReason::Shutdown, drained, aborted);
                     return Next::Stop;
                 }
             };
@@ -383,12 +386,12 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
             match flatten(outcome) {
                 Ok(()) => {
                     tracing::info!(term = tenure.term().0, "leader work finished; it starts again on the next tenure");
-                    self.stopped(StopReason::Finished, Duration::ZERO);
+                    self.stopped(tenure.term(), StopReason::Finished, Duration::ZERO, false);
                     return self.wait_for_end(tenure).await;
                 }
                 Err(message) => {
                     tracing::error!(term = tenure.term().0, attempt, error = %message, "leader work failed");
-                    self.stopped(StopReason::Failed, Duration::ZERO);
+                    self.stopped(tenure.term(), StopReason::Failed, Duration::ZERO, false);
                     // A run longer than the back-off cap went well for a while: start over.
                     if started.elapsed() >= backoff.max() {
                         backoff.reset();
@@ -422,7 +425,17 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
         }
     }
 
-    fn stopped(&self, reason: StopReason, drained: Duration) {
+    /// Counts a stop and logs it at INFO, the counterpart of "starting leader work": the term,
+    /// why (`lost`, `fenced`, `resigned`, `shutdown`, `failed`, `finished`), how long the work took
+    /// to stop and whether it had to be aborted (it outlived its drain deadline).
+    fn stopped(&self, term: Term, reason: StopReason, drained: Duration, aborted: bool) {
+        tracing::info!(
+            term = term.0,
+            reason = reason.as_str(),
+            drained_ms = u64::try_from(drained.as_millis()).unwrap_or(u64::MAX),
+            aborted,
+            "leader work stopped"
+        );
         let metrics = &self.config.metrics;
         metrics.running.set(0);
         metrics.stops.get_or_create(&[("reason", reason.as_str())]).inc();
@@ -466,8 +479,14 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
     }
 
     /// Waits for the cancelled work until `deadline`, then aborts it; on a graceful step-down it
-    /// also aborts it the moment the elector no longer holds the lock. Returns how long it took.
-    async fn drain(&self, mut task: JoinHandle<Result<(), String>>, deadline: Instant, reason: StopReason) -> Duration {
+    /// also aborts it the moment the elector no longer holds the lock. Returns how long it took
+    /// and whether the work was aborted.
+    async fn drain(
+        &self,
+        mut task: JoinHandle<Result<(), String>>,
+        deadline: Instant,
+        reason: StopReason,
+    ) -> (Duration, bool) {
         let started = Instant::now();
         let mut leadership = self.config.view.subscribe();
         let released = async {
@@ -482,6 +501,7 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
             _ = tokio::time::sleep_until(deadline) => None,
             _ = released => None,
         };
+        let aborted = finished.is_none();
         match finished {
             Some(result) => {
                 if let Err(message) = flatten(result) {
@@ -494,7 +514,7 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
                 let _ = task.await; // completes once the work's future (and its guard) is dropped
             }
         }
-        started.elapsed()
+        (started.elapsed(), aborted)
     }
 }
 
@@ -512,5 +532,76 @@ fn flatten(result: Result<Result<(), String>, JoinError>) -> Result<(), String> 
             Err(format!("panicked: {message}"))
         }
         Err(error) => Err(format!("task failed: {error}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use tenure::locks::memory::MemoryStore;
+    use tokio::time::timeout;
+
+    use super::*;
+
+    /// The log lines written while a test runs (this thread's subscriber only).
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Lines {
+        /// Waits until `count` lines contain every one of `parts`.
+        async fn until(&self, count: usize, parts: &[&str]) {
+            let found = || {
+                let text = String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned();
+                text.lines().filter(|line| parts.iter().all(|part| line.contains(part))).count() >= count
+            };
+            let waited = timeout(Duration::from_secs(10), async {
+                while !found() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            });
+            assert!(
+                waited.await.is_ok(),
+                "no log line with {parts:?}:\n{}",
+                String::from_utf8_lossy(&self.0.lock().unwrap())
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn leader_work_stopping_is_logged_at_info_with_its_term_and_reason() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
+        let _logging = tracing::subscriber::set_default(subscriber);
+        let store = MemoryStore::new();
+        let elector = Elector::builder("replica-a", store.client("replica-a")).spawn().expect("an elector");
+        let work = |ctx: LeaderContext| async move {
+            ctx.cancelled().await;
+            Ok::<_, std::io::Error>(())
+        };
+
+        let gate = Gate::builder(&elector).spawn(work);
+        lines.until(1, &["INFO", "starting leader work", "term=1"]).await;
+        gate.shutdown().await;
+        lines.until(1, &["INFO", "leader work stopped", "term=1", "reason=\"shutdown\"", "aborted=false"]).await;
+
+        let gate = Gate::builder(&elector).spawn(work);
+        lines.until(2, &["INFO", "starting leader work", "term=1"]).await;
+        elector.resign().await.expect("resigned");
+        lines.until(1, &["INFO", "leader work stopped", "term=1", "reason=\"resigned\""]).await;
+        gate.shutdown().await;
+        elector.shutdown().await.expect("stopped");
     }
 }

@@ -22,28 +22,57 @@
 //!   Versions are compared as numbers (as etcd-backed servers issue them); a version that is not
 //!   a number is always treated as newer, so the change is reconciled rather than skipped.
 //!
+//! **A handler that fails** (returns `Err`, e.g. a `409 Conflict` from its own write) has its change
+//! retried with back-off ([`GatedWatch::retry_backoff`], [`crate::backoff::Backoff`]) for as long as
+//! the tenure lasts, while the changes of *other* objects go on being handled: one object that
+//! keeps failing does not stop the controller (as with kube-runtime's `Controller`, which requeues
+//! per object). Later changes of the failing object wait behind it, in order; a newer state of it
+//! replaces a waiting older one (the handler sees the newest state, as a `Controller`'s
+//! reconcile does), except that a deletion is never replaced, so each incarnation's deletion
+//! reaches the handler. The checkpoint is a single resourceVersion, a watermark: it stays at the
+//! version delivered *before* the oldest failed change until that change has been handled, so if
+//! leadership ends first (retries stop with the tenure) the next leader resumes before it and
+//! sees it again. The changes of other objects handled meanwhile are then handed to the next
+//! leader once more: handlers must be idempotent, which they must be anyway (a relist hands every
+//! object over again). A change that keeps failing keeps the watermark back, so after the server's
+//! watch window (about 75 s) a new leader relists instead of resuming; failures are counted in
+//! [`WatchMetrics`] and logged at WARN with the object and the error.
+//!
+//! **The checkpoint object itself is not watched**: when the watch includes the object the
+//! checkpoint is kept in ([`CheckpointStore::object`], e.g. a watch of all ConfigMaps of the
+//! checkpoint's namespace), its events are skipped: not handed to the handler and not recorded,
+//! so a checkpoint write never causes the next one.
+//!
 //! A kube-runtime `Controller` is gated by [`crate::kube_controller`]; this module is for
 //! controllers that must not miss a deletion across a leader change, which `Controller`'s
 //! always-relisting `watcher` cannot promise (kube-rs issue 1419).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use kube::{Api, Resource, ResourceExt};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::de::DeserializeOwned;
 use tenure::{Elector, Tenure};
-use tenure_kube::resume::{ResumableWatcher, ResumeConfig, ResumeError, ResumeEvent};
+use tenure_kube::resume::{ResumableWatcher, ResumeError, ResumeEvent};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::checkpoint::{CheckpointError, CheckpointStore, Checkpointer};
+use crate::backoff::Backoff;
+use crate::checkpoint::{CheckpointError, CheckpointObject, CheckpointStore, Checkpointer};
 use crate::gate::{Gate, GateBuilder, GateHandle, LeaderContext};
 use crate::gc::GcTrigger;
+
+/// Selectors, timeouts and reconnection back-off of the watch ([`GatedWatch::config`]),
+/// re-exported so that a `GatedWatch` user needs no direct dependency on `tenure-kube`.
+pub use tenure_kube::resume::ResumeConfig;
 
 /// What followers do while they wait for leadership.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,13 +107,21 @@ pub struct WatchMetrics {
     /// Resumes from a checkpoint that the server refused (`410 Gone` or an invalid version), each
     /// followed by a relist and a garbage collection pass.
     pub resume_failures: Counter,
-    /// Changes handed to the handler.
+    /// Calls of the handler (every attempt, retries included).
     pub reconciles: Counter,
+    /// Calls of the handler that returned an error (first attempts and retries).
+    pub handler_failures: Counter,
+    /// Calls of the handler that retried a change whose handling had failed before.
+    pub retries: Counter,
+    /// Objects whose change failed and waits for a retry now; while it is above 0 the checkpoint
+    /// does not advance (an alert on it finds an object that keeps failing).
+    pub retry_pending: Gauge,
 }
 
 impl WatchMetrics {
-    /// New metrics registered as `tenure_ha_watch_resume_failures_total` and
-    /// `tenure_ha_watch_reconciles_total`.
+    /// New metrics registered as `tenure_ha_watch_resume_failures_total`,
+    /// `tenure_ha_watch_reconciles_total`, `tenure_ha_watch_handler_failures_total`,
+    /// `tenure_ha_watch_retries_total` and `tenure_ha_watch_retry_pending`.
     pub fn register(registry: &mut Registry) -> WatchMetrics {
         let metrics = WatchMetrics::default();
         registry.register(
@@ -94,8 +131,23 @@ impl WatchMetrics {
         );
         registry.register(
             "tenure_ha_watch_reconciles",
-            "Changes handed to the leader's handler",
+            "Calls of the leader's handler, retries included",
             metrics.reconciles.clone(),
+        );
+        registry.register(
+            "tenure_ha_watch_handler_failures",
+            "Calls of the leader's handler that returned an error",
+            metrics.handler_failures.clone(),
+        );
+        registry.register(
+            "tenure_ha_watch_retries",
+            "Calls of the leader's handler that retried a failed change",
+            metrics.retries.clone(),
+        );
+        registry.register(
+            "tenure_ha_watch_retry_pending",
+            "Objects whose failed change waits for a retry (the checkpoint holds before the oldest)",
+            metrics.retry_pending.clone(),
         );
         metrics
     }
@@ -112,27 +164,37 @@ pub enum WatchError {
     Watch(#[from] ResumeError),
 }
 
-type Handler<K> = Arc<dyn Fn(Change<K>, Tenure) -> BoxFuture<'static, ()> + Send + Sync>;
+/// The handler with its error type erased to the message that is logged.
+type Handler<K> = Arc<dyn Fn(Change<K>, Tenure) -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
+
+/// The default back-off between attempts of a failed change: 1 s, doubling up to 60 s.
+const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(60));
 
 /// A watch of one kind of object whose changes are handled only by the leader.
+///
+/// The handler returns `Result<(), E>` for any error that displays (your own error enum, as for
+/// kube-runtime's `Controller`, `kube::Error`, `anyhow::Error`...): an `Err` is logged at WARN
+/// and the change retried with back-off while the checkpoint waits before it (see the module
+/// documentation).
 ///
 /// ```no_run
 /// # async fn f(client: kube::Client, elector: tenure::Elector) {
 /// use std::sync::Arc;
 /// use k8s_openapi::api::core::v1::Pod;
 /// use kube::{Api, ResourceExt};
-/// use tenure_ha::checkpoint::kube::KubeCheckpointStore;
-/// use tenure_ha::kube_watch::{Change, GatedWatch, Standby};
+/// use tenure_ha::{Change, GatedWatch, KubeCheckpointStore, ResumeConfig, Standby};
 ///
 /// let store = Arc::new(KubeCheckpointStore::new(client.clone(), "default", "ipam-checkpoint", "ipam"));
 /// let watch = GatedWatch::new(Api::<Pod>::namespaced(client, "default"), "pods", store)
+///     .config(ResumeConfig::default().labels("app=web"))
 ///     .standby(Standby::Warm)
 ///     .run(&elector, |change, tenure| async move {
-///         if tenure.check().is_err() { return; }            // fenced: no side effect
+///         if tenure.check().is_err() { return Ok(()); }     // fenced: no side effect
 ///         match change {
 ///             Change::Applied(pod) => println!("allocate for {}", pod.name_any()),
 ///             Change::Deleted(pod) => println!("release {}", pod.name_any()),
 ///         }
+///         Ok::<_, kube::Error>(())                           // an Err is retried with back-off
 ///     });
 /// // ... on shutdown: stop the work, then release the lock
 /// watch.shutdown().await;
@@ -146,6 +208,7 @@ pub struct GatedWatch<K: Resource> {
     standby: Standby,
     gc: Option<GcTrigger>,
     metrics: WatchMetrics,
+    retry: (Duration, Duration),
     gate: Option<Box<dyn FnOnce(GateBuilder) -> GateBuilder + Send>>,
 }
 
@@ -164,8 +227,17 @@ where
             standby: Standby::Cold,
             gc: None,
             metrics: WatchMetrics::default(),
+            retry: RETRY_BACKOFF,
             gate: None,
         }
+    }
+
+    /// The back-off between attempts of a change whose handler failed: `initial` after the first
+    /// failure, doubling up to `max`, for as long as the tenure lasts. Default: 1 s and 60 s.
+    #[must_use]
+    pub fn retry_backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.retry = (initial, max);
+        self
     }
 
     /// Selectors, timeouts and back-off of the watch.
@@ -205,17 +277,23 @@ where
 
     /// Starts watching (warm) or waiting (cold) on the current tokio runtime; `handler` runs for
     /// each change, one at a time, only while `elector` leads, with the tenure it leads under.
-    pub fn run<F, Fut>(self, elector: &Elector, handler: F) -> GatedWatchHandle
+    /// A change whose handler returns `Err` is retried with back-off, and the checkpoint does not
+    /// move past it until it succeeds or the tenure ends.
+    pub fn run<F, Fut, E>(self, elector: &Elector, handler: F) -> GatedWatchHandle
     where
         F: Fn(Change<K>, Tenure) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: std::fmt::Display + Send + 'static,
     {
-        let handler: Handler<K> = Arc::new(move |change, tenure| handler(change, tenure).boxed());
+        let handler: Handler<K> =
+            Arc::new(move |change, tenure| handler(change, tenure).map(|r| r.map_err(|e| e.to_string())).boxed());
         let mut builder = Gate::builder(elector);
         if let Some(adjust) = self.gate {
             builder = adjust(builder);
         }
         let stop = CancellationToken::new();
+        // The checkpoint's own object, when this watch can see it: its events are skipped.
+        let own = self.store.object().filter(|object| object.is_in(self.api.resource_url()));
         let shared = Arc::new(Leader {
             api: self.api,
             resource: self.resource,
@@ -223,6 +301,8 @@ where
             config: self.config,
             gc: self.gc,
             metrics: self.metrics.clone(),
+            retry: self.retry,
+            own: own.clone(),
             handler,
         });
         let (gate, follower) = match self.standby {
@@ -231,7 +311,7 @@ where
                 (builder.spawn(move |ctx| shared.clone().lead_cold(ctx)), None)
             }
             Standby::Warm => {
-                let cache = Arc::new(WarmCache::default());
+                let cache = Arc::new(WarmCache::new(own));
                 let follower = tokio::spawn(shared.clone().follow(cache.clone(), stop.clone()));
                 let shared = shared.clone();
                 (builder.spawn(move |ctx| shared.clone().lead_warm(ctx, cache.clone())), Some(follower))
@@ -280,6 +360,9 @@ struct Leader<K: Resource> {
     config: ResumeConfig,
     gc: Option<GcTrigger>,
     metrics: WatchMetrics,
+    retry: (Duration, Duration),
+    /// The checkpoint's own object if this watch sees it.
+    own: Option<CheckpointObject>,
     handler: Handler<K>,
 }
 
@@ -287,20 +370,127 @@ impl<K> Leader<K>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
-    async fn handle(&self, change: Change<K>, tenure: &Tenure) {
+    /// Whether `object` is the one the checkpoint is kept in (its events are skipped).
+    fn is_own(&self, object: &K) -> bool {
+        is_own(self.own.as_ref(), object)
+    }
+
+    /// One call of the handler, counted.
+    async fn attempt(&self, change: Change<K>, tenure: &Tenure) -> Result<(), String> {
         self.metrics.reconciles.inc();
-        (self.handler)(change, tenure.clone()).await;
+        let result = (self.handler)(change, tenure.clone()).await;
+        if result.is_err() {
+            self.metrics.handler_failures.inc();
+        }
+        result
+    }
+
+    /// Hands `change` of the object `key` to the handler, unless an earlier change of the object
+    /// is still failing (then it waits behind it). A failure is kept for retry with the watermark
+    /// `hold`: the version delivered before this change.
+    async fn offer(
+        &self,
+        retries: &mut Retries<K>,
+        key: String,
+        change: Queued<K>,
+        hold: Option<String>,
+        tenure: &Tenure,
+    ) {
+        if retries.is_pending(&key) {
+            retries.enqueue(&key, change);
+            return;
+        }
+        if let Err(error) = self.attempt(change.change.clone(), tenure).await {
+            let delay = retries.failed(key.clone(), change, hold, Instant::now());
+            tracing::warn!(
+                resource = %self.resource,
+                object = %key,
+                %error,
+                attempts = 1,
+                retry_in = ?delay,
+                "handler failed; retrying with back-off (the checkpoint stays before this change)"
+            );
+        }
+        self.metrics.retry_pending.set(i64::try_from(retries.len()).unwrap_or(i64::MAX));
+    }
+
+    /// Retries every failed change whose back-off has passed, oldest failure first.
+    async fn retry_due(&self, retries: &mut Retries<K>, ctx: &LeaderContext) {
+        for key in retries.due(Instant::now()) {
+            if ctx.is_cancelled() {
+                return;
+            }
+            let Some((change, attempts)) = retries.head(&key) else { continue };
+            if attempts > 0 {
+                self.metrics.retries.inc();
+            }
+            match self.attempt(change, ctx.tenure()).await {
+                Ok(()) => {
+                    if attempts > 0 {
+                        tracing::info!(resource = %self.resource, object = %key, attempts = attempts + 1, "handler succeeded on retry");
+                    }
+                    retries.succeeded(&key, Instant::now());
+                }
+                Err(error) => {
+                    let (delay, attempts) = retries.failed_again(&key, Instant::now());
+                    tracing::warn!(
+                        resource = %self.resource,
+                        object = %key,
+                        %error,
+                        attempts,
+                        retry_in = ?delay,
+                        "handler failed; retrying with back-off (the checkpoint stays before this change)"
+                    );
+                }
+            }
+        }
+        self.metrics.retry_pending.set(i64::try_from(retries.len()).unwrap_or(i64::MAX));
+    }
+
+    /// Records how far the checkpoint may go: the last delivered version, or, while changes are
+    /// failing, the version before the oldest of them. Recording an unchanged version costs nothing.
+    fn record(&self, checkpointer: &Checkpointer, retries: &Retries<K>, delivered: Option<&str>) {
+        let watermark = match retries.watermark() {
+            Some(hold) => hold,
+            None => delivered,
+        };
+        if let Some(version) = watermark {
+            checkpointer.record(self.resource.clone(), version);
+        }
+    }
+
+    /// The tenure ended: retries stop; says what is left to the next leader.
+    fn leaving(&self, retries: &Retries<K>) {
+        if !retries.is_empty() {
+            tracing::info!(
+                resource = %self.resource,
+                failing = retries.len(),
+                checkpoint = retries.watermark().flatten().unwrap_or("none"),
+                "leadership ended with changes still failing; the checkpoint stays before them, the next leader handles them again"
+            );
+        }
+        self.metrics.retry_pending.set(0);
     }
 
     /// Cold standby: resume from the checkpoint, handle every change until leadership ends.
     async fn lead_cold(self: Arc<Self>, ctx: LeaderContext) -> Result<(), WatchError> {
         let checkpointer = Checkpointer::resume_for(self.store.clone(), &ctx).await?;
         let saved = checkpointer.resource_version(&self.resource);
-        let mut watcher = ResumableWatcher::new(self.api.clone(), self.config.clone(), saved)?;
+        let mut watcher = ResumableWatcher::new(self.api.clone(), self.config.clone(), saved.clone())?;
+        let mut retries = Retries::new(self.retry);
+        // The version of the last event processed (handled, or failed and kept for a retry; the
+        // checkpoint's own events do not count): where the checkpoint goes while nothing fails.
+        let mut delivered = saved;
         let mut logged = false;
-        loop {
+        'tenure: loop {
+            let due = retries.next_due();
             let event = tokio::select! {
-                _ = ctx.cancelled() => return Ok(()),
+                _ = ctx.cancelled() => break 'tenure,
+                _ = sleep_until(due) => {
+                    self.retry_due(&mut retries, &ctx).await;
+                    self.record(&checkpointer, &retries, delivered.as_deref());
+                    continue;
+                }
                 event = watcher.next_event() => event,
             };
             let event = match event {
@@ -311,9 +501,21 @@ where
                 }
             };
             let version = event.resource_version();
+            let hold = delivered.clone();
             match event {
-                ResumeEvent::Applied(object) => self.handle(Change::Applied(object), ctx.tenure()).await,
-                ResumeEvent::Deleted(object) => self.handle(Change::Deleted(object), ctx.tenure()).await,
+                ResumeEvent::Applied(object) | ResumeEvent::Deleted(object) if self.is_own(&object) => {
+                    // The checkpoint's own write: neither handled nor recorded, or each write
+                    // would cause the next.
+                    continue;
+                }
+                ResumeEvent::Applied(object) => {
+                    let key = key(&object);
+                    self.offer(&mut retries, key, Queued::applied(object), hold, ctx.tenure()).await;
+                }
+                ResumeEvent::Deleted(object) => {
+                    let key = key(&object);
+                    self.offer(&mut retries, key, Queued::deleted(object, None), hold, ctx.tenure()).await;
+                }
                 ResumeEvent::Progress(_) => {}
                 ResumeEvent::Listed { objects, cause, .. } => {
                     if cause.resume_failed() {
@@ -330,18 +532,24 @@ where
                             gc.run_now();
                         }
                     }
+                    let objects: Vec<K> = objects.into_iter().filter(|o| !self.is_own(o)).collect();
+                    retries.listed(&objects.iter().map(key).collect());
                     for object in objects {
                         if ctx.is_cancelled() {
-                            return Ok(());
+                            break 'tenure;
                         }
-                        self.handle(Change::Applied(object), ctx.tenure()).await;
+                        let key = key(&object);
+                        self.offer(&mut retries, key, Queued::applied(object), hold.clone(), ctx.tenure()).await;
                     }
                 }
             }
             if let Some(version) = version {
-                checkpointer.record(self.resource.clone(), version);
+                delivered = Some(version);
             }
+            self.record(&checkpointer, &retries, delivered.as_deref());
         }
+        self.leaving(&retries);
+        Ok(())
     }
 
     /// Warm standby, every replica: keep the cache and the per-object changes up to date.
@@ -373,28 +581,203 @@ where
     async fn lead_warm(self: Arc<Self>, ctx: LeaderContext, cache: Arc<WarmCache<K>>) -> Result<(), WatchError> {
         let checkpointer = Checkpointer::resume_for(self.store.clone(), &ctx).await?;
         let mut after = checkpointer.resource_version(&self.resource).and_then(|v| v.parse::<u64>().ok());
-        loop {
+        let mut retries = Retries::new(self.retry);
+        'tenure: loop {
             let notified = cache.changed.notified();
+            self.retry_due(&mut retries, &ctx).await;
             let (changes, version) = cache.take_newer_than(after);
+            // Every change taken is newer than `after`: the watermark a failure holds.
+            let hold = after.map(|v| v.to_string());
             let mut changes = changes.into_iter();
             while let Some((key, change)) = changes.next() {
                 if ctx.is_cancelled() {
                     // Not handled: kept for this replica's next tenure, and for the next leader
                     // the checkpoint is not advanced past them.
                     cache.put_back(std::iter::once((key, change)).chain(changes));
-                    return Ok(());
+                    break 'tenure;
                 }
-                self.handle(change.1, ctx.tenure()).await;
+                self.offer(&mut retries, key, change, hold.clone(), ctx.tenure()).await;
             }
             if let Some(version) = version {
-                checkpointer.record(self.resource.clone(), version.to_string());
                 after = Some(version);
             }
+            self.record(&checkpointer, &retries, after.map(|v| v.to_string()).as_deref());
+            let due = retries.next_due();
             tokio::select! {
-                _ = ctx.cancelled() => return Ok(()),
+                _ = ctx.cancelled() => break 'tenure,
                 _ = notified => {}
+                _ = sleep_until(due) => {}
             }
         }
+        self.leaving(&retries);
+        // Still failing: this replica's next tenure takes them up again (unless the watch has
+        // seen a newer change of the object since).
+        cache.put_back(retries.into_newest());
+        Ok(())
+    }
+}
+
+/// Sleeps until `at`; never completes for `None` (a `select!` branch that is off).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A change as kept for the handler: the version it brings its object to (numeric versions only;
+/// used to order a warm leader's takeover) and the change.
+#[derive(Debug, Clone)]
+struct Queued<K> {
+    version: Option<u64>,
+    change: Change<K>,
+}
+
+impl<K: Resource> Queued<K> {
+    fn applied(object: K) -> Queued<K> {
+        Queued { version: version_of(&object), change: Change::Applied(object) }
+    }
+
+    /// A deletion, at `version` if known (a deletion found by a relist has only the list's).
+    fn deleted(object: K, version: Option<u64>) -> Queued<K> {
+        Queued { version: version.or_else(|| version_of(&object)), change: Change::Deleted(object) }
+    }
+}
+
+/// The changes whose handler failed, per object, while one tenure lasts: retried with back-off,
+/// and holding the checkpoint's watermark before the oldest of them.
+///
+/// Why per object: one object that keeps failing must not stop the others (kube-runtime's
+/// `Controller` requeues per object too); the single watermark of a resourceVersion checkpoint is
+/// what ties them together, so it stays at the oldest failure's `hold`.
+struct Retries<K> {
+    pending: BTreeMap<String, Pending<K>>,
+    initial: Duration,
+    max: Duration,
+    /// Orders the failures: the lowest is the oldest, whose hold is the watermark.
+    next_order: u64,
+}
+
+struct Pending<K> {
+    /// Oldest first: the front is retried, later changes of the object wait behind it.
+    changes: VecDeque<Queued<K>>,
+    /// The version delivered before the first failed change: the checkpoint may not pass it
+    /// (`None`: nothing was delivered before it, so no version may be recorded).
+    hold: Option<String>,
+    order: u64,
+    backoff: Backoff,
+    due: Instant,
+    /// Failed attempts of the front change (0: not attempted yet, it waited behind another).
+    attempts: u32,
+}
+
+impl<K: Clone> Retries<K> {
+    fn new((initial, max): (Duration, Duration)) -> Retries<K> {
+        Retries { pending: BTreeMap::new(), initial, max, next_order: 0 }
+    }
+
+    fn is_pending(&self, key: &str) -> bool {
+        self.pending.contains_key(key)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// A change of an object whose earlier change is failing: it waits behind it. A newer state
+    /// replaces a waiting state (the handler sees the newest, as a `Controller` does); a deletion
+    /// is never replaced, so every incarnation's deletion is handled.
+    fn enqueue(&mut self, key: &str, change: Queued<K>) {
+        if let Some(pending) = self.pending.get_mut(key) {
+            match pending.changes.back_mut() {
+                Some(last) if matches!(last.change, Change::Applied(_)) => *last = change,
+                _ => pending.changes.push_back(change),
+            }
+        }
+    }
+
+    /// The first failure of a change of `key`; returns the delay before its retry.
+    fn failed(&mut self, key: String, change: Queued<K>, hold: Option<String>, now: Instant) -> Duration {
+        let mut backoff = Backoff::new(self.initial, self.max);
+        let delay = backoff.next_delay();
+        let order = self.next_order;
+        self.next_order += 1;
+        let pending =
+            Pending { changes: VecDeque::from([change]), hold, order, backoff, due: now + delay, attempts: 1 };
+        self.pending.insert(key, pending);
+        delay
+    }
+
+    /// When the next retry is due.
+    fn next_due(&self) -> Option<Instant> {
+        self.pending.values().map(|p| p.due).min()
+    }
+
+    /// The objects whose retry is due at `now`, oldest failure first.
+    fn due(&self, now: Instant) -> Vec<String> {
+        let mut due: Vec<(u64, String)> =
+            self.pending.iter().filter(|(_, p)| p.due <= now).map(|(k, p)| (p.order, k.clone())).collect();
+        due.sort();
+        due.into_iter().map(|(_, key)| key).collect()
+    }
+
+    /// The change to try for `key` and how often it failed so far.
+    fn head(&self, key: &str) -> Option<(Change<K>, u32)> {
+        let pending = self.pending.get(key)?;
+        pending.changes.front().map(|queued| (queued.change.clone(), pending.attempts))
+    }
+
+    /// The front change of `key` was handled: the next one waiting is tried at once; with none
+    /// left the object no longer holds the watermark.
+    fn succeeded(&mut self, key: &str, now: Instant) {
+        let Some(pending) = self.pending.get_mut(key) else { return };
+        pending.changes.pop_front();
+        if pending.changes.is_empty() {
+            self.pending.remove(key);
+        } else {
+            pending.backoff.reset();
+            pending.attempts = 0;
+            pending.due = now;
+        }
+    }
+
+    /// The front change of `key` failed again: the delay before the next attempt, and the
+    /// number of failed attempts.
+    fn failed_again(&mut self, key: &str, now: Instant) -> (Duration, u32) {
+        let Some(pending) = self.pending.get_mut(key) else { return (Duration::ZERO, 0) };
+        let delay = pending.backoff.next_delay();
+        pending.attempts += 1;
+        pending.due = now + delay;
+        (delay, pending.attempts)
+    }
+
+    /// `Some(hold)` of the oldest failure while any is pending: the checkpoint's limit.
+    fn watermark(&self) -> Option<Option<&str>> {
+        self.pending.values().min_by_key(|p| p.order).map(|p| p.hold.as_deref())
+    }
+
+    /// A relist: a failing object missing from it was deleted while the watch was away, so what
+    /// waits for it becomes its deletion (its last known state).
+    fn listed(&mut self, present: &BTreeSet<String>) {
+        for (key, pending) in &mut self.pending {
+            if present.contains(key) {
+                continue;
+            }
+            if let Some(last) = pending.changes.back_mut() {
+                if let Change::Applied(object) = &last.change {
+                    last.change = Change::Deleted(object.clone());
+                }
+            }
+        }
+    }
+
+    /// The newest change of every failing object, for a warm cache to keep until the next tenure.
+    fn into_newest(self) -> impl Iterator<Item = (String, Queued<K>)> {
+        self.pending.into_iter().filter_map(|(key, mut pending)| pending.changes.pop_back().map(|last| (key, last)))
     }
 }
 
@@ -403,21 +786,25 @@ where
 struct WarmCache<K> {
     state: Mutex<WarmState<K>>,
     changed: Notify,
+    /// The checkpoint's own object if the watch sees it: its events are ignored, so a checkpoint
+    /// write neither reaches the handler nor moves the version the leader records.
+    own: Option<CheckpointObject>,
 }
 
-impl<K> Default for WarmCache<K> {
-    fn default() -> Self {
+impl<K> WarmCache<K> {
+    fn new(own: Option<CheckpointObject>) -> Self {
         WarmCache {
             state: Mutex::new(WarmState { objects: BTreeMap::new(), changes: BTreeMap::new(), version: None }),
             changed: Notify::new(),
+            own,
         }
     }
 }
 
 struct WarmState<K> {
     objects: BTreeMap<String, K>,
-    /// Per object key: the version of its newest change and the change.
-    changes: BTreeMap<String, (Option<u64>, Change<K>)>,
+    /// Per object key: its newest change, with the version of that change.
+    changes: BTreeMap<String, Queued<K>>,
     /// The version the watch has delivered up to.
     version: Option<u64>,
 }
@@ -430,28 +817,43 @@ fn version_of<K: Resource>(object: &K) -> Option<u64> {
     object.resource_version().and_then(|v| v.parse().ok())
 }
 
+/// Whether `object` is the one the checkpoint is kept in (`own`, when the watch sees it).
+fn is_own<K: Resource>(own: Option<&CheckpointObject>, object: &K) -> bool {
+    own.is_some_and(|own| own.is(object.meta().namespace.as_deref(), &object.name_any()))
+}
+
 impl<K: Resource + Clone> WarmCache<K> {
     fn state(&self) -> MutexGuard<'_, WarmState<K>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn is_own(&self, object: &K) -> bool {
+        is_own(self.own.as_ref(), object)
+    }
+
     fn apply(&self, event: ResumeEvent<K>) {
+        if let ResumeEvent::Applied(object) | ResumeEvent::Deleted(object) = &event {
+            if self.is_own(object) {
+                return;
+            }
+        }
         let mut state = self.state();
         let reached = event.resource_version().and_then(|v| v.parse::<u64>().ok());
         match event {
             ResumeEvent::Applied(object) => {
                 let key = key(&object);
-                state.changes.insert(key.clone(), (version_of(&object), Change::Applied(object.clone())));
+                state.changes.insert(key.clone(), Queued::applied(object.clone()));
                 state.objects.insert(key, object);
             }
             ResumeEvent::Deleted(object) => {
                 let key = key(&object);
                 state.objects.remove(&key);
-                state.changes.insert(key, (reached, Change::Deleted(object)));
+                state.changes.insert(key, Queued::deleted(object, reached));
             }
             ResumeEvent::Progress(_) => {}
             ResumeEvent::Listed { objects, .. } => {
-                let listed: BTreeMap<String, K> = objects.into_iter().map(|o| (key(&o), o)).collect();
+                let listed: BTreeMap<String, K> =
+                    objects.into_iter().filter(|o| !self.is_own(o)).map(|o| (key(&o), o)).collect();
                 let gone: Vec<(String, K)> = state
                     .objects
                     .iter()
@@ -460,13 +862,13 @@ impl<K: Resource + Clone> WarmCache<K> {
                     .collect();
                 for (key, object) in gone {
                     // Deleted while this watch was away: the list's version is when it was seen gone.
-                    state.changes.insert(key, (reached, Change::Deleted(object)));
+                    state.changes.insert(key, Queued { version: reached, change: Change::Deleted(object) });
                 }
                 for (key, object) in &listed {
                     let unchanged =
                         state.objects.get(key).map(|o| o.resource_version()) == Some(object.resource_version());
                     if !unchanged {
-                        state.changes.insert(key.clone(), (version_of(object), Change::Applied(object.clone())));
+                        state.changes.insert(key.clone(), Queued::applied(object.clone()));
                     }
                 }
                 state.objects = listed;
@@ -481,26 +883,132 @@ impl<K: Resource + Clone> WarmCache<K> {
 
     /// The changes newer than `after` (all when `None` or not comparable), oldest first, with
     /// their object keys, and the version they bring the leader to. Taken changes are forgotten.
-    #[allow(clippy::type_complexity)]
-    fn take_newer_than(&self, after: Option<u64>) -> (Vec<(String, (Option<u64>, Change<K>))>, Option<u64>) {
+    fn take_newer_than(&self, after: Option<u64>) -> (Vec<(String, Queued<K>)>, Option<u64>) {
         let mut state = self.state();
-        let mut taken: Vec<(String, (Option<u64>, Change<K>))> = std::mem::take(&mut state.changes)
+        let mut taken: Vec<(String, Queued<K>)> = std::mem::take(&mut state.changes)
             .into_iter()
-            .filter(|(_, (version, _))| match (after, version) {
-                (Some(after), Some(version)) => *version > after,
+            .filter(|(_, queued)| match (after, queued.version) {
+                (Some(after), Some(version)) => version > after,
                 _ => true,
             })
             .collect();
-        taken.sort_by_key(|(_, (version, _))| *version);
+        taken.sort_by_key(|(_, queued)| queued.version);
         (taken, state.version)
     }
 
     /// Returns changes a leader took but did not handle, unless the watch has seen a newer change
     /// of the same object since.
-    fn put_back(&self, changes: impl Iterator<Item = (String, (Option<u64>, Change<K>))>) {
+    fn put_back(&self, changes: impl Iterator<Item = (String, Queued<K>)>) {
         let mut state = self.state();
         for (key, change) in changes {
             state.changes.entry(key).or_insert(change);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn configmap(name: &str, version: u64) -> ConfigMap {
+        let metadata = ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            resource_version: Some(version.to_string()),
+            ..ObjectMeta::default()
+        };
+        ConfigMap { metadata, ..ConfigMap::default() }
+    }
+
+    fn describe(retries: &Retries<ConfigMap>, key: &str) -> Vec<String> {
+        let pending = &retries.pending[key];
+        let describe = |queued: &Queued<ConfigMap>| match &queued.change {
+            Change::Applied(o) => format!("applied {}@{}", o.name_any(), o.resource_version().unwrap_or_default()),
+            Change::Deleted(o) => format!("deleted {}@{}", o.name_any(), o.resource_version().unwrap_or_default()),
+        };
+        pending.changes.iter().map(describe).collect()
+    }
+
+    fn retries() -> Retries<ConfigMap> {
+        Retries::new((Duration::from_millis(100), Duration::from_secs(1)))
+    }
+
+    #[test]
+    fn a_newer_state_replaces_a_waiting_one_but_never_a_deletion() {
+        let now = Instant::now();
+        let mut retries = retries();
+        retries.failed("default/a".into(), Queued::applied(configmap("a", 5)), Some("4".into()), now);
+        retries.enqueue("default/a", Queued::applied(configmap("a", 7)));
+        assert_eq!(describe(&retries, "default/a"), ["applied a@7"], "the newest state is what the retry handles");
+        retries.enqueue("default/a", Queued::deleted(configmap("a", 9), None));
+        retries.enqueue("default/a", Queued::applied(configmap("a", 11)));
+        retries.enqueue("default/a", Queued::applied(configmap("a", 12)));
+        assert_eq!(
+            describe(&retries, "default/a"),
+            ["deleted a@9", "applied a@12"],
+            "a recreation waits behind the deletion"
+        );
+        retries.succeeded("default/a", now);
+        assert_eq!(describe(&retries, "default/a"), ["applied a@12"]);
+        assert_eq!(retries.due(now), ["default/a"], "the next waiting change is tried at once");
+        assert_eq!(retries.head("default/a").map(|(_, attempts)| attempts), Some(0), "not a retry yet");
+        retries.succeeded("default/a", now);
+        assert!(retries.is_empty());
+    }
+
+    #[test]
+    fn the_watermark_is_the_hold_of_the_oldest_failure_until_it_succeeds() {
+        let now = Instant::now();
+        let mut retries = retries();
+        assert_eq!(retries.watermark(), None, "nothing failing: the checkpoint follows the watch");
+        retries.failed("default/a".into(), Queued::applied(configmap("a", 5)), Some("4".into()), now);
+        retries.failed("default/b".into(), Queued::applied(configmap("b", 8)), Some("7".into()), now);
+        assert_eq!(retries.watermark(), Some(Some("4")));
+        let (delay, attempts) = retries.failed_again("default/a", now);
+        assert_eq!((delay, attempts), (Duration::from_millis(200), 2), "back-off doubles");
+        assert_eq!(retries.next_due(), Some(now + Duration::from_millis(100)), "b is due first");
+        retries.succeeded("default/a", now);
+        assert_eq!(retries.watermark(), Some(Some("7")), "the next oldest failure holds it now");
+        retries.succeeded("default/b", now);
+        assert_eq!(retries.watermark(), None);
+
+        retries.failed("default/c".into(), Queued::applied(configmap("c", 2)), None, now);
+        assert_eq!(retries.watermark(), Some(None), "nothing before the failure: no version may be recorded");
+    }
+
+    #[test]
+    fn a_relist_turns_a_failing_object_that_is_gone_into_its_deletion() {
+        let now = Instant::now();
+        let mut retries = retries();
+        retries.failed("default/a".into(), Queued::applied(configmap("a", 5)), Some("4".into()), now);
+        retries.failed("default/b".into(), Queued::applied(configmap("b", 6)), Some("4".into()), now);
+        retries.listed(&BTreeSet::from(["default/b".to_owned()]));
+        assert_eq!(describe(&retries, "default/a"), ["deleted a@5"]);
+        assert_eq!(describe(&retries, "default/b"), ["applied b@6"]);
+    }
+
+    #[test]
+    fn the_checkpoint_object_is_ignored_by_a_warm_cache() {
+        let own = CheckpointObject {
+            all_namespaces_url: "/api/v1/configmaps".into(),
+            namespace_url: "/api/v1/namespaces/default/configmaps".into(),
+            namespace: "default".into(),
+            name: "checkpoint".into(),
+        };
+        let cache = WarmCache::<ConfigMap>::new(Some(own));
+        cache.apply(ResumeEvent::Applied(configmap("a", 5)));
+        cache.apply(ResumeEvent::Applied(configmap("checkpoint", 6)));
+        let (changes, version) = cache.take_newer_than(None);
+        assert_eq!(changes.into_iter().map(|(key, _)| key).collect::<Vec<_>>(), ["default/a"]);
+        assert_eq!(version, Some(5), "the checkpoint's own write does not move the version");
+        cache.apply(ResumeEvent::Listed {
+            objects: vec![configmap("a", 5), configmap("checkpoint", 8)],
+            version: "8".into(),
+            cause: tenure_kube::resume::ListCause::Initial,
+        });
+        assert!(cache.take_newer_than(Some(5)).0.is_empty(), "a listed checkpoint object is no change");
     }
 }

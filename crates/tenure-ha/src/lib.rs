@@ -60,6 +60,27 @@ pub mod metrics;
 
 pub use gate::{Gate, GateHandle, LeaderContext, StopReason};
 
+/// What a [`kube_watch::GatedWatch`] user names, at the crate's root, so that a controller on a
+/// gated watch depends on `tenure-ha` (and `tenure` for the elector) alone: the watch and its
+/// handle, the changes the handler gets, the standby modes, the metrics, the watch's selectors
+/// (`ResumeConfig`) and the checkpoint store in a ConfigMap.
+#[cfg(feature = "kube")]
+pub use kube_watch::{Change, GatedWatch, GatedWatchHandle, ResumeConfig, Standby, WatchError, WatchMetrics};
+
+/// The checkpoint store a gated watch on Kubernetes uses, at the root with the watch.
+#[cfg(feature = "kube")]
+pub use checkpoint::kube::KubeCheckpointStore;
+
+/// The Kubernetes lock the elector of a gated watch or controller runs on, so that a controller
+/// needs no direct dependency on `tenure-kube` to elect on a Lease.
+#[cfg(feature = "kube")]
+pub use tenure_kube::KubeLockConfig;
+
+/// The Kubernetes backend itself (locks, the resumable watcher and its `Backoff`), for what the
+/// root re-exports do not cover, in the version this crate is built with.
+#[cfg(feature = "kube")]
+pub use tenure_kube;
+
 /// The README's snippets, compiled and run as doc tests so that they stay true (the etcd and
 /// Kubernetes ones need the `etcd` and `kube` features, which `scripts/test` enables).
 #[cfg(all(doctest, feature = "etcd", feature = "kube"))]

@@ -274,6 +274,7 @@ impl Replica {
                             Change::Deleted(pod) => format!("deleted {}", pod.name_any()),
                         };
                         seen.0.lock().unwrap().push((id, what, tenure.check().is_ok()));
+                        Ok::<_, std::convert::Infallible>(())
                     }
                 });
                 (elector, handle)

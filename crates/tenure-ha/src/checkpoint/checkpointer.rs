@@ -142,18 +142,24 @@ impl Checkpointer {
     }
 
     /// Records that everything of `resource` up to `resource_version` has been processed. Memory
-    /// only; written by the next flush.
+    /// only; written by the next flush. Recording the version already recorded changes nothing
+    /// and costs no write.
     pub fn record(&self, resource: impl Into<String>, resource_version: impl Into<String>) {
+        let (resource, resource_version) = (resource.into(), resource_version.into());
         let mut state = self.state();
-        state.checkpoint.resource_versions.insert(resource.into(), resource_version.into());
-        state.dirty = true;
+        if state.checkpoint.resource_versions.get(&resource) != Some(&resource_version) {
+            state.checkpoint.resource_versions.insert(resource, resource_version);
+            state.dirty = true;
+        }
     }
 
-    /// Replaces the user value. Memory only; written by the next flush.
+    /// Replaces the user value. Memory only; written by the next flush (none if it is unchanged).
     pub fn set_user_value(&self, value: serde_json::Value) {
         let mut state = self.state();
-        state.checkpoint.user_value = value;
-        state.dirty = true;
+        if state.checkpoint.user_value != value {
+            state.checkpoint.user_value = value;
+            state.dirty = true;
+        }
     }
 
     /// Writes now if anything changed (for a caller that must know its progress is stored, e.g.
@@ -233,4 +239,37 @@ async fn flush_periodically(shared: Arc<Shared>, tenure: Tenure, period: Duratio
         tracing::warn!(store = %shared.store.describe(), "last checkpoint write timed out");
     }
     drop(tenure);
+}
+
+#[cfg(test)]
+mod tests {
+    use tenure::locks::memory::MemoryStore;
+    use tenure::Elector;
+
+    use super::*;
+    use crate::checkpoint::memory::MemoryCheckpointStore;
+
+    #[tokio::test]
+    async fn recording_what_is_already_recorded_costs_no_write() {
+        let lock = MemoryStore::new();
+        let elector = Elector::builder("a", lock.client("a")).spawn().expect("an elector");
+        let tenure = elector.acquired().await.expect("leads");
+        let store = Arc::new(MemoryCheckpointStore::new("c"));
+        let checkpointer =
+            Checkpointer::resume(store.clone(), &tenure, Duration::from_secs(3600)).await.expect("resumed");
+        checkpointer.record("pods", "7");
+        checkpointer.set_user_value(serde_json::json!(1));
+        checkpointer.flush().await.expect("written");
+        let writes = store.writes();
+        // A bookmark at the same version, a retry holding the same watermark: nothing new.
+        checkpointer.record("pods", "7");
+        checkpointer.set_user_value(serde_json::json!(1));
+        checkpointer.flush().await.expect("nothing to write");
+        assert_eq!(store.writes(), writes);
+        checkpointer.record("pods", "8");
+        checkpointer.flush().await.expect("written");
+        assert_eq!(store.writes(), writes + 1);
+        drop((checkpointer, tenure));
+        elector.shutdown().await.expect("stopped");
+    }
 }

@@ -20,10 +20,13 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ObjectMeta, PostParams};
-use kube::Api;
+use kube::{Api, Resource};
 use tenure::Term;
 
-use super::{check_not_superseded, decode, encode, Checkpoint, CheckpointError, CheckpointStore, StoredCheckpoint};
+use super::{
+    check_not_superseded, decode, encode, Checkpoint, CheckpointError, CheckpointObject, CheckpointStore,
+    StoredCheckpoint,
+};
 
 /// The annotation the checkpoint document (JSON, with its term) is kept in.
 pub const CHECKPOINT_ANNOTATION: &str = "tenure.dev/checkpoint";
@@ -151,6 +154,15 @@ impl CheckpointStore for KubeCheckpointStore {
 
     fn controller(&self) -> &str {
         &self.controller
+    }
+
+    fn object(&self) -> Option<CheckpointObject> {
+        Some(CheckpointObject {
+            all_namespaces_url: ConfigMap::url_path(&(), None),
+            namespace_url: ConfigMap::url_path(&(), Some(&self.namespace)),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        })
     }
 
     fn describe(&self) -> String {

@@ -131,8 +131,48 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// The controller whose checkpoints this store keeps.
     fn controller(&self) -> &str;
 
+    /// The Kubernetes object the checkpoint is kept in, if it is kept in one. A watch that
+    /// includes that object (a watch of ConfigMaps without a selector, in the checkpoint's
+    /// namespace) must skip its events: each checkpoint write would otherwise come back as a change
+    /// that moves the checkpoint and causes the next write, one write per period forever.
+    /// Default: `None` (a file, an etcd key, a ZooKeeper node: nothing a Kubernetes watch sees).
+    fn object(&self) -> Option<CheckpointObject> {
+        None
+    }
+
     /// Where the store keeps them, for log lines.
     fn describe(&self) -> String;
+}
+
+/// Where a store keeps its checkpoint when that place is a Kubernetes object, so that a watch of
+/// the same collection can recognise the checkpoint's own writes and skip them
+/// ([`CheckpointStore::object`]).
+///
+/// Why URL paths rather than kube types: this module compiles without the `kube` feature; the
+/// paths are what `kube::Api::resource_url` answers, so a watch compares them as they are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointObject {
+    /// The collection's path across all namespaces, e.g. `/api/v1/configmaps`.
+    pub all_namespaces_url: String,
+    /// The collection's path in the object's namespace, e.g. `/api/v1/namespaces/kube-system/configmaps`.
+    pub namespace_url: String,
+    /// The object's namespace.
+    pub namespace: String,
+    /// The object's name.
+    pub name: String,
+}
+
+impl CheckpointObject {
+    /// Whether a watch of the collection at `resource_url` (as `kube::Api::resource_url` gives
+    /// it) can see this object.
+    pub fn is_in(&self, resource_url: &str) -> bool {
+        resource_url == self.all_namespaces_url || resource_url == self.namespace_url
+    }
+
+    /// Whether an object of that collection with this namespace and name is the checkpoint's.
+    pub fn is(&self, namespace: Option<&str>, name: &str) -> bool {
+        namespace == Some(self.namespace.as_str()) && name == self.name
+    }
 }
 
 /// The stored document: a checkpoint plus the term that wrote it.
