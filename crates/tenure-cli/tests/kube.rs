@@ -372,3 +372,62 @@ fn status_watch_on_kubernetes_prints_the_handover_as_it_is_pushed() {
     common::wait_for_watched_leaders(&watch, &["one", "two"]);
     assert_eq!(one.exit_code(Duration::from_secs(5)), 0);
 }
+
+/// `tenure elect --coordinated` as `version`, on the Lease `ctl` of the default namespace.
+fn coordinated(cluster: &Cluster, id: &str, version: &str) -> (Tenure, String) {
+    let mut command = Command::new(TENURE);
+    command.args(["elect", "--election=ctl", "--lock=kube://default/leases/ctl", "--ttl=2s", "--coordinated"]);
+    command.args([format!("--binary-version={version}"), "--http=127.0.0.1:0".into(), format!("--id={id}")]);
+    command.env("KUBECONFIG", cluster.kubeconfig()).env_remove("KUBERNETES_SERVICE_HOST");
+    let tenure = Tenure::start_with(id, &mut command);
+    let address = tenure.http_address();
+    (tenure, address)
+}
+
+#[test]
+fn a_rolling_upgrade_of_coordinated_sidecars_keeps_the_oldest_version_leading() {
+    let cluster = Cluster::start("kube-coordinated");
+    let mut replicas: Vec<(Tenure, String, &str)> = ["pod-a", "pod-b", "pod-c"]
+        .iter()
+        .map(|id| {
+            let (tenure, address) = coordinated(&cluster, id, "1.0");
+            (tenure, address, "1.0")
+        })
+        .collect();
+    let addresses = |replicas: &[(Tenure, String, &str)]| replicas.iter().map(|r| r.1.clone()).collect::<Vec<_>>();
+    let all = addresses(&replicas);
+    the_leader(&all.iter().map(String::as_str).collect::<Vec<_>>());
+    let (ok, listed) = cluster.kubectl(&["get", "leasecandidates"]);
+    assert!(ok && ["pod-a", "pod-b", "pod-c"].iter().all(|p| listed.contains(p)), "{listed}");
+
+    for id in ["pod-b", "pod-a", "pod-c"] {
+        let position = replicas.iter().position(|r| r.0.name == id).unwrap();
+        let (mut old, _, _) = replicas.remove(position);
+        old.signal(libc::SIGTERM);
+        assert_eq!(old.exit_code(Duration::from_secs(10)), 0, "{}", old.log());
+        let (tenure, address) = coordinated(&cluster, id, "1.1");
+        replicas.push((tenure, address, "1.1"));
+        let all = addresses(&replicas);
+        let leader = the_leader(&all.iter().map(String::as_str).collect::<Vec<_>>());
+        let version = replicas.iter().find(|r| r.0.name == leader).unwrap().2;
+        if replicas.iter().any(|r| r.2 == "1.0") {
+            assert_eq!(version, "1.0", "after upgrading {id}, {leader} leads on {version} while 1.0 remains");
+        }
+        assert_eq!(all.iter().filter(|a| is_leader(a)).count(), 1, "exactly one says it leads");
+    }
+}
+
+#[test]
+fn coordinated_flags_are_checked_before_anything_starts() {
+    for (args, expected) in [
+        (vec!["elect", "--election=e", "--lock=file:///tmp/x", "--coordinated"], "needs a Kubernetes Lease lock"),
+        (vec!["elect", "--election=e", "--lock=kube://default/endpoints/e", "--coordinated"], "needs a Lease lock"),
+        (vec!["elect", "--election=e", "--binary-version=1.0"], "--coordinated"),
+        (vec!["elect", "--election=e", "--coordinated", "--binary-version=one"], "not a version"),
+        (vec!["elect", "--election=e", "--coordinated", "--binary-version=1.0", "--emulation-version=1.1"], "newer than"),
+    ] {
+        let (code, stdout, stderr) = run_to_end(&args);
+        assert_eq!(code, 2, "{args:?}: {stdout}{stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
