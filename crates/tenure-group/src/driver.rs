@@ -6,10 +6,12 @@
 //!   the partition is released (revoke, drain, release) only once every guard of it is dropped
 //!   (or the drain timeout passed), so a new owner never overlaps the old owner's work.
 //! - A `tokio::sync::watch` of the assignment: [`Group::assignment`].
+//! - A cloneable view for code that runs beside the controller (a write gate on its API client):
+//!   [`Group::ownership`], and [`PartitionGuard::ended`] to stop work the moment ownership ends.
 //! - Tooz's vocabulary: [`Group::builder`]`(..).join()`, [`Group::leave`], [`Group::members`],
 //!   [`Group::members_for_object`], [`Group::belongs_to_self`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -74,6 +76,9 @@ struct SharedState {
     members: Vec<String>,
     valid_until: Option<Instant>,
     guards: BTreeMap<(u32, Term), usize>,
+    /// The revoked partitions the driver waits on for their guards (its `draining`): dropping the
+    /// last guard of one of these, and only these, wakes the driver.
+    draining: BTreeSet<(u32, Term)>,
     missed_changes: u64,
 }
 
@@ -81,6 +86,10 @@ struct SharedState {
 struct Shared {
     state: Mutex<SharedState>,
     guard_dropped: Notify,
+    /// Woken when what guards are judged by may have shrunk: the owned partitions changed or the
+    /// membership deadline moved earlier (or went). Extensions do not wake it: a waiter sleeping
+    /// until the old deadline re-reads the state then.
+    ownership_changed: Notify,
 }
 
 impl Shared {
@@ -97,6 +106,55 @@ impl Shared {
 
     fn owns(&self, partition: u32) -> Option<Term> {
         self.while_member(|s| &s.active, partition)
+    }
+
+    fn is_member(&self) -> bool {
+        self.state().valid_until.is_some_and(|until| Instant::now() < until)
+    }
+
+    fn partition_of(&self, key: &str) -> u32 {
+        partition_of(key.as_bytes(), self.state().partition_count)
+    }
+
+    fn guard(self: &Arc<Self>, partition: u32) -> Option<PartitionGuard> {
+        self.guard_in(&mut self.state(), partition)
+    }
+
+    /// One lock for both the partition count and the guard: a write gate takes a guard per write.
+    fn guard_for_key(self: &Arc<Self>, key: &str) -> Option<PartitionGuard> {
+        let mut state = self.state();
+        let partition = partition_of(key.as_bytes(), state.partition_count);
+        self.guard_in(&mut state, partition)
+    }
+
+    fn guard_in(self: &Arc<Self>, state: &mut SharedState, partition: u32) -> Option<PartitionGuard> {
+        let valid = state.valid_until.is_some_and(|until| Instant::now() < until);
+        let term = state.active.get(&partition).copied().filter(|_| valid)?;
+        *state.guards.entry((partition, term)).or_default() += 1;
+        Some(PartitionGuard { shared: self.clone(), partition, term })
+    }
+
+    /// Completes once `over` holds, judged again whenever the ownership may have shrunk and when
+    /// the membership deadline passes on this host's clock (so also after the driver stopped).
+    async fn until(&self, over: impl Fn(&Shared) -> bool) {
+        loop {
+            let changed = self.ownership_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if over(self) {
+                return;
+            }
+            let deadline = self.state().valid_until;
+            match deadline {
+                Some(deadline) => {
+                    tokio::select! {
+                        _ = &mut changed => {}
+                        _ = tokio::time::sleep_until(deadline) => {}
+                    }
+                }
+                None => changed.await,
+            }
+        }
     }
 }
 
@@ -146,19 +204,38 @@ impl PartitionGuard {
             Err(NotOwner { partition: self.partition, term: self.term })
         }
     }
+
+    /// Completes when [`PartitionGuard::is_valid`] turns false: the partition was revoked (also
+    /// while it drains), lost, or the membership may have run out on this host's clock (the
+    /// deadline passing counts even if the driver never runs again).
+    ///
+    /// Why it exists: work that cannot check before each step, such as an API request already
+    /// sent, is raced against it and dropped the moment the ownership ends (a write gate cancels
+    /// its in-flight writes this way), instead of finding out at its next check.
+    pub async fn ended(&self) {
+        self.shared.until(|shared| shared.owns(self.partition) != Some(self.term)).await
+    }
 }
 
 impl Drop for PartitionGuard {
+    /// Wakes the driver only when this was the last guard of a partition it drains: guards come
+    /// and go with every reconcile (and every gated write), and a driver pass costs far more.
+    /// Race-free: the driver marks a partition draining, under the same lock, before it looks at
+    /// the partition's guards.
     fn drop(&mut self) {
+        let key = (self.partition, self.term);
         let mut state = self.shared.state();
-        if let Some(count) = state.guards.get_mut(&(self.partition, self.term)) {
-            *count -= 1;
-            if *count == 0 {
-                state.guards.remove(&(self.partition, self.term));
-            }
+        let Some(count) = state.guards.get_mut(&key) else { return };
+        *count -= 1;
+        if *count > 0 {
+            return;
         }
+        state.guards.remove(&key);
+        let drained = state.draining.contains(&key);
         drop(state);
-        self.shared.guard_dropped.notify_one();
+        if drained {
+            self.shared.guard_dropped.notify_one();
+        }
     }
 }
 
@@ -183,6 +260,54 @@ impl GroupHealth {
         } else {
             0
         }
+    }
+}
+
+/// A cloneable view of a member's ownership: guards for keys and partitions, and whether the
+/// membership is valid, judged on this host's clock like [`Group`]'s own answers.
+///
+/// Why apart from [`Group`]: the group is moved into what runs it (a sharded controller, or
+/// [`Group::leave`]), while code beside it (a write gate wrapping an API client, shared by every
+/// reconcile) needs to ask "do I own this key now?" from many tasks. It does not keep the driver
+/// running: once the [`Group`] is dropped or has left, the membership runs out on the clock and
+/// the view owns nothing.
+#[derive(Debug, Clone)]
+pub struct Ownership {
+    shared: Arc<Shared>,
+}
+
+impl Ownership {
+    /// See [`Group::partition_of`].
+    pub fn partition_of(&self, key: &str) -> u32 {
+        self.shared.partition_of(key)
+    }
+
+    /// See [`Group::belongs_to_self`].
+    pub fn belongs_to_self(&self, key: &str) -> Option<Term> {
+        self.shared.owns(self.shared.partition_of(key))
+    }
+
+    /// See [`Group::guard_for_key`].
+    pub fn guard_for_key(&self, key: &str) -> Option<PartitionGuard> {
+        self.shared.guard_for_key(key)
+    }
+
+    /// See [`Group::guard`].
+    pub fn guard(&self, partition: u32) -> Option<PartitionGuard> {
+        self.shared.guard(partition)
+    }
+
+    /// True while this member's membership is valid on this host's clock (whether or not it owns
+    /// any partition). Work that touches no particular partition may run while this holds.
+    pub fn is_member(&self) -> bool {
+        self.shared.is_member()
+    }
+
+    /// Completes when [`Ownership::is_member`] turns false (the membership lapsed, ran out on this
+    /// host's clock, or the member left), so work allowed by the membership alone can be dropped
+    /// at that moment.
+    pub async fn membership_ended(&self) {
+        self.shared.until(|shared| !shared.is_member()).await
     }
 }
 
@@ -316,6 +441,12 @@ impl Group {
         self.shared.state().missed_changes
     }
 
+    /// A cloneable view of this member's ownership, for code beside the controller (such as a
+    /// write gate on its API client) that must ask about keys after the `Group` was moved.
+    pub fn ownership(&self) -> Ownership {
+        Ownership { shared: self.shared.clone() }
+    }
+
     /// A handle that reads this member's health counters after the `Group` itself was moved
     /// (into [`Group::leave`]), for a metrics endpoint.
     pub fn health(&self) -> GroupHealth {
@@ -324,7 +455,7 @@ impl Group {
 
     /// The partition of a key (`namespace/name` for Kubernetes objects).
     pub fn partition_of(&self, key: &str) -> u32 {
-        partition_of(key.as_bytes(), self.shared.state().partition_count)
+        self.shared.partition_of(key)
     }
 
     /// The member that owns the key's partition in this member's view, if any (Tooz:
@@ -341,16 +472,12 @@ impl Group {
 
     /// A guard for the key's partition, if this member owns it now.
     pub fn guard_for_key(&self, key: &str) -> Option<PartitionGuard> {
-        self.guard(self.partition_of(key))
+        self.shared.guard_for_key(key)
     }
 
     /// A guard for a partition, if this member owns it now.
     pub fn guard(&self, partition: u32) -> Option<PartitionGuard> {
-        let mut state = self.shared.state();
-        let valid = state.valid_until.is_some_and(|until| Instant::now() < until);
-        let term = state.active.get(&partition).copied().filter(|_| valid)?;
-        *state.guards.entry((partition, term)).or_default() += 1;
-        Some(PartitionGuard { shared: self.shared.clone(), partition, term })
+        self.shared.guard(partition)
     }
 
     /// Leaves the group: revokes every partition, waits for their guards (up to the drain
@@ -526,17 +653,17 @@ impl<S: GroupStore> Driver<S> {
             any = true;
             match &event {
                 GroupEvent::Revoked { partition, term } => {
-                    self.draining.insert(*partition, (*term, now + self.drain_timeout));
+                    self.set_draining(*partition, Some((*term, now + self.drain_timeout)));
                     tracing::info!(partition, %term, "partition revoked; draining");
                 }
                 GroupEvent::Acquired { partition, term } => tracing::debug!(partition, %term, "partition acquired"),
                 GroupEvent::Restored { partition, term } => {
-                    self.draining.remove(partition);
+                    self.set_draining(*partition, None);
                     tracing::info!(partition, %term, "revoked partition stays after all");
                 }
                 GroupEvent::Released { partition, term } => tracing::debug!(partition, %term, "partition released"),
                 GroupEvent::Lost { partition, term } => {
-                    self.draining.remove(partition);
+                    self.set_draining(*partition, None);
                     tracing::warn!(partition, %term, "partition lost without a release");
                 }
                 GroupEvent::MembershipLost { epoch } => {
@@ -586,10 +713,22 @@ impl<S: GroupStore> Driver<S> {
             if !idle {
                 tracing::warn!(partition, "drain timeout: releasing a partition whose guards are still held");
             }
-            self.draining.remove(&partition);
+            self.set_draining(partition, None);
             self.core.on_drained(mono, partition);
         }
         any
+    }
+
+    /// Starts (`Some`) or ends (`None`) the drain of a partition, here and in the shared state.
+    fn set_draining(&mut self, partition: u32, drain: Option<(Term, Instant)>) {
+        let mut state = self.shared.state();
+        if let Some((term, _)) = self.draining.remove(&partition) {
+            state.draining.remove(&(partition, term));
+        }
+        if let Some((term, deadline)) = drain {
+            state.draining.insert((partition, term));
+            self.draining.insert(partition, (term, deadline));
+        }
     }
 
     fn publish(&mut self, now: Instant) {
@@ -598,15 +737,26 @@ impl<S: GroupStore> Driver<S> {
         let owned = self.core.owned(mono);
         let members: Vec<String> = self.core.live_members(mono).into_iter().map(|m| m.identity).collect();
         let owners: Vec<Option<String>> = (0..count).map(|p| self.core.owner_of(p, mono)).collect();
-        {
+        let shrunk = {
             let mut state = self.shared.state();
+            let valid_until = self.core.valid_until().filter(|_| self.core.is_member(mono)).map(|t| self.instant(t));
+            let shrunk = state.active != owned
+                || match (state.valid_until, valid_until) {
+                    (Some(old), Some(new)) => new < old,
+                    (Some(_), None) => true,
+                    (None, _) => false,
+                };
             state.partition_count = count;
             state.active = owned.clone();
             state.working = self.core.working(mono).collect();
             state.missed_changes = self.core.missed_changes();
-            state.valid_until = self.core.valid_until().filter(|_| self.core.is_member(mono)).map(|t| self.instant(t));
+            state.valid_until = valid_until;
             state.owners = owners;
             state.members = members.clone();
+            shrunk
+        };
+        if shrunk {
+            self.shared.ownership_changed.notify_waiters();
         }
         let assignment = Assignment { partition_count: count, members, owned, epoch: self.core.epoch() };
         self.assignment.send_if_modified(|current| {
@@ -624,5 +774,124 @@ async fn next_change(watch: &mut Option<RecordStream>) -> Option<Result<Change, 
     match watch {
         Some(stream) => stream.next().await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stores::memory::MemoryGroupStore;
+
+    const PARTITIONS: u32 = 8;
+
+    fn timing() -> Timing {
+        // lease 4 s, renew deadline 2 s, retry 1 s
+        Timing::from_ttl(Duration::from_secs(4)).unwrap()
+    }
+
+    fn join(store: &MemoryGroupStore, identity: &str) -> Group {
+        Group::builder(identity, store.client(identity))
+            .config(GroupConfig { timing: timing(), partition_count: PARTITIONS, weight: 1 })
+            .drain_timeout(Duration::from_secs(60))
+            .join()
+            .unwrap()
+    }
+
+    /// Waits in virtual time until `done` holds, failing the test after a minute.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        let start = Instant::now();
+        while !done() {
+            assert!(start.elapsed() < Duration::from_secs(60), "timed out waiting until {what}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    fn owned(group: &Group) -> Vec<u32> {
+        group.assignment().borrow().owned.keys().copied().collect()
+    }
+
+    /// When the guard's `ended()` completed, recorded by a task that holds the guard.
+    fn watch_end(guard: PartitionGuard) -> Arc<Mutex<Option<Instant>>> {
+        let ended = Arc::new(Mutex::new(None));
+        let record = ended.clone();
+        tokio::spawn(async move {
+            guard.ended().await;
+            *record.lock().unwrap() = Some(Instant::now());
+            // The guard is dropped here, after the record: the drain waited for it until then.
+        });
+        ended
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_guard_ends_the_moment_its_partition_is_revoked_and_not_before() {
+        let store = MemoryGroupStore::new();
+        let a = join(&store, "a");
+        until("a owns every partition", || owned(&a).len() == PARTITIONS as usize).await;
+        let ownership = a.ownership();
+        let ends: Vec<(u32, Arc<Mutex<Option<Instant>>>)> =
+            (0..PARTITIONS).map(|p| (p, watch_end(ownership.guard(p).expect("a owns it")))).collect();
+        // When each partition left a's published assignment.
+        let revoked_at = Arc::new(Mutex::new(BTreeMap::<u32, Instant>::new()));
+        let mut assignment = a.assignment();
+        let record = revoked_at.clone();
+        tokio::spawn(async move {
+            while assignment.changed().await.is_ok() {
+                let now = Instant::now();
+                let owned = assignment.borrow_and_update().owned.clone();
+                let mut revoked = record.lock().unwrap();
+                for partition in (0..PARTITIONS).filter(|p| !owned.contains_key(p)) {
+                    revoked.entry(partition).or_insert(now);
+                }
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(ends.iter().all(|(_, ended)| ended.lock().unwrap().is_none()), "no guard ended while owned");
+
+        let b = join(&store, "b");
+        until("b owns half", || owned(&b).len() == PARTITIONS as usize / 2).await;
+        let kept = owned(&a);
+        assert_eq!(kept.len(), PARTITIONS as usize / 2);
+        let revoked_at = revoked_at.lock().unwrap().clone();
+        for (partition, ended) in &ends {
+            let ended = *ended.lock().unwrap();
+            if kept.contains(partition) {
+                assert_eq!(ended, None, "partition {partition} is still a's");
+            } else {
+                let (ended, revoked) = (ended.expect("the guard ended"), revoked_at[partition]);
+                // At once, not at the next deadline or renew: the drain waits for nothing else.
+                assert!(ended <= revoked + Duration::from_millis(5), "partition {partition}: {ended:?} vs {revoked:?}");
+            }
+        }
+        assert!(ownership.is_member());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn guards_and_the_membership_end_at_the_deadline_on_the_local_clock_when_the_driver_is_gone() {
+        let store = MemoryGroupStore::new();
+        let a = join(&store, "a");
+        until("a owns every partition", || owned(&a).len() == PARTITIONS as usize).await;
+        let ownership = a.ownership();
+        let guard = ownership.guard_for_key("default/x").expect("a owns every key");
+        let deadline = a.shared.state().valid_until.expect("a member");
+
+        // The driver stops without a word (a crash of the task); nothing is published again.
+        drop(a);
+        tokio::time::timeout(Duration::from_secs(60), guard.ended()).await.expect("the guard ends at the deadline");
+        assert!(Instant::now() >= deadline && Instant::now() < deadline + Duration::from_millis(10));
+        assert!(!guard.is_valid());
+        assert!(!ownership.is_member());
+        tokio::time::timeout(Duration::from_millis(1), ownership.membership_ended()).await.expect("ended already");
+        assert!(ownership.guard_for_key("default/x").is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_membership_ends_when_the_member_leaves() {
+        let store = MemoryGroupStore::new();
+        let a = join(&store, "a");
+        until("a is a member", || a.ownership().is_member()).await;
+        let ownership = a.ownership();
+        let ended = tokio::spawn(async move { ownership.membership_ended().await });
+        a.leave().await.unwrap();
+        tokio::time::timeout(Duration::from_millis(1), ended).await.expect("ended at the leave").unwrap();
     }
 }

@@ -20,4 +20,4 @@ pub use config::{ConfigError, GroupConfig};
 pub mod driver;
 pub mod stores;
 
-pub use driver::{Assignment, Group, GroupBuilder, GroupError, GroupHealth, NotOwner, PartitionGuard};
+pub use driver::{Assignment, Group, GroupBuilder, GroupError, GroupHealth, NotOwner, Ownership, PartitionGuard};

@@ -18,6 +18,19 @@
 //! aborted after the drain timeout, until it has actually been dropped), so two leaders'
 //! reconciles never overlap.
 //!
+//! **Writes (invariant W1).** Give the reconciler a client gated by the elector:
+//! `tenure_kube::WriteGate::leader(&elector).client(client)` (or, a buffer hop cheaper, a client
+//! built with the gate as a layer: `ClientBuilder::try_from(config)?.with_layer(&gate).build()`),
+//! and put that client in your context (the `Controller`'s own watches may use it too: reads
+//! always pass). Then no code path
+//! of a replica that does not lead sends a write: a reconcile that finishes after leadership ended
+//! (during the drain, or in a process resumed after a pause past its lease) gets
+//! `tenure_kube::WriteRefused` from every `create`, `replace`, `patch` or `delete`, checked at the
+//! moment the request leaves, and a write still in flight when the tenure ends is dropped
+//! (`RefusalReason::Cancelled`), so it never holds up the release either. `ctx.check()?` stays
+//! the way to skip work early, and the term stays the fencing token for stores outside
+//! Kubernetes. Keep the elector's own lock client ungated: it must write to become leader.
+//!
 //! A raw kube-runtime `watcher` needs nothing of its own: run it in a [`crate::Gate`] and end
 //! the stream with the context's cancellation.
 //!
@@ -115,30 +128,44 @@ impl GateBuilder {
     /// at once (its reconciles aborted). Reconcile errors and watch errors are logged; the
     /// controller's own retries (the error policy) handle them.
     ///
+    /// The reconciler's client is gated by the elector (see the module documentation), so a
+    /// replica that no longer leads sends no write, whatever the reconcile still does:
+    ///
     /// ```no_run
     /// # async fn f(elector: tenure::Elector, client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
     /// use std::{sync::Arc, time::Duration};
     /// use k8s_openapi::api::core::v1::Pod;
     /// use kube::runtime::{controller::Action, watcher, Controller};
+    /// use kube::api::{Patch, PatchParams};
     /// use kube::{Api, ResourceExt};
     /// use tenure_ha::{kube_controller::Leading, Gate};
+    /// use tenure_kube::WriteGate;
     ///
     /// #[derive(Debug, thiserror::Error)]
-    /// #[error("not leading: {0}")]
-    /// struct Deposed(#[from] tenure::NotLeader);
+    /// enum Error {
+    ///     #[error("not leading: {0}")]
+    ///     Deposed(#[from] tenure::NotLeader),
+    ///     #[error(transparent)]
+    ///     Kube(#[from] kube::Error),              // a WriteRefused arrives here once deposed
+    /// }
     ///
-    /// async fn reconcile(pod: Arc<Pod>, ctx: Arc<Leading<kube::Client>>) -> Result<Action, Deposed> {
-    ///     let term = ctx.check()?;                              // fenced: refuse to act
-    ///     println!("reconciling {} under term {term}", pod.name_any());
+    /// struct Context { client: kube::Client }     // the gated client
+    ///
+    /// async fn reconcile(pod: Arc<Pod>, ctx: Arc<Leading<Context>>) -> Result<Action, Error> {
+    ///     let term = ctx.check()?;                              // fenced: skip the work early
+    ///     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace().unwrap_or_default());
+    ///     let patch = Patch::Merge(serde_json::json!({"metadata": {"annotations": {"term": term.to_string()}}}));
+    ///     pods.patch(&pod.name_any(), &PatchParams::default(), &patch).await?;  // sent only while leading
     ///     Ok(Action::await_change())
     /// }
     ///
+    /// let client = WriteGate::leader(&elector).client(client);  // the lock keeps its own client
     /// let pods: Api<Pod> = Api::default_namespaced(client.clone());
     /// let controller = Gate::builder(&elector).drain_timeout(Duration::from_secs(5)).spawn_controller(
     ///     move |_tenure| Controller::new(pods.clone(), watcher::Config::default()),
     ///     reconcile,
     ///     |_pod, _error, _ctx| Action::requeue(Duration::from_secs(5)),
-    ///     Arc::new(client),
+    ///     Arc::new(Context { client }),
     /// );
     /// // on SIGTERM: stop the controller (in-flight reconciles finish), then release the lock
     /// controller.shutdown().await;

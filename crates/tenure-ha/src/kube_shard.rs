@@ -27,6 +27,18 @@
 //! `Controller::reconcile_on`, which kube exposes only behind its `unstable-runtime` feature; this
 //! module stays on the stable API.
 //!
+//! **Writes (invariant W1).** Give the reconciler a client gated by the group member:
+//! `tenure_kube::WriteGate::owner(group.ownership()).client(client)` (before the group is moved
+//! into [`shard_controller`]; or, a buffer hop cheaper, the gate as a layer of a client built with
+//! `kube::client::ClientBuilder`), and put it in your context. Every write then needs the partition of
+//! its object's key (the same [`object_key`], from the request's path, or the body's name for a
+//! create) to be this replica's at the moment it leaves: a reconcile on a partition that was just
+//! revoked, or of an object the user's code reached by mistake, gets `tenure_kube::WriteRefused`
+//! instead of writing over the new owner, and a write in flight when the partition is revoked is
+//! dropped, so it never holds up the handover. A controller that writes objects related to the one
+//! it reconciles (a child named after its parent) keys them by the parent with
+//! `WriteGate::owner_keyed`. Keep the group store's client ungated.
+//!
 //! **Leaving.** [`ShardController::leave`] stops the controller (no new reconcile starts, the ones
 //! in flight finish, up to a drain timeout after which they are aborted and their guards dropped),
 //! then leaves the group, which hands every partition over in one write. Dropping the handle
@@ -38,23 +50,36 @@
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::runtime::{controller::Action, watcher, Controller};
 //! use kube::{Api, ResourceExt};
+//! use kube::api::{Patch, PatchParams};
 //! use tenure_group::{Group, NotOwner};
 //! use tenure_ha::kube_shard::{shard_controller, Owning};
+//! use tenure_kube::WriteGate;
 //!
-//! async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Owning<kube::Client>>) -> Result<Action, NotOwner> {
+//! #[derive(Debug, thiserror::Error)]
+//! enum Error {
+//!     #[error(transparent)]
+//!     Moved(#[from] NotOwner),
+//!     #[error(transparent)]
+//!     Kube(#[from] kube::Error),                     // a WriteRefused once the partition moved
+//! }
+//!
+//! async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Owning<kube::Client>>) -> Result<Action, Error> {
 //!     let term = ctx.check()?;                         // fenced: refuse once the partition moved
-//!     println!("reconciling {} in partition {} under term {term}", cm.name_any(), ctx.partition());
+//!     let configmaps: Api<ConfigMap> = Api::namespaced((**ctx).clone(), &cm.namespace().unwrap_or_default());
+//!     let patch = Patch::Merge(serde_json::json!({"metadata": {"annotations": {"term": term.to_string()}}}));
+//!     configmaps.patch(&cm.name_any(), &PatchParams::default(), &patch).await?;  // sent only while owned
 //!     Ok(Action::await_change())
 //! }
 //!
 //! let group = Group::builder("replica-a", store).join()?;
-//! let configmaps: Api<ConfigMap> = Api::all(client.clone());
+//! let gated = WriteGate::owner(group.ownership()).client(client.clone()); // the store keeps its own
+//! let configmaps: Api<ConfigMap> = Api::all(gated.clone());
 //! let shard = shard_controller(
 //!     group,
 //!     Controller::new(configmaps, watcher::Config::default()),
 //!     reconcile,
 //!     |_cm, _error, _ctx| Action::requeue(Duration::from_secs(5)),
-//!     Arc::new(client),
+//!     Arc::new(gated),
 //! )?;
 //! // on SIGTERM: finish the reconciles in flight, then hand every partition over
 //! shard.leave(Duration::from_secs(10)).await?;
@@ -79,15 +104,13 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// The key an object is sharded by: `namespace/name`, or `name` for a cluster-scoped object.
+/// The key an object is sharded by: `namespace/name`, or `name` for a cluster-scoped object
+/// (`tenure_kube::write_gate::object_key`, so the write gate keys a request for the object alike).
 ///
 /// Why it is public: a replica that wants to ask the group about an object outside a reconcile
 /// (`group.belongs_to_self(&object_key(&pod))`) must use the same key the controller does.
 pub fn object_key<K: Resource>(object: &K) -> String {
-    match object.namespace() {
-        Some(namespace) => format!("{namespace}/{}", object.name_any()),
-        None => object.name_any(),
-    }
+    tenure_kube::write_gate::object_key(object.meta().namespace.as_deref(), &object.name_any())
 }
 
 /// The context a sharded reconciler and its error policy receive: the user's context and the

@@ -9,17 +9,18 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::{watcher, Controller};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use tenure::{Elector, Leadership, NotLeader, Role, Timing};
 use tenure_apiserver::resources::find_resource_type;
-use tenure_apiserver::{ApiServer, ApiServerConfig};
+use tenure_apiserver::{ApiServer, ApiServerConfig, FaultScope, InjectedFault, Verb};
 use tenure_ha::kube_controller::Leading;
 use tenure_ha::{Gate, GateHandle};
-use tenure_kube::KubeLockConfig;
+use tenure_kube::{user_agent, KubeLockConfig, RefusalReason, WriteGate, WriteRefused};
 use tokio::sync::watch;
 
 /// How long any single expected event may take before a test fails instead of hanging.
@@ -91,12 +92,20 @@ impl Drop for SpanGuard {
     }
 }
 
-/// What every replica's reconciler shares: where it records, and the switch that holds a
-/// reconcile in flight (a Pod labelled `hold=<replica>` waits in that replica until it opens).
+/// One write a reconcile made through its gated client: by which replica, for which Pod, and
+/// how it ended (`Err(None)`: an error that was not the gate's).
+type Write = (String, String, Result<(), Option<RefusalReason>>);
+
+/// What every replica's reconciler shares: where it records, the switch that holds a reconcile
+/// in flight (a Pod labelled `hold=<replica>` waits in that replica until it opens), and the
+/// replica's client gated by its elector, through which a Pod labelled `write=true` has a
+/// ConfigMap `written-<pod>-<replica>` created.
 struct Probe {
     replica: String,
     journal: Journal,
     open: watch::Receiver<bool>,
+    writer: kube::Client,
+    writes: Arc<Mutex<Vec<Write>>>,
 }
 
 async fn reconcile(pod: Arc<Pod>, ctx: Arc<Leading<Probe>>) -> Result<Action, NotLeader> {
@@ -105,6 +114,15 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Leading<Probe>>) -> Result<Action, No
     if pod.labels().get("hold") == Some(&ctx.replica) {
         let mut open = ctx.open.clone();
         let _ = open.wait_for(|open| *open).await;
+    }
+    if pod.labels().get("write").is_some_and(|w| w == "true") {
+        let configmaps: Api<ConfigMap> = Api::namespaced(ctx.writer.clone(), "default");
+        let name = format!("written-{}-{}", pod.name_any(), ctx.replica);
+        let cm =
+            ConfigMap { metadata: ObjectMeta { name: Some(name), ..ObjectMeta::default() }, ..ConfigMap::default() };
+        let outcome = configmaps.create(&PostParams::default(), &cm).await;
+        let outcome = outcome.map(drop).map_err(|e| WriteRefused::find(&e).map(|r| r.reason));
+        ctx.writes.lock().unwrap().push((ctx.replica.clone(), pod.name_any(), outcome));
     }
     span.complete();
     Ok(Action::await_change())
@@ -115,6 +133,7 @@ struct Cluster {
     kubeconfig: PathBuf,
     journal: Journal,
     open: watch::Sender<bool>,
+    writes: Arc<Mutex<Vec<Write>>>,
 }
 
 impl Cluster {
@@ -127,7 +146,13 @@ impl Cluster {
         let kubeconfig =
             std::env::temp_dir().join(format!("tenure-ha-controller-{}.kubeconfig", server.address().port()));
         server.write_kubeconfig(&kubeconfig).unwrap();
-        Cluster { server, kubeconfig, journal: Journal::default(), open: watch::channel(false).0 }
+        Cluster {
+            server,
+            kubeconfig,
+            journal: Journal::default(),
+            open: watch::channel(false).0,
+            writes: Arc::default(),
+        }
     }
 
     fn create_pod(&self, name: &str, hold: Option<&str>) {
@@ -135,6 +160,10 @@ impl Cluster {
             Some(replica) => json!({"app": "web", "hold": replica}),
             None => json!({"app": "web"}),
         };
+        self.create_pod_labelled(name, labels);
+    }
+
+    fn create_pod_labelled(&self, name: &str, labels: serde_json::Value) {
         let pod = json!({
             "metadata": {"name": name, "labels": labels},
             "spec": {"containers": [{"name": "main", "image": "registry.example/web:1"}]},
@@ -155,11 +184,7 @@ impl Cluster {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let config =
             KubeLockConfig::from_url(&format!("kube://default/leases/{LEASE}")).unwrap().kubeconfig(&self.kubeconfig);
-        let probe = Arc::new(Probe {
-            replica: identity.to_owned(),
-            journal: self.journal.clone(),
-            open: self.open.subscribe(),
-        });
+        let (journal, open, writes) = (self.journal.clone(), self.open.subscribe(), self.writes.clone());
         let id = identity.to_owned();
         let (elector, gate) = runtime
             .spawn(async move {
@@ -167,6 +192,11 @@ impl Cluster {
                 let client = config.cluster.client(&id).await.unwrap();
                 let elector =
                     Elector::builder(&id, lock).timing(timing()).drain_timeout(elector_drain).spawn().unwrap();
+                // The reconciler writes through a client of its own (its requests are counted
+                // apart), gated by the elector.
+                let writer = config.cluster.client(&format!("{id}-writer")).await.unwrap();
+                let writer = WriteGate::leader(&elector).client(writer);
+                let probe = Arc::new(Probe { replica: id.clone(), journal, open, writer, writes });
                 let pods: Api<Pod> = Api::namespaced(client, "default");
                 let gate = Gate::builder(&elector).drain_timeout(drain).spawn_controller(
                     move |_tenure| Controller::new(pods.clone(), watcher::Config::default().labels("app=web")),
@@ -198,6 +228,11 @@ struct Replica {
 impl Replica {
     fn is_leader(&self) -> bool {
         self.elector.as_ref().is_some_and(|e| e.is_leader().is_some())
+    }
+
+    /// The client name of this replica's gated writer, as the server counts it.
+    fn writer(&self) -> String {
+        user_agent(&format!("{}-writer", self.identity))
     }
 
     fn leadership(&self) -> watch::Receiver<Leadership> {
@@ -352,5 +387,47 @@ async fn a_reconcile_outlasting_the_drain_timeout_is_aborted_before_the_lock_is_
     assert!(b.is_leader());
     let old = &cluster.journal.by("replica-a")[0];
     assert_eq!(old.ended.map(|e| e.1), Some(false), "the reconcile was aborted, not completed: {old:?}");
+    assert_terms_never_overlap(&cluster.journal.spans());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_in_flight_when_leadership_ends_is_cancelled_and_the_next_leader_writes() {
+    let cluster = Cluster::start().await;
+    cluster.create_pod_labelled("p1", json!({"app": "web", "write": "true"}));
+    // The server holds replica-a's first write without answering: in flight until cancelled.
+    let writer_a = user_agent("replica-a-writer");
+    let scope = FaultScope { client: Some(writer_a.clone()), verbs: vec![Verb::Create], times: Some(1) };
+    cluster.server.faults().inject(scope, InjectedFault::Hang);
+    let mut a = cluster.replica("replica-a", FOREVER, FOREVER).await;
+    assert_eq!(a.writer(), writer_a);
+    until("replica-a leads", || a.is_leader()).await;
+    until("replica-a's write is in flight", || cluster.server.faults().request_count(&writer_a, Verb::Create) == 1)
+        .await;
+    let b = cluster.replica("replica-b", FOREVER, FOREVER).await;
+
+    // A graceful stop: the reconcile may finish (the drain waits for ever), but its write is
+    // dropped the moment the tenure ends, so the stop does not wait on the server.
+    stopped_in_time(a.stop()).await;
+    until("replica-b wrote for p1", || cluster.writes.lock().unwrap().iter().any(|w| w.0 == "replica-b")).await;
+
+    let writes = cluster.writes.lock().unwrap().clone();
+    assert_eq!(
+        writes,
+        vec![
+            ("replica-a".to_owned(), "p1".to_owned(), Err(Some(RefusalReason::Cancelled))),
+            ("replica-b".to_owned(), "p1".to_owned(), Ok(())),
+        ]
+    );
+    let writes_of = |client: &str| {
+        [Verb::Create, Verb::Update, Verb::Patch, Verb::Delete]
+            .iter()
+            .map(|verb| cluster.server.faults().request_count(client, *verb))
+            .sum::<u64>()
+    };
+    assert_eq!(writes_of(&writer_a), 1, "replica-a sent only the write it made while leading");
+    assert_eq!(writes_of(&b.writer()), 1);
+    let configmaps = find_resource_type("", "v1", "configmaps").unwrap();
+    assert!(cluster.server.store().get(configmaps, "default", "written-p1-replica-a").is_err());
+    assert!(cluster.server.store().get(configmaps, "default", "written-p1-replica-b").is_ok());
     assert_terms_never_overlap(&cluster.journal.spans());
 }

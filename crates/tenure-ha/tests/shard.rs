@@ -14,16 +14,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::{watcher, Controller};
 use kube::Api;
 use serde_json::json;
 use tenure::Timing;
 use tenure_apiserver::resources::find_resource_type;
+use tenure_apiserver::Verb;
 use tenure_apiserver::{ApiServer, ApiServerConfig};
 use tenure_group::{Group, GroupConfig, NotOwner};
 use tenure_ha::kube_shard::{object_key, shard_controller, Owning, ShardController};
-use tenure_kube::{KubeGroupStore, KubeLockConfig};
+use tenure_kube::write_gate::object_key as key_of;
+use tenure_kube::{user_agent, KubeGroupStore, KubeLockConfig, RefusalReason, WriteGate, WriteRefused};
 use tokio::sync::watch;
 
 /// How long any single expected event may take before a test fails instead of hanging.
@@ -95,13 +98,27 @@ impl Drop for SpanEnd {
 }
 
 /// What one replica's reconciler shares: where it records, the switch that holds its reconciles
-/// in flight while on, and the requeue interval it asks for (none: wait for a change).
+/// in flight while on, the requeue interval it asks for (none: wait for a change), and, for a
+/// writing replica, its client gated by its membership: each reconcile then creates a ConfigMap
+/// `written-<name>-g<generation>-<replica>`, keyed by the reconciled ConfigMap.
 struct Probe {
     replica: String,
     journal: Journal,
     hold: watch::Receiver<bool>,
     requeue: Option<Duration>,
     policy_calls: Arc<Mutex<Vec<PolicyCall>>>,
+    writer: Option<kube::Client>,
+    writes: Arc<Mutex<Vec<Write>>>,
+}
+
+/// One write a reconcile made through its gated client: replica, reconciled ConfigMap,
+/// generation, and how it ended (`Err(None)`: an error that was not the gate's).
+type Write = (String, String, String, Result<(), Option<RefusalReason>>);
+
+/// The key of a written ConfigMap: the one its reconcile was for (`written-<name>-g...`).
+fn key_of_written(target: &tenure_kube::WriteTarget<'_>) -> Option<String> {
+    let rest = target.name()?.strip_prefix("written-")?;
+    Some(key_of(target.namespace(), &rest[..rest.find("-g")?]))
 }
 
 /// Why the test's reconcile fails: the partition moved, or the ConfigMap asks it to fail.
@@ -145,6 +162,17 @@ async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Owning<Probe>>) -> Result<Action
     });
     let mut hold = ctx.hold.clone();
     let _ = hold.wait_for(|on| !*on).await;
+    if let Some(writer) = &ctx.writer {
+        let name = cm.metadata.name.clone().unwrap_or_default();
+        let generation = cm.data.as_ref().and_then(|d| d.get("generation")).cloned().unwrap_or_default();
+        let written = format!("written-{name}-g{generation}-{}", ctx.replica);
+        let configmaps: Api<ConfigMap> = Api::namespaced(writer.clone(), "default");
+        let object =
+            ConfigMap { metadata: ObjectMeta { name: Some(written), ..ObjectMeta::default() }, ..ConfigMap::default() };
+        let outcome = configmaps.create(&PostParams::default(), &object).await;
+        let outcome = outcome.map(drop).map_err(|e| WriteRefused::find(&e).map(|r| r.reason));
+        ctx.writes.lock().unwrap().push((ctx.replica.clone(), name, generation, outcome));
+    }
     span.complete();
     if asks_to_fail {
         return Err(Failure::Asked);
@@ -157,6 +185,7 @@ struct Cluster {
     kubeconfig: PathBuf,
     journal: Journal,
     policy_calls: Arc<Mutex<Vec<PolicyCall>>>,
+    writes: Arc<Mutex<Vec<Write>>>,
 }
 
 impl Cluster {
@@ -168,7 +197,13 @@ impl Cluster {
         let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
         let kubeconfig = std::env::temp_dir().join(format!("tenure-ha-shard-{}.kubeconfig", server.address().port()));
         server.write_kubeconfig(&kubeconfig).unwrap();
-        let cluster = Cluster { server, kubeconfig, journal: Journal::default(), policy_calls: Arc::default() };
+        let cluster = Cluster {
+            server,
+            kubeconfig,
+            journal: Journal::default(),
+            policy_calls: Arc::default(),
+            writes: Arc::default(),
+        };
         for name in names() {
             let cm = json!({"metadata": {"name": name, "labels": {"app": "shard"}}, "data": {"generation": "0"}});
             cluster.server.store().create(find_resource_type("", "v1", "configmaps").unwrap(), "default", cm).unwrap();
@@ -189,6 +224,12 @@ impl Cluster {
             .unwrap();
     }
 
+    /// A stored ConfigMap, if it exists.
+    fn object(&self, name: &str) -> Option<serde_json::Value> {
+        let configmaps = find_resource_type("", "v1", "configmaps").unwrap();
+        self.server.store().get(configmaps, "default", name).ok().map(|cm| (*cm).clone())
+    }
+
     /// Changes every ConfigMap, so that every one is reconciled again by its owner.
     fn touch_all(&self, generation: u32) {
         let configmaps = find_resource_type("", "v1", "configmaps").unwrap();
@@ -205,16 +246,19 @@ impl Cluster {
     }
 
     async fn replica(&self, identity: &str, requeue: Option<Duration>) -> Replica {
+        self.start_replica(identity, requeue, false).await
+    }
+
+    /// A replica whose reconciles write through a client gated by its membership.
+    async fn writing_replica(&self, identity: &str) -> Replica {
+        self.start_replica(identity, None, true).await
+    }
+
+    async fn start_replica(&self, identity: &str, requeue: Option<Duration>, writing: bool) -> Replica {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let config = KubeLockConfig::from_url("kube://default/leases/unused").unwrap().kubeconfig(&self.kubeconfig);
         let (hold, hold_rx) = watch::channel(false);
-        let probe = Arc::new(Probe {
-            replica: identity.to_owned(),
-            journal: self.journal.clone(),
-            hold: hold_rx,
-            requeue,
-            policy_calls: self.policy_calls.clone(),
-        });
+        let (journal, policy_calls, writes) = (self.journal.clone(), self.policy_calls.clone(), self.writes.clone());
         let id = identity.to_owned();
         let shard = runtime
             .spawn(async move {
@@ -227,6 +271,23 @@ impl Cluster {
                     .drain_timeout(FOREVER)
                     .join()
                     .unwrap();
+                let writer = match writing {
+                    // Its own client (the server counts its requests apart), gated by the group.
+                    true => {
+                        let writer = config.cluster.client(&format!("{id}-writer")).await.unwrap();
+                        Some(WriteGate::owner_keyed(group.ownership(), key_of_written).client(writer))
+                    }
+                    false => None,
+                };
+                let probe = Arc::new(Probe {
+                    replica: id.clone(),
+                    journal,
+                    hold: hold_rx,
+                    requeue,
+                    policy_calls,
+                    writer,
+                    writes,
+                });
                 let configmaps: Api<ConfigMap> = Api::namespaced(client, "default");
                 shard_controller(
                     group,
@@ -582,4 +643,58 @@ async fn a_failed_reconcile_reaches_the_error_policy_with_its_partition_guard_st
         assert_eq!(*call, expected, "the error policy ran on the owner, under its term, with the guard valid");
     }
     assert_no_overlapping_owners(&cluster.journal.spans());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_that_outlives_its_partition_sends_no_write_and_the_new_owner_writes() {
+    let cluster = Cluster::start().await;
+    let start = Instant::now();
+    let a = cluster.writing_replica("replica-a").await;
+    let b = cluster.writing_replica("replica-b").await;
+    settled_and_reconciled(&cluster.journal, &[&a, &b], start).await;
+    let a_partitions = a.owned_partitions();
+    // replica-a's reconciles of generation 1 are held before they write.
+    let (a_objects, _) = hold_every_reconcile_of(&cluster, &a).await;
+
+    // replica-c joins: some of replica-a's partitions are revoked while those reconciles run.
+    let c = cluster.writing_replica("replica-c").await;
+    until("replica-a's share shrank to a third", || a.owned_partitions().len() == PARTITIONS as usize / 3).await;
+    let revoked: BTreeSet<u32> = a_partitions.difference(&a.owned_partitions()).copied().collect();
+    let (moving, staying): (Vec<String>, Vec<String>) =
+        a_objects.iter().cloned().partition(|n| revoked.contains(&a.group().partition_of(&key(n))));
+    assert!(!moving.is_empty(), "the revoked partitions hold some of the ConfigMaps");
+
+    a.hold.send_replace(false);
+    until("replica-a's held reconciles wrote or were refused, and replica-c wrote the moving objects", || {
+        let writes = cluster.writes.lock().unwrap();
+        let by = |replica: &str, name: &str| writes.iter().any(|w| w.0 == replica && w.1 == *name && w.2 == "1");
+        a_objects.iter().all(|n| by("replica-a", n)) && moving.iter().all(|n| by("replica-c", n))
+    })
+    .await;
+    let writes = cluster.writes.lock().unwrap().clone();
+    let outcome = |replica: &str, name: &str| {
+        writes.iter().find(|w| w.0 == replica && w.1 == *name && w.2 == "1").map(|w| w.3).unwrap()
+    };
+    for name in &moving {
+        assert_eq!(outcome("replica-a", name), Err(Some(RefusalReason::NotOwner)), "{name} moved away from replica-a");
+        assert_eq!(outcome("replica-c", name), Ok(()), "{name} is replica-c's now");
+        assert!(cluster.object(&format!("written-{name}-g1-replica-a")).is_none());
+    }
+    for name in &staying {
+        assert_eq!(outcome("replica-a", name), Ok(()), "{name} stayed with replica-a");
+    }
+    // The server received exactly the writes the gates let through (once the ones still in
+    // flight have been recorded; a refused write that leaked would never be).
+    let sent_as_recorded = |replica: &str| {
+        let writes = cluster.writes.lock().unwrap();
+        let refused = |w: &Write| matches!(w.3, Err(Some(reason)) if reason != RefusalReason::Cancelled);
+        let recorded = writes.iter().filter(|w| w.0 == replica && !refused(w)).count() as u64;
+        let received = cluster.server.faults().request_count(&user_agent(&format!("{replica}-writer")), Verb::Create);
+        received == recorded
+    };
+    until("every write the server received was let through by a gate", || {
+        ["replica-a", "replica-b", "replica-c"].iter().all(|r| sent_as_recorded(r))
+    })
+    .await;
+    drop((b, c));
 }

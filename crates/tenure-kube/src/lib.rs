@@ -19,7 +19,9 @@
 //!
 //! For what a leader does with its tenure, [`resume`] is a watch that starts from a saved
 //! `resourceVersion`, so a new leader learns every change its predecessor had not processed
-//! (deletions included) instead of listing everything again.
+//! (deletions included) instead of listing everything again, and [`write_gate`] wraps the
+//! leader's own `kube::Client` so that it sends no write unless it leads (or, in a group, owns
+//! the object's partition) at the moment the request leaves.
 //!
 //! [`KubeLockConfig`] builds the client from a kubeconfig or the pod's service account, as below;
 //! a program that already has a `kube::Client` passes it to [`KubeLock::new`] instead.
@@ -54,6 +56,7 @@ pub mod lock;
 pub mod multilock;
 pub mod object;
 pub mod resume;
+pub mod write_gate;
 
 pub use codec::RecordObject;
 pub use config::{ClusterOptions, KubeError, KubeLockConfig, KubeLockRef, LockKind};
@@ -63,6 +66,7 @@ pub use lock::KubeLock;
 pub use multilock::{MultiLock, UNKNOWN_LEADER};
 pub use object::ObjectLock;
 pub use resume::{ListCause, ResumableWatcher, ResumeConfig, ResumeError, ResumeEvent};
+pub use write_gate::{RefusalReason, WriteGate, WriteGateMetrics, WriteRefused, WriteTarget};
 
 /// The `User-Agent` every client built by this crate sends: `tenure/<version> (<identity>)`.
 ///
@@ -77,3 +81,8 @@ pub fn user_agent(identity: &str) -> String {
     let identity: String = identity.chars().map(|c| if (' '..='~').contains(&c) { c } else { '?' }).collect();
     format!("tenure/{} ({identity})", env!("CARGO_PKG_VERSION"))
 }
+
+/// The README's snippets, compiled as doc tests so that they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeSnippets;
