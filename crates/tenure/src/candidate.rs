@@ -533,7 +533,9 @@ impl Candidate {
             Err(error) => {
                 self.needs_read = true;
                 self.next_attempt = if error.is_conflict() {
-                    if self.has_watch && self.tenure.is_none() {
+                    // News that arrived while the write was in flight (typically the release the
+                    // conflict lost to) is already here: look now rather than a retry period later.
+                    if self.has_watch && self.tenure.is_none() && notified.is_none() {
                         // The winner's record is on its way through the watch; read only if it
                         // does not arrive within a retry period.
                         now + self.timing.retry_period
