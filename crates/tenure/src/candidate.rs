@@ -549,7 +549,7 @@ impl Candidate {
             }
         };
         let notified_other = notified.is_some_and(|n| n.as_ref() != Some(&version));
-        let term = Term(u64::try_from(record.leader_transitions).unwrap_or(0));
+        let term = Term::from_count(record.leader_transitions);
         self.observed =
             Some(Observed { stored: Some(StoredRecord { version, record: Ok(record.clone()) }), seen_at: now });
         self.note_term(term);
@@ -690,7 +690,7 @@ impl Candidate {
             self.tenure = None;
         }
         if let Some(Ok(record)) = stored.as_ref().map(|s| &s.record) {
-            self.note_term(Term(u64::try_from(record.leader_transitions).unwrap_or(0)));
+            self.note_term(Term::from_count(record.leader_transitions));
         }
         if self.coordinated {
             self.observe_coordination(stored.as_ref(), ours);
@@ -744,7 +744,7 @@ impl Candidate {
     fn publish_holder(&mut self) {
         let (leader, term) = match self.observed_record() {
             Some(r) if !r.holder_identity.is_empty() => {
-                (Some(r.holder_identity.clone()), Some(Term(u64::try_from(r.leader_transitions).unwrap_or(0))))
+                (Some(r.holder_identity.clone()), Some(Term::from_count(r.leader_transitions)))
             }
             _ => (None, None),
         };

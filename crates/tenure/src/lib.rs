@@ -45,6 +45,7 @@
 //! drop-in for that image.
 #![warn(missing_docs)]
 
+pub mod backoff;
 pub mod candidate;
 pub mod clock;
 pub mod elector;
@@ -53,10 +54,13 @@ pub mod leadership;
 pub mod lock;
 pub mod locks;
 pub mod record;
+pub mod record_core;
 pub mod redact;
+pub mod shell;
 pub mod term;
 pub mod timing;
 
+pub use backoff::Backoff;
 pub use candidate::{Action, AfterRelease, Candidate, Event, StopReason};
 pub use clock::MonotonicTime;
 pub use elector::{Elector, ElectorBuilder, ElectorCommand, ElectorError, ElectorView};
@@ -67,5 +71,6 @@ pub use leadership::{
 pub use lock::{ChangeStream, LockError, RecordLock, StoredRecord, Version};
 pub use record::{LeaderElectionRecord, RecordError, LEADER_ANNOTATION};
 pub use redact::redact_credentials;
+pub use shell::{ElectionCore, Report, Transport};
 pub use term::Term;
 pub use timing::{Timing, TimingError};

@@ -21,6 +21,12 @@ impl Term {
     pub fn next(self) -> Term {
         Term(self.0.saturating_add(1))
     }
+
+    /// The term a store counts as a signed number (`leaderTransitions`, an etcd revision, a
+    /// ZooKeeper zxid); a negative count, which no honest store sends, reads as term 0.
+    pub fn from_count(count: impl TryInto<u64>) -> Term {
+        Term(count.try_into().unwrap_or(0))
+    }
 }
 
 impl fmt::Display for Term {

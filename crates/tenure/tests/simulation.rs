@@ -982,7 +982,7 @@ impl World {
             OpResult::Write(r) => {
                 if let (Ok(_), Some(record)) = (&r, &inflight.record) {
                     if record.holder_identity == identity {
-                        let term = Term(u64::try_from(record.leader_transitions).unwrap_or(0));
+                        let term = Term::from_count(record.leader_transitions);
                         proc.last_ok_write = Some((term, inflight.started));
                     }
                 }

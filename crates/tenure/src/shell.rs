@@ -1,0 +1,416 @@
+//! The one lifecycle every elector shares: a backend's sans-IO core, driven on tokio.
+//!
+//! Why one shell: what an elector does around its store is the same on every backend, and each
+//! copy of it is a place for a safety defect to hide. The shell owns it once:
+//!
+//! - **commands**: resign and shutdown from the [`crate::Elector`] handle, answered when done;
+//! - **drain, then release**: the tenure ends at once, its [`Tenure`](crate::Tenure) guards get
+//!   up to the drain timeout to be dropped, then the core releases (bounded by the renew
+//!   deadline);
+//! - **self-fencing**: every deadline the core reports is handed to the guards, and a deadline
+//!   that passed before the shell could extend it ends the tenure for good ([`ElectionCore::lapse`]);
+//! - **publishing**: tenure guards, [`Leadership`] snapshots, why a candidate waits, and one log
+//!   line per change of leader, in the same words on every backend;
+//! - **the failure log** (one warning per streak of failed store calls) and the stats behind
+//!   `/status`, `/metrics` and the probes.
+//!
+//! A backend brings only what differs: an [`ElectionCore`] that decides (time is passed in, so
+//! the simulation can drive it with any interleaving) and a [`Transport`] that performs the
+//! core's calls and delivers the store's notifications.
+//!
+//! Call order, each turn of the loop: [`ElectionCore::poll_call`] until `None` (every call is
+//! started at once; calls run concurrently), then the core's reports ([`ElectionCore::poll_report`])
+//! and its leadership are published; then the shell sleeps until a call answers, the transport
+//! delivers a notification, [`ElectionCore::poll_timeout`] passes, a command arrives, or the guards
+//! the shell waits for are dropped, and hands that to the core.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{sleep_until, Instant};
+
+use crate::candidate::{AfterRelease, Event, StopReason};
+use crate::clock::MonotonicTime;
+use crate::elector::{ElectorCommand, ElectorError};
+use crate::failure_log::FailureLog;
+use crate::leadership::{Leadership, LockWait, Publisher, WaitReason};
+
+/// A boxed future of the shell: a call in flight, or a wait for guards.
+pub type ShellFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// "Never", far enough from `Instant`'s limits that adding it cannot overflow: caps the instants
+/// derived from untrusted input (a foreign record's lease) and from user settings.
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+/// What a core tells the shell besides leadership changes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Report {
+    /// A leadership change ([`Event`]): tenures start and end, a leader is observed, the
+    /// coordinator asks for a handover.
+    Event(Event),
+    /// A store call failed (`what` says which, in the words of the log line).
+    Failed {
+        /// What was being done: "reading the lock", "granting a lease".
+        what: &'static str,
+        /// The error, as the log shows it.
+        error: String,
+    },
+    /// The store answered (a compare-and-swap conflict counts): ends a failure streak.
+    Reached,
+    /// A renew (a record write while leading, an etcd keep-alive, a ZooKeeper heartbeat) that
+    /// started at `started` succeeded after `latency`, or failed (`None`).
+    Renewed {
+        /// When the renew started, on the core's clock.
+        started: MonotonicTime,
+        /// How long it took; `None` when it failed.
+        latency: Option<Duration>,
+    },
+}
+
+/// The decision half of an elector: a state machine with time passed in and no I/O.
+///
+/// Why a trait: the record lock ([`crate::Candidate`]), an etcd session and a ZooKeeper session
+/// decide differently, but are driven, fenced, drained and published the same way, by
+/// [`run`]. Implementations must be deterministic functions of the inputs and times they are
+/// given, so that a simulation can replay any schedule.
+pub trait ElectionCore: Send + 'static {
+    /// A store call the core wants made.
+    type Call: Send + 'static;
+    /// What comes back: a call's answer, or a notification from the store.
+    type Input: Send + 'static;
+
+    /// The candidate's identity.
+    fn identity(&self) -> &str;
+    /// The election timing (the renew deadline bounds the release).
+    fn renew_deadline(&self) -> Duration;
+    /// The next call to start at `now`, if any; the shell asks until `None`.
+    fn poll_call(&mut self, now: MonotonicTime) -> Option<Self::Call>;
+    /// Feeds an answer or a notification that arrived at `now`.
+    fn handle(&mut self, now: MonotonicTime, input: Self::Input);
+    /// When the core must be polled again if nothing else happens.
+    fn poll_timeout(&self) -> Option<MonotonicTime>;
+    /// The next report to publish.
+    fn poll_report(&mut self) -> Option<Report>;
+    /// Ends the tenure now (the user resigns or shuts down); the lock stays held until
+    /// [`ElectionCore::release`], so nobody else leads while the tenure's work stops.
+    fn step_down(&mut self, now: MonotonicTime);
+    /// Releases whatever this candidate holds, then stops or campaigns again as `after` says.
+    fn release(&mut self, now: MonotonicTime, after: AfterRelease);
+    /// `Some` once the release asked for is over: `Ok` when released (or nothing was held),
+    /// `Err` when the core gave up (the store will let the hold run out).
+    fn release_result(&self, after: AfterRelease) -> Option<Result<(), ElectorError>>;
+    /// True while the core waits for the guards of ended tenures to be dropped before it lets
+    /// go of what those tenures held (after a loss: the next leader must not start while the
+    /// lost tenure's work still runs). The shell then calls [`ElectionCore::guards_dropped`].
+    fn awaits_guards(&self) -> bool {
+        false
+    }
+    /// Every guard of every tenure ended so far has been dropped.
+    fn guards_dropped(&mut self, _now: MonotonicTime) {}
+    /// The self-fencing deadline of the tenure held, if leading.
+    fn valid_until(&self) -> Option<MonotonicTime>;
+    /// The guards' deadline passed before the shell could extend it: end the tenure for good
+    /// (the next one must have a new term, S2).
+    fn lapse(&mut self);
+    /// Who leads as far as this candidate knows, and its own role, at `now`.
+    fn leadership(&self, now: MonotonicTime) -> Leadership;
+    /// Why this candidate waits on a lock that no live leader holds, and until when.
+    fn wait(&self, _now: MonotonicTime) -> Option<(WaitReason, MonotonicTime)> {
+        None
+    }
+}
+
+/// The I/O half of an elector: performs a core's calls and delivers the store's notifications.
+pub trait Transport<C: ElectionCore>: Send + 'static {
+    /// Starts `call`; the future resolves with its answer (a transport applies its own call
+    /// timeout). Synchronous work (opening a watch) may be done here.
+    fn start(&mut self, call: C::Call) -> ShellFuture<C::Input>;
+    /// The next notification from the store; pending while there is none.
+    fn notice(&mut self) -> impl Future<Output = C::Input> + Send + '_;
+    /// The lock or election, for log lines.
+    fn describe(&self) -> String;
+}
+
+/// Runs `core` over `transport` until shutdown (or until every handle is dropped): the body of
+/// every elector's background task.
+pub async fn run<C: ElectionCore, T: Transport<C>>(
+    core: C,
+    transport: T,
+    publisher: Publisher,
+    drain_timeout: Duration,
+    commands: mpsc::Receiver<ElectorCommand>,
+) {
+    tracing::debug!(identity = core.identity(), lock = %transport.describe(), "campaigning");
+    let mut shell = Shell {
+        origin: Instant::now(),
+        core,
+        transport,
+        publisher,
+        drain_timeout,
+        failures: FailureLog::new(),
+        handover_requested: false,
+        calls: FuturesUnordered::new(),
+        guards: None,
+        stopping: None,
+    };
+    shell.run(commands).await;
+    shell.publisher.end_tenure();
+    let now = shell.now();
+    shell.publish(now);
+    tracing::debug!(identity = shell.core.identity(), "stopped");
+}
+
+type Reply = Option<oneshot::Sender<Result<(), ElectorError>>>;
+
+/// A resign or shutdown in progress.
+struct Stopping {
+    after: AfterRelease,
+    reply: Reply,
+    /// False while the ended tenure's guards may still be dropped; true once the core releases.
+    releasing: bool,
+    /// When the current stage gives up: the drain timeout, then the renew deadline.
+    deadline: Instant,
+}
+
+/// Why the shell woke up.
+enum Wake<I> {
+    Input(I),
+    Timer,
+    Command(Option<ElectorCommand>),
+    GuardsDropped,
+}
+
+struct Shell<C: ElectionCore, T> {
+    origin: Instant,
+    core: C,
+    transport: T,
+    publisher: Publisher,
+    drain_timeout: Duration,
+    failures: FailureLog,
+    /// The coordinator asked for a graceful handover: step down as a resign would.
+    handover_requested: bool,
+    calls: FuturesUnordered<ShellFuture<C::Input>>,
+    /// Completes once every guard of the tenures ended so far is dropped.
+    guards: Option<ShellFuture<()>>,
+    stopping: Option<Stopping>,
+}
+
+impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
+    fn now(&self) -> MonotonicTime {
+        MonotonicTime(self.origin.elapsed())
+    }
+
+    fn instant(&self, time: MonotonicTime) -> Instant {
+        self.origin + time.0.min(FAR_FUTURE)
+    }
+
+    async fn run(&mut self, mut commands: mpsc::Receiver<ElectorCommand>) {
+        let mut commands_open = true;
+        loop {
+            let now = self.now();
+            while let Some(call) = self.core.poll_call(now) {
+                self.calls.push(self.transport.start(call));
+            }
+            self.publish(now);
+            if std::mem::take(&mut self.handover_requested) && self.stopping.is_none() {
+                self.begin_stop(AfterRelease::Campaign, None);
+            }
+            if self.advance_stop() {
+                return;
+            }
+            if self.core.awaits_guards() {
+                self.wait_for_guards();
+            }
+
+            let mut timer = self.core.poll_timeout().map(|t| self.instant(t));
+            if let Some(stop) = &self.stopping {
+                timer = Some(timer.map_or(stop.deadline, |t| t.min(stop.deadline)));
+            }
+            let calling = !self.calls.is_empty();
+            let stopping = self.stopping.is_some();
+            let wake = tokio::select! {
+                Some(input) = self.calls.next(), if calling => Wake::Input(input),
+                input = self.transport.notice() => Wake::Input(input),
+                _ = sleep_until(timer.unwrap_or_else(Instant::now)), if timer.is_some() => Wake::Timer,
+                command = commands.recv(), if commands_open && !stopping => Wake::Command(command),
+                _ = async { self.guards.as_mut().expect("guarded by precondition").await }, if self.guards.is_some() => Wake::GuardsDropped,
+            };
+            let now = self.now();
+            match wake {
+                Wake::Input(input) => self.core.handle(now, input),
+                Wake::Timer => {}
+                Wake::Command(command) => {
+                    let (after, reply) = match command {
+                        Some(ElectorCommand::Resign(reply)) => (AfterRelease::Campaign, Some(reply)),
+                        Some(ElectorCommand::Shutdown(reply)) => (AfterRelease::Stop, Some(reply)),
+                        None => {
+                            commands_open = false;
+                            (AfterRelease::Stop, None)
+                        }
+                    };
+                    self.begin_stop(after, reply);
+                }
+                Wake::GuardsDropped => {
+                    self.guards = None;
+                    self.core.guards_dropped(now);
+                }
+            }
+        }
+    }
+
+    /// Steps down and starts draining: the tenure ends now, the core releases once the guards
+    /// are dropped (or the drain timeout passes).
+    fn begin_stop(&mut self, after: AfterRelease, reply: Reply) {
+        let now = self.now();
+        self.core.step_down(now);
+        self.publish(now);
+        self.wait_for_guards();
+        let deadline = Instant::now() + self.drain_timeout.min(FAR_FUTURE);
+        self.stopping = Some(Stopping { after, reply, releasing: false, deadline });
+    }
+
+    /// Moves a stop along: from draining to releasing once the guards are gone or the drain
+    /// timed out, and to done once the core released or the release timed out. True when the
+    /// shell must end.
+    fn advance_stop(&mut self) -> bool {
+        let Some(stop) = self.stopping.as_mut() else { return false };
+        if !stop.releasing {
+            if self.guards.is_some() && Instant::now() < stop.deadline {
+                return false;
+            }
+            stop.releasing = true;
+            stop.deadline = Instant::now() + self.core.renew_deadline();
+            let after = stop.after;
+            let now = self.now();
+            self.core.release(now, after);
+            while let Some(call) = self.core.poll_call(now) {
+                self.calls.push(self.transport.start(call));
+            }
+            self.publish(now);
+        }
+        let Some(stop) = self.stopping.as_mut() else { return false };
+        let result = match self.core.release_result(stop.after) {
+            Some(result) => result,
+            None if Instant::now() >= stop.deadline => Err(ElectorError::ReleaseTimedOut),
+            None => return false,
+        };
+        if let Some(reply) = stop.reply.take() {
+            let _ = reply.send(result);
+        }
+        let done = stop.after == AfterRelease::Stop;
+        self.stopping = None;
+        done
+    }
+
+    /// Arms (or extends to the tenures ended since) the wait for ended tenures' guards.
+    fn wait_for_guards(&mut self) {
+        let newly_ended = self.publisher.wait_for_ended_tenures();
+        self.guards = Some(match self.guards.take() {
+            Some(earlier) => Box::pin(async move {
+                earlier.await;
+                newly_ended.await;
+            }),
+            None => Box::pin(newly_ended),
+        });
+    }
+
+    /// Turns the core's reports into tenure guards, counters, log lines and a leadership snapshot.
+    fn publish(&mut self, now: MonotonicTime) {
+        self.publish_reports();
+        self.publisher.prune_ended();
+        if let Some(valid_until) = self.core.valid_until() {
+            // The publisher refuses when the guards' deadline passed before this renew was
+            // handled (a late wake-up): the tenure is over for good, and the core must lead
+            // again only under a new term.
+            if !self.publisher.extend_tenure(self.instant(valid_until)) {
+                self.core.lapse();
+                self.publish_reports();
+            }
+        }
+        self.publisher.publish(self.core.leadership(now));
+        self.publish_wait(now);
+    }
+
+    fn publish_reports(&mut self) {
+        while let Some(report) = self.core.poll_report() {
+            let identity = self.core.identity();
+            let recorder = self.publisher.recorder();
+            match report {
+                Report::Failed { what, error } => self.failures.failed(recorder, identity, what, &error),
+                Report::Reached => self.failures.reached(recorder, identity),
+                Report::Renewed { started, latency } => {
+                    let started = self.origin + started.0.min(FAR_FUTURE);
+                    recorder.record_renew(started, latency.ok_or(()));
+                }
+                Report::Event(event) => self.publish_event(event),
+            }
+        }
+    }
+
+    fn publish_event(&mut self, event: Event) {
+        let identity = self.core.identity().to_owned();
+        match event {
+            Event::StartedLeading { term } => {
+                let valid_until = self.core.valid_until().unwrap_or_default();
+                self.publisher.start_tenure(term, self.instant(valid_until));
+                tracing::info!(identity = %identity, term = term.0, "started leading");
+            }
+            Event::StoppedLeading { term, reason } => {
+                self.publisher.end_tenure();
+                let reason = match reason {
+                    StopReason::RenewDeadlineExceeded => "renew deadline exceeded",
+                    StopReason::LockLost => "lock taken by another holder or deleted",
+                    StopReason::SteppedDown => "stepped down",
+                };
+                tracing::info!(identity = %identity, term = term.0, reason, "stopped leading");
+            }
+            Event::HandoverRequested { term, to } => {
+                tracing::info!(
+                    identity = %identity,
+                    term = term.0,
+                    preferred = %to,
+                    "the coordinator prefers another candidate: handing over (drain, then release)"
+                );
+                self.handover_requested = true;
+            }
+            Event::LeaderObserved { leader, term } => {
+                tracing::info!(
+                    identity = %identity,
+                    leader = leader.as_deref().unwrap_or(""),
+                    term = term.map(|t| t.0),
+                    "leader observed"
+                );
+            }
+        }
+    }
+
+    /// Publishes (and logs, when it changes) why this candidate waits on a lock that is not a
+    /// live leader's, and until when.
+    fn publish_wait(&mut self, now: MonotonicTime) {
+        let wait = self.core.wait(now).map(|(reason, until)| {
+            let remaining = until.0.saturating_sub(now.0);
+            let until_wall =
+                std::time::SystemTime::now().checked_add(remaining).unwrap_or_else(std::time::SystemTime::now);
+            LockWait { reason, until: self.instant(until), until_wall }
+        });
+        if self.publisher.set_wait(wait) {
+            let identity = self.core.identity();
+            if let Some(wait) = wait.filter(|w| w.reason.is_open_ended()) {
+                tracing::info!(identity, "not taking the lock: {}", wait.reason.describe());
+            } else if let Some(wait) = wait {
+                let until = chrono::DateTime::<chrono::Utc>::from(wait.until_wall);
+                tracing::info!(
+                    identity,
+                    until = %until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    in_seconds = wait.until.saturating_duration_since(Instant::now()).as_secs_f64().round(),
+                    "waiting before taking the lock: {}",
+                    wait.reason.describe()
+                );
+            }
+        }
+    }
+}
