@@ -36,8 +36,9 @@
 #![warn(missing_docs)]
 
 mod access;
+pub mod campaign;
 mod client;
-mod driver;
+mod transport;
 pub mod group_store;
 pub mod proto;
 
@@ -212,12 +213,17 @@ impl EtcdElection {
             return Err(EtcdError::EmptyIdentity);
         }
         let timing = session_timing(ttl)?;
-        let conn = self.conn.clone();
-        let prefix = self.prefix.clone();
-        let name = identity.clone();
         let drain_timeout = self.drain_timeout.unwrap_or(timing.renew_deadline);
+        let campaign = campaign::EtcdCampaign::new(identity.clone(), self.prefix.clone(), timing);
+        let transport = transport::EtcdTransport::new(
+            self.conn.clone(),
+            self.prefix.clone(),
+            identity.clone(),
+            timing.call_timeout,
+            timing.retry_period,
+        );
         Ok(Elector::from_driver(identity, timing, move |publisher, commands| {
-            driver::Driver::new(conn, prefix, name, timing, drain_timeout, publisher, commands).run()
+            tenure::shell::run(campaign, transport, publisher, drain_timeout, commands)
         }))
     }
 
@@ -226,7 +232,7 @@ impl EtcdElection {
         let response = self.conn.range(CALL_TIMEOUT, client::first_created(&self.prefix)).await?;
         Ok(response.kvs.into_iter().next().map(|kv| EtcdLeader {
             identity: String::from_utf8_lossy(&kv.value).into_owned(),
-            term: Term(u64::try_from(kv.create_revision).unwrap_or(0)),
+            term: Term::from_count(kv.create_revision),
             lease: kv.lease,
             key: String::from_utf8_lossy(&kv.key).into_owned(),
         }))

@@ -404,7 +404,7 @@ fn validate_path(path: &str) -> Result<(), ZkError> {
 
 /// A creation zxid as a term (zxids are positive).
 fn term_of(czxid: i64) -> tenure::Term {
-    tenure::Term(u64::try_from(czxid).unwrap_or(0))
+    tenure::Term::from_count(czxid)
 }
 
 async fn with_timeout<T>(

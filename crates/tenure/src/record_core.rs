@@ -213,10 +213,10 @@ impl RecordTransport {
 }
 
 impl Transport<RecordCore> for RecordTransport {
-    fn start(&mut self, call: RecordCall) -> ShellFuture<RecordInput> {
+    fn start(&mut self, call: RecordCall) -> Option<ShellFuture<RecordInput>> {
         let lock = self.lock.clone();
         let limit = self.call_timeout;
-        match call {
+        Some(match call {
             RecordCall::OpenWatch => {
                 self.changes = self.lock.watch();
                 let open = self.changes.is_some();
@@ -233,7 +233,7 @@ impl Transport<RecordCore> for RecordTransport {
                 let written = timeout(limit, lock.update(&expected, &record)).await;
                 RecordInput::Write(written.unwrap_or(Err(LockError::Timeout(limit))), started)
             }),
-        }
+        })
     }
 
     async fn notice(&mut self) -> RecordInput {

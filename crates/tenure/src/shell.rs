@@ -126,9 +126,12 @@ pub trait ElectionCore: Send + 'static {
 
 /// The I/O half of an elector: performs a core's calls and delivers the store's notifications.
 pub trait Transport<C: ElectionCore>: Send + 'static {
+    /// Learns the instant the shell's clock counts from ([`MonotonicTime::ZERO`]), for inputs
+    /// that carry a time (when a keep-alive was sent). Called once, before any other method.
+    fn attach(&mut self, _origin: Instant) {}
     /// Starts `call`; the future resolves with its answer (a transport applies its own call
-    /// timeout). Synchronous work (opening a watch) may be done here.
-    fn start(&mut self, call: C::Call) -> ShellFuture<C::Input>;
+    /// timeout). `None`: the call was done here and has no answer (stopping a keep-alive).
+    fn start(&mut self, call: C::Call) -> Option<ShellFuture<C::Input>>;
     /// The next notification from the store; pending while there is none.
     fn notice(&mut self) -> impl Future<Output = C::Input> + Send + '_;
     /// The lock or election, for log lines.
@@ -145,8 +148,11 @@ pub async fn run<C: ElectionCore, T: Transport<C>>(
     commands: mpsc::Receiver<ElectorCommand>,
 ) {
     tracing::debug!(identity = core.identity(), lock = %transport.describe(), "campaigning");
+    let origin = Instant::now();
+    let mut transport = transport;
+    transport.attach(origin);
     let mut shell = Shell {
-        origin: Instant::now(),
+        origin,
         core,
         transport,
         publisher,
@@ -212,9 +218,7 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
         let mut commands_open = true;
         loop {
             let now = self.now();
-            while let Some(call) = self.core.poll_call(now) {
-                self.calls.push(self.transport.start(call));
-            }
+            self.start_calls(now);
             self.publish(now);
             if std::mem::take(&mut self.handover_requested) && self.stopping.is_none() {
                 self.begin_stop(AfterRelease::Campaign, None);
@@ -262,6 +266,12 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
         }
     }
 
+    fn start_calls(&mut self, now: MonotonicTime) {
+        while let Some(call) = self.core.poll_call(now) {
+            self.calls.extend(self.transport.start(call));
+        }
+    }
+
     /// Steps down and starts draining: the tenure ends now, the core releases once the guards
     /// are dropped (or the drain timeout passes).
     fn begin_stop(&mut self, after: AfterRelease, reply: Reply) {
@@ -287,9 +297,7 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
             let after = stop.after;
             let now = self.now();
             self.core.release(now, after);
-            while let Some(call) = self.core.poll_call(now) {
-                self.calls.push(self.transport.start(call));
-            }
+            self.start_calls(now);
             self.publish(now);
         }
         let Some(stop) = self.stopping.as_mut() else { return false };
@@ -306,16 +314,23 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
         done
     }
 
-    /// Arms (or extends to the tenures ended since) the wait for ended tenures' guards.
+    /// Arms the wait for the guards of the tenures ended so far, unless it is armed.
     fn wait_for_guards(&mut self) {
-        let newly_ended = self.publisher.wait_for_ended_tenures();
-        self.guards = Some(match self.guards.take() {
-            Some(earlier) => Box::pin(async move {
+        if self.guards.is_none() {
+            self.guards = Some(Box::pin(self.publisher.wait_for_ended_tenures()));
+        }
+    }
+
+    /// Ends the current tenure; an armed wait for guards then waits for its guards too.
+    fn end_tenure(&mut self) {
+        self.publisher.end_tenure();
+        if let Some(earlier) = self.guards.take() {
+            let newly_ended = self.publisher.wait_for_ended_tenures();
+            self.guards = Some(Box::pin(async move {
                 earlier.await;
                 newly_ended.await;
-            }),
-            None => Box::pin(newly_ended),
-        });
+            }));
+        }
     }
 
     /// Turns the core's reports into tenure guards, counters, log lines and a leadership snapshot.
@@ -360,7 +375,7 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
                 tracing::info!(identity = %identity, term = term.0, "started leading");
             }
             Event::StoppedLeading { term, reason } => {
-                self.publisher.end_tenure();
+                self.end_tenure();
                 let reason = match reason {
                     StopReason::RenewDeadlineExceeded => "renew deadline exceeded",
                     StopReason::LockLost => "lock taken by another holder or deleted",
