@@ -45,7 +45,8 @@
 #![warn(missing_docs)]
 
 mod access;
-mod driver;
+pub mod latch;
+mod transport;
 pub mod group_store;
 pub mod naming;
 #[cfg(feature = "tls")]
@@ -247,17 +248,18 @@ impl ZkElection {
         if identity.is_empty() {
             return Err(ZkError::EmptyIdentity);
         }
-        let config = driver::Config {
+        let transport = transport::ZkTransport::new(transport::Election {
             servers: self.servers.clone(),
             address: tenure::redact::without_credentials(&self.servers).into_owned(),
             path: self.path.clone(),
             session_timeout: self.session_timeout,
-            drain_timeout: self.drain_timeout,
             identity: identity.clone(),
             access: self.access.clone(),
-        };
+        });
+        let latch = latch::ZkLatch::new(identity.clone(), self.session_timeout);
+        let drain_timeout = self.drain_timeout;
         Ok(Elector::from_driver(identity, timing_of(self.negotiated_timeout), move |publisher, commands| {
-            driver::run(config, publisher, commands)
+            tenure::shell::run(latch, transport, publisher, drain_timeout, commands)
         }))
     }
 

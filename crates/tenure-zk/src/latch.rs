@@ -1,0 +1,707 @@
+//! The campaign of one ZooKeeper candidate as a sans-IO core: sessions, an ephemeral sequential
+//! node in the election (Curator's `LeaderLatch` names and order), self-fencing. Time is passed
+//! in; [`crate::transport`] does the I/O and [`tenure::shell`] drives both, so the simulation
+//! (tests/simulation.rs) runs this very code.
+//!
+//! The leader proves to itself that the server still hears it with a cheap read of its own node
+//! every third of the session timeout; it leads until the start of the last answered request +
+//! 2/3 of the session timeout the server granted, so it stops before the server can expire its
+//! session (and so its node). A disconnection ends the tenure at once (Curator's advice: a
+//! suspended connection means stop leading), even if the client reconnects. A tenure that ended
+//! without a release leaves its node "spent": the node is deleted, so that this candidate queues
+//! again with a new node and so a greater term (S2), once the tenure's guards are dropped (or at
+//! the latest when the server could have expired the session anyway): the next leader never
+//! starts while the lost tenure's work still runs.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tenure::backoff::Backoff;
+use tenure::shell::{ElectionCore, Report};
+use tenure::{AfterRelease, ElectorError, Event, Leadership, MonotonicTime, Role, StopReason, Term};
+use zookeeper_client as zk;
+
+use crate::ZkError;
+
+/// The first retry within a session, doubling up to a quarter of the session timeout.
+const FIRST_RETRY: Duration = Duration::from_millis(20);
+/// The first wait after a failed connection attempt, doubling up to the session timeout.
+const FIRST_RECONNECT: Duration = Duration::from_millis(50);
+
+/// This candidate's node in the election.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnNode {
+    /// The node's name (a child of the election path).
+    pub name: String,
+    /// Its creation zxid: the term of a tenure on it.
+    pub czxid: i64,
+}
+
+/// A call the core asks the transport to make. `session` tags what belongs to one session.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ZkCall {
+    /// Open a new session (closing any earlier one).
+    Connect,
+    /// Look at the election: list the children, find (or create, protected by `guid`) the own
+    /// node, read and watch it, the predecessor and the leader. Each request within `limit`.
+    Observe {
+        /// The session.
+        session: u64,
+        /// The own node as known.
+        own: Option<OwnNode>,
+        /// The guid the own node's name carries.
+        guid: String,
+        /// The time limit of each request.
+        limit: Duration,
+    },
+    /// The leader's heartbeat: does the own node still exist?
+    Heartbeat {
+        /// The session.
+        session: u64,
+        /// The own node's name.
+        node: String,
+        /// The time limit.
+        limit: Duration,
+    },
+    /// Delete a node of this candidate (spent, or on release).
+    Delete {
+        /// The session.
+        session: u64,
+        /// The node's name.
+        node: String,
+        /// The time limit.
+        limit: Duration,
+    },
+    /// Close the session (shutdown).
+    Close,
+}
+
+/// What one look at the election found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Look {
+    /// Where this candidate stands; the transport now watches the own node, the predecessor and
+    /// the leader's node.
+    View {
+        /// The own node.
+        own: OwnNode,
+        /// The own node is first.
+        is_leader: bool,
+        /// The leader's identity (the data of the first node).
+        leader_identity: String,
+        /// The leader's term.
+        leader_term: Term,
+    },
+    /// The children changed under our feet (a node vanished between two reads, or the own node
+    /// was just created): look again at once.
+    Again {
+        /// The own node as it now is.
+        own: Option<OwnNode>,
+        /// The own node was known but is not among the children any more (deleted from outside).
+        own_gone: bool,
+    },
+}
+
+/// A session state change.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SessionState {
+    /// (Re)connected.
+    Connected,
+    /// The connection is lost; the session may come back.
+    Disconnected,
+    /// The session expired or was closed.
+    Lost,
+}
+
+/// An answer or a notification.
+#[derive(Debug)]
+pub enum ZkInput {
+    /// A session was opened: its number, the timeout the server granted and a fresh guid.
+    Connected(Result<(u64, Duration, String), ZkError>),
+    /// The answer to [`ZkCall::Observe`].
+    Observed {
+        /// The session.
+        session: u64,
+        /// What was found.
+        result: Result<Look, ZkError>,
+    },
+    /// The answer to [`ZkCall::Heartbeat`]: whether the own node exists.
+    Heartbeat {
+        /// The session.
+        session: u64,
+        /// The answer.
+        result: Result<bool, ZkError>,
+    },
+    /// The answer to [`ZkCall::Delete`] (a missing node counts as deleted).
+    Deleted {
+        /// The session.
+        session: u64,
+        /// The node.
+        node: String,
+        /// The answer.
+        result: Result<(), ZkError>,
+    },
+    /// A watch set by the last look fired.
+    Watched {
+        /// The session.
+        session: u64,
+    },
+    /// The session's state changed.
+    State {
+        /// The session.
+        session: u64,
+        /// The new state.
+        state: SessionState,
+    },
+}
+
+/// A session in use.
+#[derive(Debug)]
+struct Session {
+    id: u64,
+    /// The session timeout the server granted.
+    timeout: Duration,
+    guid: String,
+    own: Option<OwnNode>,
+    connected: bool,
+    /// A look in flight, started then.
+    looking: Option<MonotonicTime>,
+    /// When to look next, unless a look is in flight (`None`: when a watch fires).
+    look_at: Option<MonotonicTime>,
+    /// A heartbeat in flight, started then.
+    beating: Option<MonotonicTime>,
+    next_heartbeat: MonotonicTime,
+    /// A delete in flight.
+    deleting: bool,
+    retry: Duration,
+}
+
+impl Session {
+    fn fence_margin(&self) -> Duration {
+        self.timeout * 2 / 3
+    }
+
+    fn call_timeout(&self) -> Duration {
+        self.timeout / 2
+    }
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// No session: connect at `at` (unless a connect is in flight).
+    Connecting { at: MonotonicTime, in_flight: bool },
+    InSession(Session),
+    /// Done, with the shutdown's result.
+    Stopped(Result<(), ElectorError>),
+}
+
+/// Where a release is.
+#[derive(Debug, Clone, PartialEq)]
+enum Release {
+    /// Stepped down: nothing is looked at or deleted until the release.
+    Holding,
+    /// Deleting the own node, then campaign again or stop.
+    Deleting(AfterRelease),
+    /// Done.
+    Done(AfterRelease, Result<(), ElectorError>),
+}
+
+/// The campaign of one identity on one election path: a [`tenure::ElectionCore`].
+#[derive(Debug)]
+pub struct ZkLatch {
+    identity: String,
+    /// The session timeout asked for.
+    session_timeout: Duration,
+    phase: Phase,
+    /// The term of the tenure held, and its self-fencing deadline.
+    leading: Option<Term>,
+    valid_until: MonotonicTime,
+    /// The node of the tenure held.
+    led_node: Option<String>,
+    /// The node of a tenure that ended without a release: it goes before this candidate leads
+    /// again, once the tenure's guards are dropped or at `spent_drain_until`.
+    spent: Option<String>,
+    spent_drain_until: MonotonicTime,
+    guards_dropped: bool,
+    connect_failures: u32,
+    release: Option<Release>,
+    shown: Leadership,
+    observed: Option<Option<(String, Term)>>,
+    queued: VecDeque<ZkCall>,
+    reports: VecDeque<Report>,
+}
+
+impl ZkLatch {
+    /// A campaign of `identity` asking for sessions of `session_timeout`.
+    pub fn new(identity: String, session_timeout: Duration) -> ZkLatch {
+        ZkLatch {
+            identity,
+            session_timeout,
+            phase: Phase::Connecting { at: MonotonicTime::ZERO, in_flight: false },
+            leading: None,
+            valid_until: MonotonicTime::ZERO,
+            led_node: None,
+            spent: None,
+            spent_drain_until: MonotonicTime::ZERO,
+            guards_dropped: true,
+            connect_failures: 0,
+            release: None,
+            shown: Leadership::unknown(),
+            observed: None,
+            queued: VecDeque::new(),
+            reports: VecDeque::new(),
+        }
+    }
+
+    fn session(&mut self) -> Option<&mut Session> {
+        match &mut self.phase {
+            Phase::InSession(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Publishes `leadership`, reporting each change of leader.
+    fn show(&mut self, leadership: Leadership) {
+        let observed = leadership.leader.clone().zip(leadership.term);
+        if self.observed.as_ref() != Some(&observed) {
+            let (leader, term) = observed.clone().unzip();
+            self.reports.push_back(Report::Event(Event::LeaderObserved { leader, term }));
+            self.observed = Some(observed);
+        }
+        self.shown = leadership;
+    }
+
+    /// Ends the tenure if one is held; its node is spent.
+    fn stop_leading(&mut self, why: &str, reason: StopReason) {
+        let Some(term) = self.leading.take() else { return };
+        self.reports.push_back(Report::Event(Event::StoppedLeading { term, reason }));
+        self.spent = self.led_node.take();
+        self.guards_dropped = false;
+        let timeout = self.session_timeout_granted();
+        self.spent_drain_until = self.valid_until + (timeout - timeout * 2 / 3);
+        tracing::debug!(identity = %self.identity, term = term.0, why, "tenure over");
+    }
+
+    fn session_timeout_granted(&self) -> Duration {
+        match &self.phase {
+            Phase::InSession(s) => s.timeout,
+            _ => self.session_timeout,
+        }
+    }
+
+    /// Ends the tenure if its self-fencing deadline has passed.
+    fn fence_if_due(&mut self, now: MonotonicTime) {
+        if self.leading.is_some() && now >= self.valid_until {
+            self.stop_leading("self-fenced: no answer from ZooKeeper within 2/3 of the session timeout", StopReason::RenewDeadlineExceeded);
+            self.show(Leadership::unknown());
+        }
+    }
+
+    /// The session is gone: campaign again in a new one.
+    fn session_lost(&mut self, now: MonotonicTime) {
+        self.stop_leading("session expired or closed", StopReason::LockLost);
+        self.show(Leadership::unknown());
+        if self.release.is_some() {
+            // Whatever was to be deleted went with the session.
+            if let Some(Release::Deleting(after)) = self.release {
+                self.finish_release(now, after, Ok(()));
+            }
+        }
+        if !matches!(self.phase, Phase::Stopped(_)) {
+            // The spent node went with the session too.
+            self.spent = None;
+            self.phase = Phase::Connecting { at: now, in_flight: false };
+        }
+    }
+
+    /// Retries a failed call within the session after a growing pause.
+    fn retry_later(&mut self, now: MonotonicTime) {
+        if let Some(s) = self.session() {
+            s.look_at = Some(now + s.retry);
+            s.retry = (s.retry * 2).min(s.timeout / 4);
+        }
+    }
+
+    /// Starts, extends or ends the tenure as a look says, and publishes it.
+    fn apply(&mut self, now: MonotonicTime, started: MonotonicTime, look: Look) {
+        let (own, is_leader, leader_identity, leader_term) = match look {
+            Look::View { own, is_leader, leader_identity, leader_term } => (own, is_leader, leader_identity, leader_term),
+            Look::Again { own, own_gone } => {
+                if own_gone {
+                    tracing::warn!(identity = %self.identity, "own node is gone (deleted from outside); campaigning again");
+                    self.stop_leading("own node deleted", StopReason::LockLost);
+                }
+                if let Some(s) = self.session() {
+                    s.own = own;
+                    s.look_at = Some(now);
+                }
+                return;
+            }
+        };
+        let Some(s) = self.session() else { return };
+        s.own = Some(own.clone());
+        s.retry = FIRST_RETRY;
+        let margin = s.fence_margin();
+        let heartbeat = s.timeout / 3;
+        let valid_until = started + margin;
+        let role = if is_leader && now >= valid_until {
+            // The look took so long that a tenure would start (or go on) already fenced.
+            self.stop_leading("self-fenced: ZooKeeper answered after the deadline", StopReason::RenewDeadlineExceeded);
+            Role::Follower
+        } else if is_leader {
+            match self.leading {
+                Some(term) if term == leader_term => self.valid_until = self.valid_until.max(valid_until),
+                _ => {
+                    self.leading = Some(leader_term);
+                    self.led_node = Some(own.name.clone());
+                    self.valid_until = valid_until;
+                    if let Some(s) = self.session() {
+                        s.next_heartbeat = started + heartbeat;
+                    }
+                    tracing::debug!(identity = %self.identity, node = %own.name, "first in the election");
+                    self.reports.push_back(Report::Event(Event::StartedLeading { term: leader_term }));
+                }
+            }
+            Role::Leader
+        } else {
+            self.stop_leading("another node is first", StopReason::LockLost);
+            Role::Follower
+        };
+        let leadership = if is_leader && role != Role::Leader {
+            // Fenced with our own node first: nobody leads as far as we know.
+            Leadership::unknown()
+        } else {
+            Leadership { leader: Some(leader_identity), term: Some(leader_term), role }
+        };
+        self.show(leadership);
+        // A spent node goes first; a look that came too late to lead is taken again.
+        let again = self.spent.is_some() || (is_leader && self.leading.is_none());
+        if let Some(s) = self.session() {
+            s.look_at = again.then_some(now);
+        }
+    }
+
+    fn look_now(&mut self, now: MonotonicTime) {
+        if let Some(s) = self.session() {
+            s.look_at = Some(now);
+        }
+    }
+
+    fn finish_release(&mut self, now: MonotonicTime, after: AfterRelease, result: Result<(), ElectorError>) {
+        if after == AfterRelease::Stop || self.shown.role == Role::Releasing {
+            self.show(Leadership::unknown());
+        }
+        match after {
+            AfterRelease::Campaign => {
+                self.release = Some(Release::Done(after, result));
+                self.look_now(now);
+            }
+            AfterRelease::Stop => {
+                self.release = None;
+                self.queued.push_back(ZkCall::Close);
+                self.phase = Phase::Stopped(result);
+            }
+        }
+    }
+}
+
+/// True when `error` means the session is over.
+pub fn is_session_lost(error: &ZkError) -> bool {
+    matches!(
+        error,
+        ZkError::Request(
+            zk::Error::SessionExpired | zk::Error::SessionMoved | zk::Error::ClientClosed | zk::Error::AuthFailed
+        )
+    )
+}
+
+impl ElectionCore for ZkLatch {
+    type Call = ZkCall;
+    type Input = ZkInput;
+
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    fn renew_deadline(&self) -> Duration {
+        self.session_timeout * 2 / 3
+    }
+
+    fn poll_call(&mut self, now: MonotonicTime) -> Option<ZkCall> {
+        if let Some(call) = self.queued.pop_front() {
+            return Some(call);
+        }
+        self.fence_if_due(now);
+        if self.spent.is_some() && !self.guards_dropped && now >= self.spent_drain_until {
+            tracing::warn!(identity = %self.identity, "the ended tenure's guards were still held when its session could have expired; deleting its node");
+            self.guards_dropped = true;
+        }
+        let holding = matches!(self.release, Some(Release::Holding | Release::Deleting(_)));
+        let spent = self.spent.clone().filter(|_| self.guards_dropped && !holding);
+        let leading = self.leading.is_some();
+        let has_spent = self.spent.is_some();
+        let limit_leading = self.valid_until;
+        match &mut self.phase {
+            Phase::Connecting { at, in_flight } if !*in_flight && now >= *at => {
+                *in_flight = true;
+                Some(ZkCall::Connect)
+            }
+            Phase::InSession(s) if s.connected && s.looking.is_none() && s.beating.is_none() && !s.deleting => {
+                // The call timeout, cut short at the self-fencing deadline while leading, so that
+                // no call outlasts the tenure (S1).
+                let limit = if leading { s.call_timeout().min(limit_leading - now) } else { s.call_timeout() };
+                if let Some(node) = spent {
+                    s.deleting = true;
+                    return Some(ZkCall::Delete { session: s.id, node, limit });
+                }
+                if holding || has_spent {
+                    return None;
+                }
+                if s.look_at.is_some_and(|at| now >= at) {
+                    s.looking = Some(now);
+                    s.look_at = None;
+                    return Some(ZkCall::Observe { session: s.id, own: s.own.clone(), guid: s.guid.clone(), limit });
+                }
+                if leading && now >= s.next_heartbeat {
+                    let node = s.own.as_ref()?.name.clone();
+                    s.beating = Some(now);
+                    s.next_heartbeat = now + s.timeout / 3;
+                    return Some(ZkCall::Heartbeat { session: s.id, node, limit });
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    fn handle(&mut self, now: MonotonicTime, input: ZkInput) {
+        let current = match &self.phase {
+            Phase::InSession(s) => Some(s.id),
+            _ => None,
+        };
+        match input {
+            ZkInput::Connected(result) => {
+                let Phase::Connecting { in_flight, .. } = &mut self.phase else { return };
+                *in_flight = false;
+                match result {
+                    Ok((id, granted, guid)) => {
+                        self.connect_failures = 0;
+                        self.reports.push_back(Report::Reached);
+                        let timeout = if granted.is_zero() { self.session_timeout } else { granted.min(self.session_timeout) };
+                        tracing::debug!(identity = %self.identity, session = id, ?timeout, "session established");
+                        self.phase = Phase::InSession(Session {
+                            id,
+                            timeout,
+                            guid,
+                            own: None,
+                            connected: true,
+                            looking: None,
+                            look_at: Some(now),
+                            beating: None,
+                            next_heartbeat: now,
+                            deleting: false,
+                            retry: FIRST_RETRY,
+                        });
+                    }
+                    Err(error) => {
+                        self.connect_failures = self.connect_failures.saturating_add(1);
+                        self.reports.push_back(Report::Failed { what: "connecting to ZooKeeper", error: error.to_string() });
+                        let backoff = Backoff::new(FIRST_RECONNECT, self.session_timeout);
+                        self.phase = Phase::Connecting { at: now + backoff.delay(self.connect_failures), in_flight: false };
+                    }
+                }
+            }
+            ZkInput::State { session, state } if Some(session) == current => match state {
+                SessionState::Connected => {
+                    tracing::info!(identity = %self.identity, "reconnected to ZooKeeper; looking at the election again");
+                    if let Some(s) = self.session() {
+                        s.connected = true;
+                        s.look_at = Some(now);
+                    }
+                }
+                SessionState::Disconnected => {
+                    // Stop at once, even if the client reconnects before we look again: the
+                    // server may expire the session before we hear from it again.
+                    self.stop_leading("connection to ZooKeeper lost", StopReason::RenewDeadlineExceeded);
+                    self.show(Leadership::unknown());
+                    if let Some(s) = self.session() {
+                        s.connected = false;
+                    }
+                }
+                SessionState::Lost => self.session_lost(now),
+            },
+            ZkInput::Observed { session, result } if Some(session) == current => {
+                let Some(started) = self.session().and_then(|s| s.looking.take()) else { return };
+                match result {
+                    Ok(look) => self.apply(now, started, look),
+                    Err(error) if is_session_lost(&error) => self.session_lost(now),
+                    Err(error) => {
+                        tracing::debug!(identity = %self.identity, %error, "looking at the election failed; retrying");
+                        self.retry_later(now);
+                    }
+                }
+            }
+            ZkInput::Watched { session } if Some(session) == current => {
+                if let Some(s) = self.session() {
+                    s.look_at = Some(s.look_at.map_or(now, |at| at.min(now)));
+                }
+            }
+            ZkInput::Heartbeat { session, result } if Some(session) == current => {
+                let Some(started) = self.session().and_then(|s| s.beating.take()) else { return };
+                let margin = self.session().map_or(Duration::ZERO, |s| s.fence_margin());
+                self.reports.push_back(Report::Renewed { started, latency: result.is_ok().then(|| now - started) });
+                match result {
+                    Ok(true) if self.leading.is_some() && now < self.valid_until => {
+                        self.reports.push_back(Report::Reached);
+                        self.valid_until = self.valid_until.max(started + margin);
+                    }
+                    Ok(true) => {
+                        self.reports.push_back(Report::Reached);
+                        // Answered, but after the deadline: the tenure is over for good.
+                        self.stop_leading("self-fenced: ZooKeeper answered after the deadline", StopReason::RenewDeadlineExceeded);
+                        self.show(Leadership::unknown());
+                        self.look_now(now);
+                    }
+                    Ok(false) => {
+                        self.reports.push_back(Report::Reached);
+                        self.look_now(now);
+                    }
+                    Err(error) if is_session_lost(&error) => self.session_lost(now),
+                    Err(error) => {
+                        tracing::debug!(identity = %self.identity, %error, "heartbeat failed");
+                        // Try again soon: the fencing deadline decides when we stop.
+                        if let Some(s) = self.session() {
+                            s.next_heartbeat = now + s.timeout / 12;
+                        }
+                    }
+                }
+            }
+            ZkInput::Deleted { session, node, result } if Some(session) == current => {
+                if let Some(s) = self.session() {
+                    s.deleting = false;
+                }
+                let gone = result.is_ok();
+                match &result {
+                    Err(error) if is_session_lost(error) => return self.session_lost(now),
+                    Err(error) => tracing::debug!(identity = %self.identity, %error, node = %node, "deleting a node failed"),
+                    Ok(()) => tracing::debug!(identity = %self.identity, node = %node, "deleted node"),
+                }
+                if gone {
+                    if let Some(s) = self.session() {
+                        if s.own.as_ref().is_some_and(|own| own.name == node) {
+                            s.own = None;
+                        }
+                    }
+                    if self.spent.as_deref() == Some(node.as_str()) {
+                        self.spent = None;
+                    }
+                }
+                if let Some(Release::Deleting(after)) = self.release {
+                    if !gone {
+                        tracing::warn!(identity = %self.identity, "could not delete own node; it goes with the session");
+                    }
+                    let result = if gone { Ok(()) } else { Err(ElectorError::ReleaseTimedOut) };
+                    self.finish_release(now, after, result);
+                } else if !gone {
+                    self.retry_later(now);
+                } else {
+                    self.look_now(now);
+                }
+            }
+            // Answers and notifications that outlived their session.
+            _ => {}
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<MonotonicTime> {
+        let mut times = vec![];
+        if self.leading.is_some() {
+            times.push(self.valid_until);
+        }
+        if self.spent.is_some() && !self.guards_dropped {
+            times.push(self.spent_drain_until);
+        }
+        match &self.phase {
+            Phase::Connecting { at, in_flight: false } => times.push(*at),
+            Phase::InSession(s) if s.looking.is_none() && s.beating.is_none() => {
+                times.extend(s.look_at);
+                if self.leading.is_some() {
+                    times.push(s.next_heartbeat);
+                }
+            }
+            _ => {}
+        }
+        times.into_iter().min()
+    }
+
+    fn poll_report(&mut self) -> Option<Report> {
+        self.reports.pop_front()
+    }
+
+    fn step_down(&mut self, _now: MonotonicTime) {
+        self.release = Some(Release::Holding);
+        if let Some(term) = self.leading {
+            self.stop_leading("stepped down", StopReason::SteppedDown);
+            // The own node stays until the release: nobody else leads while the work stops.
+            self.spent = None;
+            self.guards_dropped = true;
+            self.show(Leadership { leader: Some(self.identity.clone()), term: Some(term), role: Role::Releasing });
+        }
+    }
+
+    fn release(&mut self, now: MonotonicTime, after: AfterRelease) {
+        let stepped_from_leading = self.shown.role == Role::Releasing;
+        let own = match &self.phase {
+            Phase::InSession(s) if s.connected => s.own.clone(),
+            _ => None,
+        };
+        match (after, own) {
+            (AfterRelease::Campaign, Some(own)) if stepped_from_leading => {
+                self.release = Some(Release::Deleting(after));
+                let Some(s) = self.session() else { return };
+                let limit = s.call_timeout();
+                let id = s.id;
+                s.deleting = true;
+                self.queued.push_back(ZkCall::Delete { session: id, node: own.name, limit });
+            }
+            (AfterRelease::Campaign, _) => self.finish_release(now, after, Ok(())),
+            (AfterRelease::Stop, Some(own)) => {
+                self.release = Some(Release::Deleting(after));
+                let Some(s) = self.session() else { return };
+                let limit = s.call_timeout();
+                let id = s.id;
+                s.deleting = true;
+                self.queued.push_back(ZkCall::Delete { session: id, node: own.name, limit });
+            }
+            (AfterRelease::Stop, None) => self.finish_release(now, after, Ok(())),
+        }
+    }
+
+    fn release_result(&self, after: AfterRelease) -> Option<Result<(), ElectorError>> {
+        match (&self.phase, &self.release) {
+            (Phase::Stopped(result), _) if after == AfterRelease::Stop => Some(result.clone()),
+            (_, Some(Release::Done(done, result))) if *done == after => Some(result.clone()),
+            _ => None,
+        }
+    }
+
+    fn awaits_guards(&self) -> bool {
+        self.spent.is_some() && !self.guards_dropped
+    }
+
+    fn guards_dropped(&mut self, _now: MonotonicTime) {
+        self.guards_dropped = true;
+    }
+
+    fn valid_until(&self) -> Option<MonotonicTime> {
+        self.leading.map(|_| self.valid_until)
+    }
+
+    fn lapse(&mut self) {
+        self.stop_leading("self-fenced: ZooKeeper answered after the deadline", StopReason::RenewDeadlineExceeded);
+        self.show(Leadership::unknown());
+    }
+
+    fn leadership(&self, _now: MonotonicTime) -> Leadership {
+        self.shown.clone()
+    }
+}
