@@ -77,6 +77,8 @@ pub enum EtcdCall {
     },
     /// Delete `key` (release).
     Delete {
+        /// The session of the key.
+        session: u64,
         /// The key.
         key: String,
     },
@@ -146,7 +148,12 @@ pub enum EtcdInput {
         result: Result<Option<i64>, EtcdError>,
     },
     /// The answer to [`EtcdCall::Delete`].
-    Deleted(Result<(), EtcdError>),
+    Deleted {
+        /// The session of the key.
+        session: u64,
+        /// Whether it was deleted.
+        result: Result<(), EtcdError>,
+    },
     /// The answer to [`EtcdCall::Revoke`].
     Revoked {
         /// The lease.
@@ -316,6 +323,10 @@ impl EtcdCampaign {
             self.reports.push_back(Report::Event(Event::StoppedLeading { term, reason }));
         }
         tracing::warn!(identity = %self.identity, lease = format!("{:x}", lease.id), "{why}: the session is lost");
+        if matches!(self.resign, Some(Resign::Holding | Resign::Deleting)) {
+            // Nothing left to release: the session (and its key) is gone.
+            self.resign = Some(Resign::Done(Ok(())));
+        }
         self.end_session(now, Some(lease.id));
     }
 
@@ -601,7 +612,7 @@ impl ElectionCore for EtcdCampaign {
                 }
                 self.check_session(now);
             }
-            EtcdInput::Deleted(result) => {
+            EtcdInput::Deleted { session: s, result } if s == session => {
                 if let Err(error) = &result {
                     tracing::warn!(identity = %self.identity, %error, "deleting the key on release failed");
                 }
@@ -641,8 +652,8 @@ impl ElectionCore for EtcdCampaign {
 
     fn poll_timeout(&self) -> Option<MonotonicTime> {
         let phase = match &self.phase {
-            Phase::Idle { at } => Some(*at),
-            Phase::Creating { lease } => Some(lease.valid_until),
+            // A revoke in flight, or a drain, comes first: its answer (or deadline) wakes us.
+            Phase::Idle { at } if !self.revoking && self.drain_before_revoking.is_none() => Some(*at),
             Phase::Queued(q) if !q.calling && !q.watching => Some(q.lease.valid_until.min(q.resync_at)),
             Phase::Queued(q) => Some(q.lease.valid_until),
             _ => None,
@@ -676,7 +687,7 @@ impl ElectionCore for EtcdCampaign {
         match after {
             AfterRelease::Campaign => match (&mut self.phase, &self.resign) {
                 (Phase::Queued(q), Some(Resign::Holding)) => {
-                    self.queued_calls.push_back(EtcdCall::Delete { key: q.key.clone() });
+                    self.queued_calls.push_back(EtcdCall::Delete { session: self.session, key: q.key.clone() });
                     self.resign = Some(Resign::Deleting);
                 }
                 // Nothing was led: nothing to release, campaign on.
@@ -704,7 +715,7 @@ impl ElectionCore for EtcdCampaign {
                 self.end_session(now, lease);
                 self.phase = Phase::Stopping { deleting: key.is_some(), released };
                 if let Some(key) = key {
-                    self.queued_calls.push_back(EtcdCall::Delete { key });
+                    self.queued_calls.push_back(EtcdCall::Delete { session: self.session, key });
                 }
                 self.stop_finished();
             }

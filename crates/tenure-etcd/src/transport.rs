@@ -140,9 +140,9 @@ impl Transport<EtcdCampaign> for EtcdTransport {
                 let result = conn.range(limit, read).await.map(|r| r.kvs.first().map(|kv| kv.create_revision));
                 EtcdInput::Claimed { session, result }
             }),
-            EtcdCall::Delete { key } => {
-                Box::pin(async move { EtcdInput::Deleted(conn.delete(limit, &key).await.map(|_| ())) })
-            }
+            EtcdCall::Delete { session, key } => Box::pin(async move {
+                EtcdInput::Deleted { session, result: conn.delete(limit, &key).await.map(|_| ()) }
+            }),
             EtcdCall::Revoke { lease } => {
                 Box::pin(async move { EtcdInput::Revoked { lease, result: conn.revoke(limit, lease).await } })
             }

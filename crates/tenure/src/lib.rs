@@ -57,6 +57,8 @@ pub mod record;
 pub mod record_core;
 pub mod redact;
 pub mod shell;
+#[cfg(feature = "simulation")]
+pub mod simulation;
 pub mod term;
 pub mod timing;
 
