@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use clap::Args;
 use futures::StreamExt;
-use tenure::{LeaderElectionRecord, LockError, RecordLock, StoredRecord};
+use tenure::{LeaderElectionRecord, RecordLock, StoredRecord};
 
-use crate::backend::LockUrl;
+use crate::backend::lock_failed;
 use crate::options::{parse_duration, ElectionOptions};
 use crate::{exit, output, CliError};
 
@@ -61,7 +61,8 @@ pub async fn break_lock(args: BreakLockArgs) -> Result<u8, CliError> {
     let Some(store) = url.record_store() else { return Err(CliError::NothingToBreak { lock: url.to_string() }) };
     let cluster = args.election.cluster.options()?;
     let lock = store.open("tenure-break-lock", &cluster).await?;
-    let before = lock.get().await.map_err(lock_failed("read the lock", Some(&url)))?;
+    let shown = url.to_string();
+    let before = lock.get().await.map_err(lock_failed("read the lock", &shown))?;
     let what = describe(before.as_ref());
     if matches!(&before, Some(StoredRecord { record: Ok(r), .. }) if r.holder_identity.is_empty()) {
         output::say(&format!("{url}: {what}; nothing to break"));
@@ -96,14 +97,8 @@ pub async fn break_lock(args: BreakLockArgs) -> Result<u8, CliError> {
             Ok(exit::SUCCESS)
         }
         Err(error) if error.is_conflict() => Err(CliError::ChangedBeforeWrite),
-        Err(error) => Err(lock_failed("write the lock", Some(&url))(error)),
+        Err(error) => Err(lock_failed("write the lock", &shown)(error)),
     }
-}
-
-/// A failed read or write of the lock, for `map_err`.
-fn lock_failed(what: &'static str, url: Option<&LockUrl>) -> impl FnOnce(LockError) -> CliError {
-    let lock = url.map(ToString::to_string);
-    move |error| CliError::Lock { what, lock, source: error.into() }
 }
 
 /// The stored state in words, saying whose record is overridden.
@@ -166,7 +161,7 @@ async fn changed_within(
                 Some(Err(_)) | None => changes = None,
             },
             _ = tokio::time::sleep_until(wake) => {
-                let stored = lock.get().await.map_err(lock_failed("read the lock", None))?;
+                let stored = lock.get().await.map_err(|e| CliError::Lock { what: "read the lock", lock: None, source: e.into() })?;
                 if version_of(stored.as_ref()) != initial {
                     return Ok(Some(stored));
                 }

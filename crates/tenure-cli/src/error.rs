@@ -1,9 +1,6 @@
-//! Why a subcommand ended without doing what it was asked.
-//!
-//! Why an enum with context rather than strings: the variant decides the exit status (2 for a
-//! command line that cannot work, 1 for a failure at run time), and carries what a caller or a
-//! test needs (the flag, the lock, the store, the source error); its `Display` is the one line
-//! users read after `tenure: error:`.
+//! Why a subcommand ended without doing what it was asked. Why an enum with context rather than
+//! strings: the variant decides the exit status (2: the command line cannot work, 1: a failure at
+//! run time) and carries the flag, lock, store or source error; `Display` is the line users read.
 
 use std::borrow::Cow;
 use std::path::PathBuf;
@@ -128,21 +125,10 @@ impl CliError {
         use CliError::*;
         match self {
             DefaultLock { source: FileLockError::InvalidElectionName { .. }, .. } => exit::USAGE,
-            LockUrl(_)
-            | Access(_)
-            | Refused(_)
-            | LockAndLockType
-            | InClusterWithKubeconfig
-            | NamespaceMismatch { .. }
-            | LockCannot { .. }
-            | NothingToBreak { .. }
-            | NoGroupStore { .. }
-            | DefaultGroupDirectory { .. }
-            | Hostname(_)
-            | UnusableHostname(_)
-            | GraceTooLong { .. }
-            | NoCommand
-            | NotSupervised(_) => exit::USAGE,
+            LockUrl(_) | Access(_) | Refused(_) | LockAndLockType | InClusterWithKubeconfig => exit::USAGE,
+            NamespaceMismatch { .. } | LockCannot { .. } | NothingToBreak { .. } | NoGroupStore { .. } => exit::USAGE,
+            DefaultGroupDirectory { .. } | Hostname(_) | UnusableHostname(_) | GraceTooLong { .. } => exit::USAGE,
+            NoCommand | NotSupervised(_) => exit::USAGE,
             _ => exit::FAILURE,
         }
     }

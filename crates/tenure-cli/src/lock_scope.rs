@@ -38,12 +38,13 @@ impl LockScope {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::backend::file::FileBackend;
+    use crate::backend::parse_lock_url;
 
     #[test]
     fn the_default_lock_file_says_it_is_per_user_and_what_other_users_get() {
         let dir = std::env::temp_dir();
-        let url = crate::backend::file::FileBackend::url(dir.join("samejob.json"));
+        let url = FileBackend::url(dir.join("samejob.json"));
         let scope = url.scope(true, 1000).unwrap();
         assert_eq!(scope.lock_file.as_deref(), Some(dir.join("samejob.json").as_path()));
         assert_eq!(scope.scope, "this user");
@@ -55,7 +56,7 @@ mod tests {
     #[test]
     fn an_explicit_lock_file_says_it_cannot_span_users_and_that_a_missing_directory_is_created() {
         let missing = std::env::temp_dir().join(format!("tenure-scope-missing-{}", std::process::id()));
-        let url = crate::backend::file::FileBackend::url(missing.join("job.json"));
+        let url = FileBackend::url(missing.join("job.json"));
         let scope = url.scope(false, 0).unwrap();
         assert_eq!(scope.scope, "this user");
         assert!(scope.explanation.contains("cannot be shared across users"), "{}", scope.explanation);
@@ -65,9 +66,9 @@ mod tests {
 
     #[test]
     fn the_memory_lock_is_this_process_only_and_server_locks_need_no_line() {
-        let memory = "memory:".parse::<LockUrl>().unwrap().scope(false, 1000).unwrap();
+        let memory = parse_lock_url("memory:").unwrap().scope(false, 1000).unwrap();
         assert_eq!((memory.lock_file, memory.scope), (None, "this process"));
-        let etcd: LockUrl = "etcd://127.0.0.1:2379/job".parse().unwrap();
+        let etcd = parse_lock_url("etcd://127.0.0.1:2379/job").unwrap();
         assert_eq!(etcd.scope(false, 1000), None);
     }
 }

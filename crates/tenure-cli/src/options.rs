@@ -9,7 +9,7 @@ use tenure::Timing;
 
 use tenure_kube::{ClusterOptions, LockKind};
 
-use crate::backend::LockUrl;
+use crate::backend::{default_lock, parse_lock_url, LockUrl, LockUrlParser};
 use crate::CliError;
 
 /// The options that name an election and its lock.
@@ -32,7 +32,7 @@ pub struct ElectionOptions {
     /// object named --election in --election-namespace; elsewhere the per-user file
     /// $XDG_RUNTIME_DIR/tenure/ELECTION.json, or TMPDIR/tenure-UID/ELECTION.json without a usable
     /// XDG_RUNTIME_DIR (an existing ~/.kube/config alone does not switch)]
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", value_parser = LockUrlParser)]
     pub lock: Option<LockUrl>,
 
     /// The Kubernetes lock object's kind, with client-go's names: leases, endpoints, configmaps,
@@ -123,7 +123,7 @@ impl ElectionOptions {
             let namespace = self.election_namespace.as_deref().unwrap_or("default");
             let kind = self.lock_type.unwrap_or(LockKind::EndpointsLeases);
             let url = format!("kube://{namespace}/{kind}/{}", self.election);
-            return Ok(url.parse()?);
+            return Ok(parse_lock_url(&url)?);
         }
         if let Some(namespace) = &self.election_namespace {
             tracing::info!(
@@ -131,7 +131,7 @@ impl ElectionOptions {
                 "no Kubernetes cluster configured: --election-namespace is ignored, the lock is a local file"
             );
         }
-        LockUrl::default_for(&self.election)
+        default_lock(&self.election)
     }
 }
 

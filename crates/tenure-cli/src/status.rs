@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 use tenure::{LeaderElectionRecord, StoredRecord};
 
-use crate::backend::{read_failed, LockUrl, Observation, StatusSource};
+use crate::backend::{lock_failed, LockUrl, Observation, StatusSource};
 use crate::options::{parse_duration, ElectionOptions};
 use crate::{exit, output, CliError};
 
@@ -62,7 +62,7 @@ enum OutputFormat {
 }
 
 /// The state of a lock as `status` reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LockState {
     /// A holder is named in the record.
@@ -70,13 +70,14 @@ pub enum LockState {
     /// The record exists but names no holder (released).
     Free,
     /// There is no record: nobody ever held the lock, or it was deleted.
+    #[default]
     Absent,
     /// The record cannot be read as a leader election record.
     Unreadable,
 }
 
 /// What `status --output json` prints; the field names follow the record's.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StatusReport {
     election: String,
@@ -118,19 +119,19 @@ pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
 
 /// Reads who holds the lock now, within the read timeout.
 pub async fn read(source: &dyn StatusSource, election: &str, url: &LockUrl) -> Result<StatusReport, CliError> {
-    let no_answer = || read_failed(&url.to_string(), Box::new(NoAnswer));
-    let observation = tokio::time::timeout(READ_TIMEOUT, source.read()).await.map_err(|_| no_answer())??;
+    let no_answer = |_| lock_failed("read", &url.to_string())(NoAnswer);
+    let observation = tokio::time::timeout(READ_TIMEOUT, source.read()).await.map_err(no_answer)??;
     let mut report = StatusReport::new(election.to_owned(), url.to_string(), None);
     match observation {
         Observation::Record(stored) => report.fill(stored),
-        Observation::Leader(Some(leader)) => {
+        Observation::Leader(Some((identity, term, key)), term_source) => {
             report.state = LockState::Held;
-            report.leader = Some(leader.identity);
-            report.term = i64::try_from(leader.term.0).ok();
-            report.version = Some(leader.key);
-            report.term_source = leader.term_source;
+            report.leader = Some(identity);
+            report.term = i64::try_from(term.0).ok();
+            report.version = Some(key);
+            report.term_source = term_source;
         }
-        Observation::Leader(None) => {}
+        Observation::Leader(None, _) => {}
     }
     Ok(report)
 }
@@ -142,20 +143,7 @@ struct NoAnswer;
 
 impl StatusReport {
     fn new(election: String, lock: String, stored: Option<StoredRecord>) -> Self {
-        let mut report = StatusReport {
-            election,
-            lock,
-            state: LockState::Absent,
-            leader: None,
-            term: None,
-            acquire_time: None,
-            renew_time: None,
-            lease_duration_seconds: None,
-            version: None,
-            error: None,
-            record: None,
-            term_source: "leaderTransitions",
-        };
+        let mut report = StatusReport { election, lock, term_source: "leaderTransitions", ..Default::default() };
         report.fill(stored);
         report
     }

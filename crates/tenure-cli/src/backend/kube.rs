@@ -22,7 +22,7 @@ pub struct KubeBackend(pub KubeLockRef);
 /// Parses `kube://NAMESPACE/KIND/NAME`.
 pub(super) fn parse(_text: &str, rest: &str) -> Result<LockUrl, LockUrlError> {
     KubeLockRef::from_url(&format!("kube:{rest}"))
-        .map(|reference| LockUrl::new(KubeBackend(reference)))
+        .map(|reference| Arc::new(KubeBackend(reference)) as LockUrl)
         .map_err(|e| LockUrlError::BadKubeUrl(tenure::redact_credentials(&e.to_string()).into_owned()))
 }
 
@@ -140,12 +140,13 @@ impl CampaignEnd for KubeEnding {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::parse_lock_url;
 
     #[test]
     fn kube_url_names_a_namespace_a_kind_and_a_name() {
-        let url: LockUrl = "kube://kube-system/endpointsleases/x".parse().unwrap();
+        let url = parse_lock_url("kube://kube-system/endpointsleases/x").unwrap();
         assert_eq!(url.to_string(), "kube://kube-system/endpointsleases/x");
         assert_eq!(url.namespace(), Some("kube-system"));
-        assert!(matches!("kube://ns/pods/x".parse::<LockUrl>(), Err(LockUrlError::BadKubeUrl(_))));
+        assert!(matches!(parse_lock_url("kube://ns/pods/x"), Err(LockUrlError::BadKubeUrl(_))));
     }
 }

@@ -18,7 +18,7 @@ pub struct MemoryBackend;
 /// Parses `memory:`, with nothing after the colon.
 pub(super) fn parse(text: &str, rest: &str) -> Result<LockUrl, LockUrlError> {
     match rest {
-        "" => Ok(LockUrl::new(MemoryBackend)),
+        "" => Ok(Arc::new(MemoryBackend)),
         _ => Err(LockUrlError::BadMemoryUrl(redact_credentials(text).into_owned())),
     }
 }
@@ -49,10 +49,11 @@ impl Backend for MemoryBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::parse_lock_url;
 
     #[test]
     fn memory_url_has_nothing_after_the_colon() {
-        assert_eq!("memory:".parse::<LockUrl>().unwrap().to_string(), "memory:");
-        assert!(matches!("memory://x".parse::<LockUrl>(), Err(LockUrlError::BadMemoryUrl(_))));
+        assert_eq!(parse_lock_url("memory:").unwrap().to_string(), "memory:");
+        assert!(matches!(parse_lock_url("memory://x"), Err(LockUrlError::BadMemoryUrl(_))));
     }
 }

@@ -16,8 +16,6 @@ pub mod memory;
 pub mod zk;
 
 use std::fmt;
-use std::ops::Deref;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -36,21 +34,17 @@ pub type Fut<'a, T> = BoxFuture<'a, Result<T, CliError>>;
 /// The elector's release, handed to [`CampaignEnd::finish`].
 pub type Release<'a> = BoxFuture<'a, Result<(), ElectorError>>;
 
-/// One backend: its scheme, the form error messages show, and its parser (given the whole URL
-/// and what follows `scheme:`).
-struct Registration {
-    scheme: &'static str,
-    form: &'static str,
-    parse: fn(text: &str, rest: &str) -> Result<LockUrl, LockUrlError>,
-}
+/// A backend's parser, given the whole URL and what follows `scheme:`.
+type Parse = fn(text: &str, rest: &str) -> Result<LockUrl, LockUrlError>;
 
-/// Every backend, in the order error messages list them.
-const BACKENDS: &[Registration] = &[
-    Registration { scheme: "file", form: "file:///absolute/path", parse: file::parse },
-    Registration { scheme: "kube", form: "kube://namespace/kind/name", parse: kube::parse },
-    Registration { scheme: "etcd", form: "etcd://host:port/name", parse: etcd::parse },
-    Registration { scheme: "zk", form: "zk://host:port/path", parse: zk::parse },
-    Registration { scheme: "memory", form: "memory:", parse: memory::parse },
+/// Every backend: its scheme, the form error messages show, its parser; in the order error
+/// messages list them.
+const BACKENDS: &[(&str, &str, Parse)] = &[
+    ("file", "file:///absolute/path", file::parse),
+    ("kube", "kube://namespace/kind/name", kube::parse),
+    ("etcd", "etcd://host:port/name", etcd::parse),
+    ("zk", "zk://host:port/path", zk::parse),
+    ("memory", "memory:", memory::parse),
 ];
 
 /// A store that can hold an election's lock, parsed from `--lock`; its `Display` is the URL, any
@@ -85,7 +79,7 @@ pub trait Backend: fmt::Debug + fmt::Display + Send + Sync {
         Box::pin(async move {
             let Some(store) = self.record_store() else { return Err(CliError::NotARecordLock(self.to_string())) };
             let lock = store.open("tenure-status", cluster).await?;
-            Ok(Box::new(RecordSource { lock, url: self.to_string() }) as Box<dyn StatusSource>)
+            Ok(Box::new(RecordStatus(lock, self.to_string())) as Box<dyn StatusSource>)
         })
     }
 
@@ -118,37 +112,15 @@ pub trait RecordStore: Send + Sync {
     fn open<'a>(&'a self, client: &'a str, cluster: &'a ClusterOptions) -> Fut<'a, Arc<dyn RecordLock>>;
 }
 
-/// A parsed `--lock` value: the backend it names.
-#[derive(Debug, Clone)]
-pub struct LockUrl(Arc<dyn Backend>);
+/// A parsed `--lock` value: the backend it names (shared: clap clones option values).
+pub type LockUrl = Arc<dyn Backend>;
 
-impl LockUrl {
-    /// Wraps a backend; its parser's result.
-    pub fn new(backend: impl Backend + 'static) -> LockUrl {
-        LockUrl(Arc::new(backend))
-    }
-
-    /// The lock used when `--lock` is not given: the file lock of `election` in the per-user
-    /// runtime directory, so that `tenure elect` works on one host with no setup.
-    pub fn default_for(election: &str) -> Result<LockUrl, CliError> {
-        tenure::locks::file::FileLock::default_path(election)
-            .map(file::FileBackend::url)
-            .map_err(|source| CliError::DefaultLock { election: election.to_owned(), source })
-    }
-}
-
-impl Deref for LockUrl {
-    type Target = dyn Backend;
-
-    fn deref(&self) -> &(dyn Backend + 'static) {
-        &*self.0
-    }
-}
-
-impl fmt::Display for LockUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
+/// The lock used when `--lock` is not given: the file lock of `election` in the per-user runtime
+/// directory, so that `tenure elect` works on one host with no setup.
+pub fn default_lock(election: &str) -> Result<LockUrl, CliError> {
+    tenure::locks::file::FileLock::default_path(election)
+        .map(file::FileBackend::url)
+        .map_err(|source| CliError::DefaultLock { election: election.to_owned(), source })
 }
 
 /// Why a `--lock` value was rejected.
@@ -158,7 +130,7 @@ pub enum LockUrlError {
     #[error("'{0}' is not a lock URL (expected {forms})", forms = forms())]
     NotAUrl(String),
     /// A scheme nobody knows.
-    #[error("unknown lock scheme '{0}' (supported: {schemes})", schemes = BACKENDS.iter().map(|b| b.scheme).collect::<Vec<_>>().join(", "))]
+    #[error("unknown lock scheme '{0}' (supported: {schemes})", schemes = BACKENDS.iter().map(|b| b.0).collect::<Vec<_>>().join(", "))]
     UnknownScheme(String),
     /// A `file:` URL that does not name an absolute local path.
     #[error("'{url}' is not a usable file lock URL: {reason}")]
@@ -180,41 +152,25 @@ pub enum LockUrlError {
 
 /// "a, b or c": the forms of every backend's URL.
 fn forms() -> String {
-    let forms: Vec<_> = BACKENDS.iter().map(|b| b.form).collect();
-    match forms.split_last() {
-        Some((last, [])) => (*last).to_owned(),
-        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
-        None => String::new(),
+    let forms: Vec<_> = BACKENDS.iter().map(|b| b.1).collect();
+    forms.split_last().map_or_else(String::new, |(last, rest)| format!("{} or {last}", rest.join(", ")))
+}
+
+/// Parses a `--lock` value with the parser its scheme names.
+pub fn parse_lock_url(text: &str) -> Result<LockUrl, LockUrlError> {
+    let not_a_url = || LockUrlError::NotAUrl(redact_credentials(text).into_owned());
+    let (scheme, rest) = text.split_once(':').ok_or_else(not_a_url)?;
+    let scheme = scheme.to_ascii_lowercase();
+    if scheme.is_empty() || !scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) {
+        return Err(not_a_url());
+    }
+    match BACKENDS.iter().find(|backend| backend.0 == scheme) {
+        Some((_, _, parse)) => parse(text, rest),
+        None => Err(LockUrlError::UnknownScheme(scheme)),
     }
 }
 
-impl FromStr for LockUrl {
-    type Err = LockUrlError;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let not_a_url = || LockUrlError::NotAUrl(redact_credentials(text).into_owned());
-        let (scheme, rest) = text.split_once(':').ok_or_else(not_a_url)?;
-        let scheme = scheme.to_ascii_lowercase();
-        if scheme.is_empty() || !scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) {
-            return Err(not_a_url());
-        }
-        match BACKENDS.iter().find(|backend| backend.scheme == scheme) {
-            Some(backend) => (backend.parse)(text, rest),
-            None => Err(LockUrlError::UnknownScheme(scheme)),
-        }
-    }
-}
-
-/// Lets clap parse `--lock` with [`LockUrl`]'s own rules.
-impl clap::builder::ValueParserFactory for LockUrl {
-    type Parser = LockUrlParser;
-
-    fn value_parser() -> LockUrlParser {
-        LockUrlParser
-    }
-}
-
-/// The parser of `--lock`. Why not clap's parser for `FromStr` types: its error repeats the
+/// The parser of `--lock`. Why not clap's parser of strings: its error repeats the
 /// value as given, password included; this one says only what [`LockUrlError`] says (redacted).
 #[derive(Debug, Clone, Copy)]
 pub struct LockUrlParser;
@@ -234,7 +190,7 @@ impl clap::builder::TypedValueParser for LockUrlParser {
                 .with_cmd(cmd)
         };
         let text = value.to_str().ok_or_else(|| invalid("the lock URL is not valid UTF-8".to_owned()))?;
-        text.parse().map_err(|error: LockUrlError| invalid(error.to_string()))
+        parse_lock_url(text).map_err(|error| invalid(error.to_string()))
     }
 }
 
@@ -256,13 +212,8 @@ pub struct CampaignRequest<'a> {
 impl CampaignRequest<'_> {
     /// For backends without Coordinated Leader Election: refuses `--coordinated`.
     pub fn refuse_coordinated(&self, lock: &(impl fmt::Display + ?Sized)) -> Result<(), CliError> {
-        match self.coordinated {
-            Some(_) => Err(CliError::LockCannot {
-                needs: "--coordinated needs a Kubernetes Lease lock (kube://NAMESPACE/leases/NAME)",
-                lock: lock.to_string(),
-            }),
-            None => Ok(()),
-        }
+        let needs = "--coordinated needs a Kubernetes Lease lock (kube://NAMESPACE/leases/NAME)";
+        self.coordinated.as_ref().map_or(Ok(()), |_| Err(CliError::LockCannot { needs, lock: lock.to_string() }))
     }
 }
 
@@ -306,48 +257,64 @@ pub trait StatusSource: Send + Sync {
 pub enum Observation {
     /// A record lock's record, if there is one.
     Record(Option<StoredRecord>),
-    /// The leader of a store with sessions, if there is one.
-    Leader(Option<SessionLeader>),
+    /// The leader of a store with sessions, if any, and what its term is made of, in words.
+    Leader(Option<SessionLeader>, &'static str),
 }
 
-/// The leader of a store with sessions (etcd, ZooKeeper), as `status` prints it.
-pub struct SessionLeader {
-    /// Who leads.
-    pub identity: String,
-    /// The leader's term (the fencing token).
-    pub term: Term,
-    /// The leader's key or node.
-    pub key: String,
+/// The leader of a store with sessions: its identity, its term (the fencing token), and its key
+/// or node.
+pub type SessionLeader = (String, Term, String);
+
+/// A store with sessions (etcd, ZooKeeper) as `status` asks it who leads.
+pub trait Leaders: Send + Sync {
     /// What the term is made of, in words.
-    pub term_source: &'static str,
+    const TERM_SOURCE: &'static str;
+    /// The leader now, if any.
+    fn leader(&self) -> BoxFuture<'_, Result<Option<SessionLeader>, BoxError>>;
 }
 
-/// The status of a record lock: its record.
-struct RecordSource {
-    lock: Arc<dyn RecordLock>,
-    url: String,
-}
+/// The status of a store with sessions, and its URL for errors.
+pub struct SessionStatus<L>(pub L, pub String);
 
-impl StatusSource for RecordSource {
+impl<L: Leaders> StatusSource for SessionStatus<L> {
     fn read(&self) -> Fut<'_, Observation> {
         Box::pin(async move {
-            let stored = self.lock.get().await.map_err(|e| CliError::Lock {
-                what: "read the lock",
-                lock: Some(self.url.clone()),
-                source: e.into(),
-            })?;
-            Ok(Observation::Record(stored))
+            let leader = self.0.leader().await.map_err(lock_failed("read", &self.1))?;
+            Ok(Observation::Leader(leader, L::TERM_SOURCE))
         })
+    }
+}
+
+/// The status of a record lock, and its URL for errors.
+struct RecordStatus(Arc<dyn RecordLock>, String);
+
+impl StatusSource for RecordStatus {
+    fn read(&self) -> Fut<'_, Observation> {
+        Box::pin(
+            async move { Ok(Observation::Record(self.0.get().await.map_err(lock_failed("read the lock", &self.1))?)) },
+        )
     }
 
     fn changes(&self) -> Option<ChangeStream> {
-        self.lock.watch()
+        self.0.watch()
     }
 }
 
-/// A failed read of a store with sessions: `cannot read URL: ...`.
-pub fn read_failed(lock: &str, source: BoxError) -> CliError {
-    CliError::Lock { what: "read", lock: Some(lock.to_owned()), source }
+/// A group's store on servers (`store`: etcd, ZooKeeper), or why they could not be reached.
+pub fn group_store<S: GroupStore + 'static>(
+    store: &'static str,
+    group: &str,
+    connected: Result<S, impl Into<BoxError>>,
+) -> Result<Arc<dyn GroupStore>, CliError> {
+    let store =
+        connected.map_err(|e| CliError::GroupUnreachable { store, group: group.to_owned(), source: e.into() })?;
+    Ok(Arc::new(store))
+}
+
+/// A failed read or write of the lock at `url`, for `map_err`: `cannot {what} {url}: {error}`.
+pub fn lock_failed<E: Into<BoxError>>(what: &'static str, url: &str) -> impl FnOnce(E) -> CliError {
+    let url = url.to_owned();
+    move |error| CliError::Lock { what, lock: Some(url), source: error.into() }
 }
 
 #[cfg(test)]
@@ -356,17 +323,11 @@ mod tests {
 
     #[test]
     fn unknown_schemes_and_bare_paths_are_refused_naming_every_backend() {
-        assert_eq!("consul://x".parse::<LockUrl>().unwrap_err(), LockUrlError::UnknownScheme("consul".into()));
-        let error = "/tmp/x".parse::<LockUrl>().unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            "'/tmp/x' is not a lock URL (expected file:///absolute/path, kube://namespace/kind/name, \
-             etcd://host:port/name, zk://host:port/path or memory:)"
-        );
-        assert_eq!(
-            LockUrlError::UnknownScheme("gopher".into()).to_string(),
-            "unknown lock scheme 'gopher' (supported: file, kube, etcd, zk, memory)"
-        );
+        let forms = "file:///absolute/path, kube://namespace/kind/name, etcd://host:port/name, zk://host:port/path";
+        let error = parse_lock_url("/tmp/x").unwrap_err().to_string();
+        assert_eq!(error, format!("'/tmp/x' is not a lock URL (expected {forms} or memory:)"));
+        let error = parse_lock_url("consul://x").unwrap_err().to_string();
+        assert_eq!(error, "unknown lock scheme 'consul' (supported: file, kube, etcd, zk, memory)");
     }
 
     #[test]
@@ -378,13 +339,13 @@ mod tests {
             "etcd://admin:s3cret@h:0/x",
             "zk://admin:s3cret@h:1/",
         ] {
-            let error = text.parse::<LockUrl>().unwrap_err();
+            let error = parse_lock_url(text).unwrap_err();
             assert!(matches!(error, LockUrlError::BadAccess { source: AccessError::PasswordInUrl, .. }), "{error:?}");
             assert!(!error.to_string().contains("s3cret"), "{error}");
         }
-        let error = "file://admin:s3cret@host/tmp/x".parse::<LockUrl>().unwrap_err().to_string();
+        let error = parse_lock_url("file://admin:s3cret@host/tmp/x").unwrap_err().to_string();
         assert!(!error.contains("s3cret") && error.contains("admin:***@"), "{error}");
-        let error = "admin:s3cret@h".parse::<LockUrl>().unwrap_err().to_string();
+        let error = parse_lock_url("admin:s3cret@h").unwrap_err().to_string();
         assert!(!error.contains("s3cret"), "{error}");
     }
 
@@ -392,7 +353,7 @@ mod tests {
     fn a_bad_lock_option_is_reported_without_its_password() {
         #[derive(clap::Parser, Debug)]
         struct Args {
-            #[arg(long, value_name = "URL")]
+            #[arg(long, value_name = "URL", value_parser = LockUrlParser)]
             lock: Option<LockUrl>,
         }
         use clap::Parser as _;
