@@ -56,20 +56,17 @@ pub struct ApiServerArgs {
 /// Runs `tenure apiserver` until SIGTERM or SIGINT; returns the exit status.
 pub async fn apiserver(args: ApiServerArgs) -> Result<u8, CliError> {
     logging::init(args.log_format);
-    let mut signals =
-        TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
+    let mut signals = TerminationSignals::install().map_err(CliError::io("install signal handlers"))?;
     let config = ApiServerConfig {
         listen: args.listen,
         event_window: args.event_window,
         max_watch_duration: args.max_watch_duration,
         ..ApiServerConfig::default()
     };
-    let mut server = ApiServer::start(config)
-        .await
-        .map_err(|e| CliError::Failed(format!("cannot listen on {}: {e}", args.listen)))?;
+    let mut server = ApiServer::start(config).await.map_err(CliError::io(format!("listen on {}", args.listen)))?;
     if let Some(path) = &args.kubeconfig {
         std::fs::write(path, server.kubeconfig(&args.namespace))
-            .map_err(|e| CliError::Failed(format!("cannot write the kubeconfig {}: {e}", path.display())))?;
+            .map_err(CliError::io(format!("write the kubeconfig {}", path.display())))?;
     }
     // The first line of standard output is the URL, for scripts that start the server on port 0.
     // A closed standard output must not stop the server.
@@ -82,7 +79,7 @@ pub async fn apiserver(args: ApiServerArgs) -> Result<u8, CliError> {
             Ok(exit::SUCCESS)
         }
         _ = server.stopped() => {
-            if stop.is_cancelled() { Ok(exit::SUCCESS) } else { Err(CliError::Failed("the API server stopped".into())) }
+            if stop.is_cancelled() { Ok(exit::SUCCESS) } else { Err(CliError::Ended("the API server stopped")) }
         }
     }
 }

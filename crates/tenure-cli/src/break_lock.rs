@@ -16,9 +16,8 @@ use clap::Args;
 use futures::StreamExt;
 use tenure::{LeaderElectionRecord, RecordLock, StoredRecord};
 
-use crate::lock_url::LockUrl;
+use crate::backend::lock_failed;
 use crate::options::{parse_duration, ElectionOptions};
-use crate::status::open_record_lock;
 use crate::{exit, output, CliError};
 
 /// The longest a held record is watched by default before it is judged stale.
@@ -59,15 +58,11 @@ pub struct BreakLockArgs {
 /// Runs `tenure break-lock`; returns the exit status.
 pub async fn break_lock(args: BreakLockArgs) -> Result<u8, CliError> {
     let url = args.election.lock_url()?;
-    if matches!(url, LockUrl::Etcd { .. } | LockUrl::Zk { .. }) {
-        return Err(CliError::Usage(format!(
-            "nothing to break on {url}: the server ends a dead candidate's session itself when its TTL runs out"
-        )));
-    }
-    let cluster = args.election.cluster.options().map_err(CliError::Usage)?;
-    let lock = open_record_lock(&url, &cluster, "tenure-break-lock").await?;
-    let read = || async { lock.get().await.map_err(|e| CliError::Failed(format!("cannot read the lock {url}: {e}"))) };
-    let before = read().await?;
+    let Some(store) = url.record_store() else { return Err(CliError::NothingToBreak { lock: url.to_string() }) };
+    let cluster = args.election.cluster.options()?;
+    let lock = store.open("tenure-break-lock", &cluster).await?;
+    let shown = url.to_string();
+    let before = lock.get().await.map_err(lock_failed("read the lock", &shown))?;
     let what = describe(before.as_ref());
     if matches!(&before, Some(StoredRecord { record: Ok(r), .. }) if r.holder_identity.is_empty()) {
         output::say(&format!("{url}: {what}; nothing to break"));
@@ -77,10 +72,7 @@ pub async fn break_lock(args: BreakLockArgs) -> Result<u8, CliError> {
     output::say(&format!("{url}: {what}"));
     output::say(&format!("watching it for {} to make sure nobody renews it ...", humantime::format_duration(observe)));
     if let Some(changed) = changed_within(lock.as_ref(), before.as_ref(), observe).await? {
-        return Err(CliError::Failed(format!(
-            "refusing to break the lock: it changed while watched (now {}); a live holder is renewing it",
-            describe(changed.as_ref())
-        )));
+        return Err(CliError::Renewed { now: describe(changed.as_ref()) });
     }
     let term = match &before {
         Some(StoredRecord { record: Ok(record), .. }) => record.leader_transitions,
@@ -104,10 +96,8 @@ pub async fn break_lock(args: BreakLockArgs) -> Result<u8, CliError> {
             output::say(&format!("broke the lock: overrode {what}; candidates may take it now (term above {term})"));
             Ok(exit::SUCCESS)
         }
-        Err(error) if error.is_conflict() => {
-            Err(CliError::Failed("refusing to break the lock: it changed just before the write".to_owned()))
-        }
-        Err(error) => Err(CliError::Failed(format!("cannot write the lock {url}: {error}"))),
+        Err(error) if error.is_conflict() => Err(CliError::ChangedBeforeWrite),
+        Err(error) => Err(lock_failed("write the lock", &shown)(error)),
     }
 }
 
@@ -171,7 +161,7 @@ async fn changed_within(
                 Some(Err(_)) | None => changes = None,
             },
             _ = tokio::time::sleep_until(wake) => {
-                let stored = lock.get().await.map_err(|e| CliError::Failed(format!("cannot read the lock: {e}")))?;
+                let stored = lock.get().await.map_err(|e| CliError::Lock { what: "read the lock", lock: None, source: e.into() })?;
                 if version_of(stored.as_ref()) != initial {
                     return Ok(Some(stored));
                 }

@@ -20,8 +20,9 @@ use tokio::process::Command;
 use tokio::sync::watch;
 use tokio::time::{timeout, Instant};
 
+use crate::backend::file::FileBackend;
+use crate::backend::LockUrl;
 use crate::child::{describe_status, SupervisedChild};
-use crate::lock_url::LockUrl;
 use crate::signals::{Termination, TerminationSignals};
 use crate::{exit, output, CliError};
 
@@ -54,10 +55,8 @@ pub struct DemoArgs {}
 
 /// Runs `tenure demo`; returns the exit status.
 pub async fn demo(_args: DemoArgs) -> Result<u8, CliError> {
-    let mut signals =
-        TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
-    let workspace =
-        Workspace::create().map_err(|e| CliError::Failed(format!("cannot create a temporary directory: {e}")))?;
+    let mut signals = TerminationSignals::install().map_err(CliError::io("install signal handlers"))?;
+    let workspace = Workspace::create().map_err(CliError::io("create a temporary directory"))?;
     let mut replicas = Vec::new();
     let outcome = tokio::select! {
         outcome = script(&workspace, &mut replicas) => outcome,
@@ -81,7 +80,7 @@ pub async fn demo(_args: DemoArgs) -> Result<u8, CliError> {
     match outcome {
         Ok(()) => Ok(exit::SUCCESS),
         Err(Stop::Interrupted(termination)) => Ok(termination.exit_status()),
-        Err(Stop::Failed(_)) => Err(CliError::Failed("the demo did not complete (see above)".to_owned())),
+        Err(Stop::Failed(_)) => Err(CliError::Ended("the demo did not complete (see above)")),
     }
 }
 
@@ -102,13 +101,14 @@ impl From<String> for Stop {
 
 async fn script(workspace: &Workspace, replicas: &mut Vec<Replica>) -> Result<(), Stop> {
     let clock = Instant::now();
-    let lock_url = LockUrl::File(workspace.lock_path());
+    let lock_url = FileBackend::url(workspace.lock_path());
     output::say("Tenure demo: three candidates, one leader.");
     output::say(&format!("  lock:   {lock_url}"));
     output::say(&format!("  timing: --ttl {TTL}: lease 2s, renew deadline 1s, renew every 500ms"));
     output::say("");
 
-    let lock = lock_url.open("demo-observer").map_err(|e| format!("cannot open the demo's lock: {e}"))?;
+    let lock =
+        crate::backend::file::open(&workspace.lock_path()).map_err(|e| format!("cannot open the demo's lock: {e}"))?;
     let history = observe(lock);
     for name in REPLICAS {
         let replica = Replica::start(name, &lock_url, workspace).map_err(|e| format!("cannot start {name}: {e}"))?;

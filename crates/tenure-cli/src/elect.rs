@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::{Campaign, CampaignRequest};
 use crate::options::{parse_duration, parse_http_address, CandidateOptions, ElectionOptions, HttpAddress};
 use crate::signals::{ResignRequests, TerminationSignals};
 use crate::{exit, http, logging, pod_label, startup_pages, CliError};
@@ -105,41 +106,32 @@ impl ElectArgs {
         }
         let binary = self.binary_version.as_deref().unwrap_or(env!("CARGO_PKG_VERSION"));
         let emulation = self.emulation_version.as_deref().unwrap_or(binary);
-        tenure_kube::coordinated::CandidateVersions::new(binary, emulation)
-            .map(Some)
-            .map_err(|e| CliError::Usage(e.to_string()))
+        tenure_kube::coordinated::CandidateVersions::new(binary, emulation).map(Some).map_err(CliError::refused)
     }
 }
 
 /// Runs `tenure elect` until a termination signal; returns the exit status.
 pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
     logging::init(args.candidate.log_format);
-    let mut signals =
-        TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
-    let mut resigns =
-        ResignRequests::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
-    let identity = args.candidate.identity().map_err(CliError::Usage)?;
+    let mut signals = TerminationSignals::install().map_err(CliError::io("install signal handlers"))?;
+    let mut resigns = ResignRequests::install().map_err(CliError::io("install signal handlers"))?;
+    let identity = args.candidate.identity()?;
     let election = &args.election.election;
     let url = args.election.lock_url()?;
     crate::lock_scope::LockScope::announce(&url, args.election.lock.is_none());
-    let cluster = args.election.cluster.options().map_err(CliError::Usage)?;
-    if args.leader_label.is_some() && !matches!(url, crate::lock_url::LockUrl::Kube(_)) {
-        return Err(CliError::Usage(format!("--leader-label needs a Kubernetes lock, and the lock is {url}")));
+    let cluster = args.election.cluster.options()?;
+    if args.leader_label.is_some() {
+        url.check_leader_label()?;
     }
-    let coordination = args.coordination()?;
+    let coordinated = args.coordination()?;
     let listener = match &args.http {
         Some(address) => Some(bind(address).await?),
         None => None,
     };
-    let campaign = url.campaign(&identity, args.candidate.ttl.timing, &cluster, coordination).await?;
-    let candidacy = campaign.candidacy;
-    let kube_extras = match (&url, &campaign.kube) {
-        (crate::lock_url::LockUrl::Kube(reference), Some(lock)) => {
-            Some(KubeExtras::start(lock, &campaign.elector, args.leader_label.clone(), &identity, &reference.namespace))
-        }
-        _ => None,
-    };
-    let elector = Arc::new(campaign.elector);
+    let (timing, leader_label) = (args.candidate.ttl.timing, args.leader_label.clone());
+    let request = CampaignRequest { identity: &identity, timing, cluster: &cluster, coordinated, leader_label };
+    let Campaign { elector, ending } = url.campaign(request).await?;
+    let elector = Arc::new(elector);
     tracing::info!(
         identity,
         election,
@@ -172,24 +164,17 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
             () = resigns.recv() => resign_on_request(&elector).await,
             reason = server_failed(&mut server) => {
                 server = None;
-                break Err(CliError::Failed(format!("the HTTP server failed: {reason}")));
+                break Err(CliError::HttpServer(reason));
             }
             () = elector_stopped(elector.subscribe()) => {
-                break Err(CliError::Failed("the elector stopped unexpectedly".to_owned()));
+                break Err(CliError::Ended("the elector stopped unexpectedly"));
             }
         }
     };
 
-    // The HTTP server keeps answering while the lock is released.
-    // A coordinated candidate withdraws first, so that the coordinator does not name it again
-    // between its release and its exit.
-    if let Some(candidacy) = candidacy {
-        candidacy.withdraw().await;
-    }
-    let released = shutdown(elector).await;
-    if let Some(extras) = kube_extras {
-        extras.finish().await;
-    }
+    // The HTTP server keeps answering while the lock is released (the backend's own steps
+    // around the release, such as withdrawing a LeaseCandidate, are its ending's).
+    let released = ending.finish(Box::pin(shutdown(elector))).await;
     stop_serving.cancel();
     if let Some(server) = server {
         if tokio::time::timeout(SERVER_STOP_TIMEOUT, server).await.is_err() {
@@ -206,45 +191,6 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
             tracing::warn!(%error, "exiting without a confirmed release");
             Ok(exit::FAILURE)
         }
-    }
-}
-
-/// What the sidecar does on Kubernetes besides campaigning: Events on the lock object and,
-/// if asked, the leader label on its own Pod.
-struct KubeExtras {
-    events: tenure_kube::LeadershipEvents,
-    label: Option<(JoinHandle<()>, CancellationToken)>,
-}
-
-impl KubeExtras {
-    fn start(
-        lock: &tenure_kube::KubeLock,
-        elector: &Elector,
-        label: Option<pod_label::LeaderLabel>,
-        identity: &str,
-        lock_namespace: &str,
-    ) -> KubeExtras {
-        let events = lock.record_events(elector);
-        let label = label.map(|label| {
-            let (namespace, pod) = pod_label::own_pod(identity, lock_namespace);
-            let pods = kube::Api::namespaced(lock.client().clone(), &namespace);
-            let stop = CancellationToken::new();
-            let task = tokio::spawn(pod_label::maintain(pods, pod, label, elector.subscribe(), stop.clone()));
-            (task, stop)
-        });
-        KubeExtras { events, label }
-    }
-
-    /// After the release: removes the label (bounded) and lets the last Event go out.
-    async fn finish(self) {
-        if let Some((mut task, stop)) = self.label {
-            stop.cancel();
-            if tokio::time::timeout(pod_label::STOP_TIMEOUT, &mut task).await.is_err() {
-                tracing::warn!("the leader label task did not stop in time");
-                task.abort();
-            }
-        }
-        self.events.finish().await;
     }
 }
 
@@ -269,9 +215,7 @@ async fn shutdown(mut elector: Arc<Elector>) -> Result<(), ElectorError> {
 }
 
 async fn bind(address: &HttpAddress) -> Result<TcpListener, CliError> {
-    let listener = TcpListener::bind(&address.0)
-        .await
-        .map_err(|e| CliError::Failed(format!("cannot listen on {}: {e}", address.0)))?;
+    let listener = TcpListener::bind(&address.0).await.map_err(CliError::io(format!("listen on {}", address.0)))?;
     match listener.local_addr() {
         Ok(bound) => tracing::info!(address = %bound, "serving the leader's name over HTTP"),
         Err(_) => tracing::info!(address = address.0, "serving the leader's name over HTTP"),

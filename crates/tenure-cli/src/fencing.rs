@@ -61,12 +61,7 @@ pub fn checked_grace(grace: Option<Duration>, timing: &Timing) -> Result<Duratio
     let bound = kill_bound(timing);
     let grace = grace.unwrap_or(timing.lease_duration.saturating_sub(timing.renew_deadline) / 2);
     if grace > bound {
-        return Err(CliError::Usage(format!(
-            "--grace {} is longer than {}, the longest the command may outlive this instance's leadership \
-             (3/4 of lease - renew deadline): it must be dead before another instance may lead",
-            humantime::format_duration(grace),
-            humantime::format_duration(bound),
-        )));
+        return Err(CliError::GraceTooLong { grace, bound });
     }
     Ok(grace)
 }
@@ -172,7 +167,10 @@ pub(crate) mod tests {
         assert_eq!(kill_bound(&timing), Duration::from_millis(3750));
         assert_eq!(checked_grace(None, &timing).unwrap(), Duration::from_millis(2500));
         assert_eq!(checked_grace(Some(Duration::from_millis(3750)), &timing).unwrap(), Duration::from_millis(3750));
-        assert!(matches!(checked_grace(Some(Duration::from_millis(3751)), &timing), Err(CliError::Usage(_))));
+        assert!(matches!(
+            checked_grace(Some(Duration::from_millis(3751)), &timing),
+            Err(CliError::GraceTooLong { .. })
+        ));
     }
 
     /// A tenure whose elector never reports the end (a driver stuck in a store call).

@@ -12,6 +12,10 @@
 
 use std::path::{Path, PathBuf};
 
+use tenure::redact_credentials;
+
+use crate::backend::LockUrlError;
+
 /// The environment variable a password is read from when the URL names a user but no
 /// `password-file`.
 pub const PASSWORD_ENV: &str = "TENURE_LOCK_PASSWORD";
@@ -239,9 +243,63 @@ fn read_text(path: &Path, what: &'static str) -> Result<String, AccessError> {
     })
 }
 
+/// Parses `//[USER@]host:port[,host:port...]/path[?query]`, what follows `scheme:` in `text`:
+/// the servers, the path (without its first `/`) and the access.
+pub fn parse_cluster_url(
+    text: &str,
+    scheme: &str,
+    rest: &str,
+    backend: Backend,
+) -> Result<(String, String, ClusterAccess), LockUrlError> {
+    let (rest, userinfo, query) = split_url(rest);
+    let access = ClusterAccess::parse(userinfo, query, backend)
+        .map_err(|source| LockUrlError::BadAccess { scheme: scheme.to_owned(), source })?;
+    let (servers, path) = split_servers(&rest)
+        .map_err(|reason| LockUrlError::BadClusterUrl { url: redact_credentials(text).into_owned(), reason })?;
+    Ok((servers, path, access))
+}
+
+/// Splits `//host:port[,host:port...]/a/b` (after the scheme) into the servers and `a/b`.
+fn split_servers(rest: &str) -> Result<(String, String), &'static str> {
+    let Some(rest) = rest.strip_prefix("//") else {
+        return Err("write SCHEME://host:port[,host:port]/name");
+    };
+    let Some((servers, path)) = rest.split_once('/') else {
+        return Err("it has no election path after the servers");
+    };
+    if servers.is_empty() {
+        return Err("it names no server");
+    }
+    for server in servers.split(',') {
+        let Some((host, port)) = server.rsplit_once(':') else {
+            return Err("every server needs a port (host:port)");
+        };
+        if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err("every server must be host:port with a port from 1 to 65535");
+        }
+    }
+    if path.is_empty() || path.ends_with('/') || path.contains("//") || path.contains(['?', '#']) {
+        return Err("the election path must be /a/b with no empty part, query or fragment");
+    }
+    Ok((servers.to_owned(), path.to_owned()))
+}
+
+/// Writes `scheme://[USER@]servers/path[?query]`, the servers' passwords as `***` (never a
+/// password of the user: the URL does not hold one).
+pub fn write_cluster_url(
+    f: &mut std::fmt::Formatter<'_>,
+    scheme: &str,
+    servers: &str,
+    path: &str,
+    access: &ClusterAccess,
+) -> std::fmt::Result {
+    let user = access.user.as_ref().map(|user| format!("{user}@")).unwrap_or_default();
+    write!(f, "{scheme}://{user}{}/{path}{}", redact_credentials(servers), access.query())
+}
+
 /// Splits `//[userinfo@]servers/path[?query]` (after the scheme) into `//servers/path`, the
 /// userinfo and the query.
-pub fn split_url(rest: &str) -> (String, Option<&str>, Option<&str>) {
+fn split_url(rest: &str) -> (String, Option<&str>, Option<&str>) {
     let (before_query, query) = match rest.split_once('?') {
         Some((before, query)) => (before, Some(query)),
         None => (rest, None),

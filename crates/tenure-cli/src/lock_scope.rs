@@ -8,9 +8,9 @@
 //! before they campaign. Locks on a server (Kubernetes, etcd, ZooKeeper) are shared by every
 //! candidate that reaches the server; their URL in the "campaigning" line says enough.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use crate::lock_url::LockUrl;
+use crate::backend::LockUrl;
 
 /// The scope of a lock that lives on this host: the file lock or the memory lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,48 +24,11 @@ pub struct LockScope {
 }
 
 impl LockScope {
-    /// The scope of `url` for a process of effective user `uid`; `defaulted` when `url` is the
-    /// default lock (no `--lock` and no cluster). `None` for locks on a server.
-    pub fn of(url: &LockUrl, defaulted: bool, uid: u32) -> Option<LockScope> {
-        let path = match url {
-            LockUrl::Memory => {
-                return Some(LockScope {
-                    lock_file: None,
-                    scope: "this process",
-                    explanation: "the lock is in this process's memory: no other process takes part in the election"
-                        .to_owned(),
-                });
-            }
-            LockUrl::File(path) => path,
-            LockUrl::Etcd { .. } | LockUrl::Zk { .. } | LockUrl::Kube(_) => return None,
-        };
-        let mut explanation = if defaulted {
-            format!(
-                "the default lock file is private to uid {uid}: only this user's candidates on this host share \
-                 the election, and another user's candidates with the same --election elect a leader of their \
-                 own; for one election per host run every candidate as the same user, or use etcd, ZooKeeper or \
-                 Kubernetes"
-            )
-        } else {
-            format!(
-                "the lock file is shared by uid {uid}'s candidates on this host that use this path; it cannot be \
-                 shared across users (its files are private to the user that creates them)"
-            )
-        };
-        if let Some(missing) = missing_directory(path) {
-            explanation.push_str(&format!(
-                "; its directory {} does not exist yet and is created private to uid {uid} (mode 0700)",
-                missing.display()
-            ));
-        }
-        Some(LockScope { lock_file: Some(path.clone()), scope: "this user", explanation })
-    }
-
     /// Logs the scope of `url` (nothing for locks on a server).
     pub fn announce(url: &LockUrl, defaulted: bool) {
         // SAFETY: geteuid has no preconditions and cannot fail.
         let uid = unsafe { libc::geteuid() };
-        let Some(LockScope { lock_file, scope, explanation }) = LockScope::of(url, defaulted, uid) else { return };
+        let Some(LockScope { lock_file, scope, explanation }) = url.scope(defaulted, uid) else { return };
         match lock_file {
             Some(path) => tracing::info!(lock_file = %path.display(), scope, "{explanation}"),
             None => tracing::info!(scope, "{explanation}"),
@@ -73,21 +36,16 @@ impl LockScope {
     }
 }
 
-/// The parent directory of `path` when it does not exist (the file lock creates it).
-fn missing_directory(path: &Path) -> Option<&Path> {
-    let dir = path.parent()?;
-    (!dir.exists()).then_some(dir)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::backend::file::FileBackend;
+    use crate::backend::parse_lock_url;
 
     #[test]
     fn the_default_lock_file_says_it_is_per_user_and_what_other_users_get() {
         let dir = std::env::temp_dir();
-        let url = LockUrl::File(dir.join("samejob.json"));
-        let scope = LockScope::of(&url, true, 1000).unwrap();
+        let url = FileBackend::url(dir.join("samejob.json"));
+        let scope = url.scope(true, 1000).unwrap();
         assert_eq!(scope.lock_file.as_deref(), Some(dir.join("samejob.json").as_path()));
         assert_eq!(scope.scope, "this user");
         assert!(scope.explanation.contains("private to uid 1000"), "{}", scope.explanation);
@@ -98,8 +56,8 @@ mod tests {
     #[test]
     fn an_explicit_lock_file_says_it_cannot_span_users_and_that_a_missing_directory_is_created() {
         let missing = std::env::temp_dir().join(format!("tenure-scope-missing-{}", std::process::id()));
-        let url = LockUrl::File(missing.join("job.json"));
-        let scope = LockScope::of(&url, false, 0).unwrap();
+        let url = FileBackend::url(missing.join("job.json"));
+        let scope = url.scope(false, 0).unwrap();
         assert_eq!(scope.scope, "this user");
         assert!(scope.explanation.contains("cannot be shared across users"), "{}", scope.explanation);
         let created = format!("its directory {} does not exist yet and is created private to uid 0", missing.display());
@@ -108,9 +66,9 @@ mod tests {
 
     #[test]
     fn the_memory_lock_is_this_process_only_and_server_locks_need_no_line() {
-        let memory = LockScope::of(&LockUrl::Memory, false, 1000).unwrap();
+        let memory = parse_lock_url("memory:").unwrap().scope(false, 1000).unwrap();
         assert_eq!((memory.lock_file, memory.scope), (None, "this process"));
-        let etcd: LockUrl = "etcd://127.0.0.1:2379/job".parse().unwrap();
-        assert_eq!(LockScope::of(&etcd, false, 1000), None);
+        let etcd = parse_lock_url("etcd://127.0.0.1:2379/job").unwrap();
+        assert_eq!(etcd.scope(false, 1000), None);
     }
 }

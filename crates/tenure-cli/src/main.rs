@@ -11,17 +11,18 @@
 //! subcommand lives in its own module.
 
 mod apiserver;
+mod backend;
 mod break_lock;
 mod child;
 mod command_tree;
 mod containment;
 mod demo;
 mod elect;
+mod error;
 mod fencing;
 mod http;
 mod lock_access;
 mod lock_scope;
-mod lock_url;
 mod logging;
 mod member;
 mod options;
@@ -38,6 +39,7 @@ use std::process::ExitCode;
 
 use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
+pub use error::CliError;
 
 /// Exit statuses shared by all subcommands. `run` also passes on its command's status.
 pub mod exit {
@@ -57,26 +59,6 @@ pub mod exit {
     pub const CANNOT_EXECUTE: u8 = 126;
     /// `tenure run` could not find its command (as shells report it).
     pub const NOT_FOUND: u8 = 127;
-}
-
-/// Why a subcommand ended without doing what it was asked; the variant decides the exit status.
-#[derive(Debug, thiserror::Error)]
-pub enum CliError {
-    /// A value that passed the parser but is wrong in combination (exit status 2).
-    #[error("{0}")]
-    Usage(String),
-    /// A failure at run time (exit status 1).
-    #[error("{0}")]
-    Failed(String),
-}
-
-impl CliError {
-    fn exit_status(&self) -> u8 {
-        match self {
-            CliError::Usage(_) => exit::USAGE,
-            CliError::Failed(_) => exit::FAILURE,
-        }
-    }
 }
 
 /// Leader election for replicated services.

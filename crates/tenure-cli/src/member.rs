@@ -11,20 +11,19 @@
 mod routes;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use clap::Args;
 use tenure::Term;
-use tenure_group::store::GroupStore;
 use tenure_group::{Assignment, Group, GroupConfig, GroupHealth, PartitionGuard};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::lock_url::{LockUrl, LockUrlParser};
+use crate::backend::file::FileBackend;
+use crate::backend::{LockUrl, LockUrlParser};
 use crate::options::{
     parse_duration, parse_election_name, parse_http_address, CandidateOptions, ClusterArgs, HttpAddress,
 };
@@ -304,57 +303,18 @@ impl Sidecar {
     }
 }
 
-/// Opens the group's store named by `url` for `identity` (reaching a Kubernetes cluster with
-/// `cluster`).
-async fn open_store(
-    url: &LockUrl,
-    group: &str,
-    identity: &str,
-    cluster: &tenure_kube::ClusterOptions,
-) -> Result<Arc<dyn GroupStore>, CliError> {
-    // The same user and TLS files as `tenure elect` on the same URL.
-    let access = url.access();
-    match url {
-        LockUrl::File(dir) => tenure_group::stores::file::FileGroupStore::open(dir)
-            .map(|store| Arc::new(store) as Arc<dyn GroupStore>)
-            .map_err(|e| CliError::Failed(e.to_string())),
-        LockUrl::Etcd { endpoints, election, .. } => {
-            let options = access.etcd_options().map_err(|e| CliError::Usage(e.to_string()))?;
-            tenure_etcd::EtcdGroupStore::connect_with(endpoints, election, &options)
-                .await
-                .map(|store| Arc::new(store) as Arc<dyn GroupStore>)
-                .map_err(|e| CliError::Failed(format!("cannot reach etcd for group {group}: {e}")))
-        }
-        LockUrl::Zk { servers, path, .. } => {
-            let options = access.zk_options().map_err(|e| CliError::Usage(e.to_string()))?;
-            tenure_zk::ZkGroupStore::connect_with(servers, path, options)
-                .await
-                .map(|store| Arc::new(store) as Arc<dyn GroupStore>)
-                .map_err(|e| CliError::Failed(format!("cannot reach ZooKeeper for group {group}: {e}")))
-        }
-        LockUrl::Kube(reference) if reference.kind == tenure_kube::LockKind::Leases => {
-            let client = cluster.client(identity).await.map_err(|e| CliError::Failed(e.to_string()))?;
-            Ok(Arc::new(tenure_kube::KubeGroupStore::new(client, &reference.namespace, &reference.name)))
-        }
-        other => Err(CliError::Usage(format!(
-            "tenure member supports file:///directory, etcd://host:port/prefix, zk://host:port/path and kube://NAMESPACE/leases/GROUP stores, not {other}"
-        ))),
-    }
-}
-
 /// The default store: a per-user directory beside the default file locks.
 fn default_url(group: &str) -> Result<LockUrl, CliError> {
-    let path: PathBuf = tenure::locks::file::FileLock::default_path(group)
-        .map_err(|e| CliError::Usage(format!("no default directory for group {group}: {e}")))?;
-    Ok(LockUrl::File(path.with_extension("group")))
+    let path = tenure::locks::file::FileLock::default_path(group)
+        .map_err(|source| CliError::DefaultGroupDirectory { group: group.to_owned(), source })?;
+    Ok(FileBackend::url(path.with_extension("group")))
 }
 
 /// Runs `tenure member` until a termination signal; returns the exit status.
 pub async fn member(args: MemberArgs) -> Result<u8, CliError> {
     logging::init(args.candidate.log_format);
-    let mut signals =
-        TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
-    let identity = args.candidate.identity().map_err(CliError::Usage)?;
+    let mut signals = TerminationSignals::install().map_err(CliError::io("install signal handlers"))?;
+    let identity = args.candidate.identity()?;
     let url = match &args.lock {
         Some(url) => url.clone(),
         None => default_url(&args.group)?,
@@ -362,17 +322,17 @@ pub async fn member(args: MemberArgs) -> Result<u8, CliError> {
     let timing = args.candidate.ttl.timing;
     let drain_timeout = args.drain_timeout.unwrap_or(timing.renew_deadline);
     let config = GroupConfig { timing, partition_count: args.partitions, weight: args.weight };
-    config.validate().map_err(|e| CliError::Usage(e.to_string()))?;
-    let listener = TcpListener::bind(&args.http.0)
-        .await
-        .map_err(|e| CliError::Failed(format!("cannot serve HTTP on {}: {e}", args.http.0)))?;
-    let cluster = args.cluster.options().map_err(CliError::Usage)?;
-    let store = open_store(&url, &args.group, &identity, &cluster).await?;
+    config.validate().map_err(CliError::refused)?;
+    let listener =
+        TcpListener::bind(&args.http.0).await.map_err(CliError::io(format!("serve HTTP on {}", args.http.0)))?;
+    let cluster = args.cluster.options()?;
+    // The same user and TLS files as `tenure elect` on the same URL.
+    let store = url.group_store(&args.group, &identity, &cluster).await?;
     let group = Group::builder(identity.clone(), store)
         .config(config)
         .drain_timeout(drain_timeout)
         .join()
-        .map_err(|e| CliError::Usage(e.to_string()))?;
+        .map_err(CliError::refused)?;
     let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| args.http.0.clone());
     tracing::info!(identity, group = args.group, store = %url, partitions = args.partitions, "joined");
     tracing::info!(address, "serving the group's assignment over HTTP");
@@ -397,7 +357,7 @@ pub async fn member(args: MemberArgs) -> Result<u8, CliError> {
             termination = signals.recv() => break termination,
             changed = assignment.changed() => {
                 if changed.is_err() {
-                    return Err(CliError::Failed("the group driver stopped".into()));
+                    return Err(CliError::Ended("the group driver stopped"));
                 }
             }
             () = sleep_until(next_drain) => {}
@@ -422,8 +382,8 @@ pub async fn member(args: MemberArgs) -> Result<u8, CliError> {
             tracing::info!("left the group");
             Ok(crate::exit::SUCCESS)
         }
-        Ok(Err(error)) => Err(CliError::Failed(format!("leaving the group failed: {error}"))),
-        Err(error) => Err(CliError::Failed(format!("leaving the group failed: {error}"))),
+        Ok(Err(error)) => Err(CliError::LeaveGroup(error.into())),
+        Err(error) => Err(CliError::LeaveGroup(error.into())),
     }
 }
 

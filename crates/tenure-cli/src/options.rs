@@ -9,7 +9,8 @@ use tenure::Timing;
 
 use tenure_kube::{ClusterOptions, LockKind};
 
-use crate::lock_url::LockUrl;
+use crate::backend::{default_lock, parse_lock_url, LockUrl, LockUrlParser};
+use crate::CliError;
 
 /// The options that name an election and its lock.
 #[derive(Debug, Clone, Args)]
@@ -31,7 +32,7 @@ pub struct ElectionOptions {
     /// object named --election in --election-namespace; elsewhere the per-user file
     /// $XDG_RUNTIME_DIR/tenure/ELECTION.json, or TMPDIR/tenure-UID/ELECTION.json without a usable
     /// XDG_RUNTIME_DIR (an existing ~/.kube/config alone does not switch)]
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", value_parser = LockUrlParser)]
     pub lock: Option<LockUrl>,
 
     /// The Kubernetes lock object's kind, with client-go's names: leases, endpoints, configmaps,
@@ -85,9 +86,9 @@ impl ClusterArgs {
     }
 
     /// The options of the Kubernetes client.
-    pub fn options(&self) -> Result<ClusterOptions, String> {
+    pub fn options(&self) -> Result<ClusterOptions, CliError> {
         if self.use_cluster_credentials && (self.kubeconfig.is_some() || self.context.is_some()) {
-            return Err("--use-cluster-credentials cannot be combined with --kubeconfig or --context".to_owned());
+            return Err(CliError::InClusterWithKubeconfig);
         }
         Ok(ClusterOptions {
             kubeconfig: self.kubeconfig.clone(),
@@ -101,20 +102,18 @@ impl ClusterArgs {
 impl ElectionOptions {
     /// The lock to campaign on: `--lock`; else a Kubernetes lock when a cluster is at hand or a
     /// Kubernetes flag asks for one; else the default lock file.
-    pub fn lock_url(&self) -> Result<LockUrl, crate::CliError> {
-        let usage = crate::CliError::Usage;
+    pub fn lock_url(&self) -> Result<LockUrl, CliError> {
         if let Some(url) = &self.lock {
             if self.lock_type.is_some() {
-                return Err(usage("give either --lock or --lock-type, not both".to_owned()));
+                return Err(CliError::LockAndLockType);
             }
-            match (url, &self.election_namespace) {
-                (LockUrl::Kube(reference), Some(namespace)) if *namespace != reference.namespace => {
-                    return Err(usage(format!(
-                        "--election-namespace {namespace} differs from the namespace of --lock {url}"
-                    )));
+            match (url.namespace(), &self.election_namespace) {
+                (Some(own), Some(namespace)) if namespace != own => {
+                    let (namespace, lock) = (namespace.clone(), url.to_string());
+                    return Err(CliError::NamespaceMismatch { namespace, lock });
                 }
-                (LockUrl::Kube(_), _) | (_, None) => {}
-                (_, Some(namespace)) => {
+                (Some(_), _) | (_, None) => {}
+                (None, Some(namespace)) => {
                     tracing::info!(namespace, lock = %url, "--election-namespace only applies to Kubernetes locks; ignored");
                 }
             }
@@ -124,7 +123,7 @@ impl ElectionOptions {
             let namespace = self.election_namespace.as_deref().unwrap_or("default");
             let kind = self.lock_type.unwrap_or(LockKind::EndpointsLeases);
             let url = format!("kube://{namespace}/{kind}/{}", self.election);
-            return url.parse().map_err(|e: crate::lock_url::LockUrlError| usage(e.to_string()));
+            return Ok(parse_lock_url(&url)?);
         }
         if let Some(namespace) = &self.election_namespace {
             tracing::info!(
@@ -132,7 +131,7 @@ impl ElectionOptions {
                 "no Kubernetes cluster configured: --election-namespace is ignored, the lock is a local file"
             );
         }
-        Ok(LockUrl::default_for(&self.election)?)
+        default_lock(&self.election)
     }
 }
 
@@ -168,14 +167,14 @@ pub struct CandidateOptions {
 impl CandidateOptions {
     /// The identity to campaign with: `--id`, or else the host name (what leader-elector did,
     /// which makes it the pod name in Kubernetes).
-    pub fn identity(&self) -> Result<String, String> {
+    pub fn identity(&self) -> Result<String, CliError> {
         if let Some(id) = &self.id {
             return Ok(id.clone());
         }
-        let hostname = nix::unistd::gethostname().map_err(|e| format!("cannot read the host name for --id: {e}"))?;
-        let hostname = hostname.into_string().map_err(|_| "the host name is not UTF-8; pass --id".to_owned())?;
+        let hostname = nix::unistd::gethostname().map_err(CliError::Hostname)?;
+        let hostname = hostname.into_string().map_err(|_| CliError::UnusableHostname("not UTF-8"))?;
         if hostname.is_empty() {
-            return Err("the host name is empty; pass --id".to_owned());
+            return Err(CliError::UnusableHostname("empty"));
         }
         Ok(hostname)
     }

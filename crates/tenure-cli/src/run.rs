@@ -10,6 +10,7 @@ use clap::Args;
 use tenure::{Elector, Tenure};
 use tokio::time::{sleep_until, Instant};
 
+use crate::backend::{Campaign, CampaignEnd, CampaignRequest};
 use crate::child::{describe_status, exit_code_of};
 use crate::command_tree::{CommandTree, Containment, StartError, TreeOptions};
 use crate::fencing::{self, checked_grace, tenure_kill_bound, CommandControl, KillReason};
@@ -144,27 +145,26 @@ struct Runner {
 /// Runs `tenure run`; returns the exit status.
 pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     logging::init(args.candidate.log_format);
-    let install_failed = |e: std::io::Error| CliError::Failed(format!("cannot install signal handlers: {e}"));
-    let signals = TerminationSignals::install().map_err(install_failed)?;
-    let resigns = ResignRequests::install().map_err(install_failed)?;
+    let signals = TerminationSignals::install().map_err(CliError::io("install signal handlers"))?;
+    let resigns = ResignRequests::install().map_err(CliError::io("install signal handlers"))?;
     let timing = args.candidate.ttl.timing;
     checked_grace(args.grace, &timing)?;
     if args.command.is_empty() {
-        return Err(CliError::Usage("no command given after --".to_owned()));
+        return Err(CliError::NoCommand);
     }
-    let identity = args.candidate.identity().map_err(CliError::Usage)?;
+    let identity = args.candidate.identity()?;
     let url = args.election.lock_url()?;
     crate::lock_scope::LockScope::announce(&url, args.election.lock.is_none());
-    let cluster = args.election.cluster.options().map_err(CliError::Usage)?;
-    let campaign = url.campaign(&identity, timing, &cluster, None).await?;
-    let events = campaign.kube.as_ref().map(|lock| lock.record_events(&campaign.elector));
-    let elector = campaign.elector;
+    let cluster = args.election.cluster.options()?;
+    let request =
+        CampaignRequest { identity: &identity, timing, cluster: &cluster, coordinated: None, leader_label: None };
+    let Campaign { elector, ending } = url.campaign(request).await?;
     // The timing in force may differ from the one asked for (a backend's session rules).
     let timing = *elector.timing();
     let grace = match checked_grace(args.grace, &timing) {
         Ok(grace) => grace,
         Err(error) => {
-            release(elector, events).await;
+            release(elector, ending).await;
             return Err(error);
         }
     };
@@ -177,7 +177,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
             Err(error) => break Err(error),
         }
     };
-    release(elector, events).await;
+    release(elector, ending).await;
     outcome
 }
 
@@ -239,7 +239,7 @@ impl Runner {
             Ok(outcome) => outcome,
             Err(error) => {
                 tracing::error!(%error, "lost track of the command");
-                return Err(CliError::Failed(format!("lost track of the command: {error}")));
+                return Err(CliError::LostCommand(error));
             }
         };
         if let Ending::Exited = ending {
@@ -290,7 +290,7 @@ impl Runner {
         let give_up = self.args.timeout.map(|timeout| Instant::now() + timeout);
         loop {
             let tenure = tokio::select! {
-                tenure = elector.acquired() => tenure.map_err(|e| CliError::Failed(e.to_string()))?,
+                tenure = elector.acquired() => tenure?,
                 request = self.requests.next() => match request {
                     Request::Stop(termination) => return Ok(Waited::Stopped(termination)),
                     Request::Resign => {
@@ -392,15 +392,17 @@ async fn supervise<C: CommandControl>(
     Ok((ending, status))
 }
 
-/// Releases the lock (if held) and stops the elector, logging a failed release; then lets the
-/// last Kubernetes Event ("stopped leading") go out.
-async fn release(elector: Elector, events: Option<tenure_kube::LeadershipEvents>) {
-    if let Err(error) = elector.shutdown().await {
-        tracing::warn!(%error, "could not release the lock");
-    }
-    if let Some(events) = events {
-        events.finish().await;
-    }
+/// Releases the lock (if held) and stops the elector, logging a failed release, with the
+/// backend's own steps around the release (a Kubernetes lock's last Event, "stopped leading").
+async fn release(elector: Elector, ending: Box<dyn CampaignEnd>) {
+    let shutdown = async move {
+        let released = elector.shutdown().await;
+        if let Err(error) = &released {
+            tracing::warn!(%error, "could not release the lock");
+        }
+        released
+    };
+    let _ = ending.finish(Box::pin(shutdown)).await;
 }
 
 #[cfg(test)]

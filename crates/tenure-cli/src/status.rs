@@ -3,20 +3,19 @@
 //! Why it exists: operators need to see the state of an election without joining it, and
 //! scripts need the same in JSON. It reads the record once and writes nothing.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
-use tenure::{LeaderElectionRecord, RecordLock, StoredRecord};
+use tenure::{LeaderElectionRecord, StoredRecord};
 
-use crate::lock_url::LockUrl;
+use crate::backend::{lock_failed, LockUrl, Observation, StatusSource};
 use crate::options::{parse_duration, ElectionOptions};
 use crate::{exit, output, CliError};
 
 /// How long one read of the store may take before the store counts as unreachable.
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Arguments of `tenure status`.
 #[derive(Debug, Args)]
@@ -63,7 +62,7 @@ enum OutputFormat {
 }
 
 /// The state of a lock as `status` reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LockState {
     /// A holder is named in the record.
@@ -71,13 +70,14 @@ pub enum LockState {
     /// The record exists but names no holder (released).
     Free,
     /// There is no record: nobody ever held the lock, or it was deleted.
+    #[default]
     Absent,
     /// The record cannot be read as a leader election record.
     Unreadable,
 }
 
 /// What `status --output json` prints; the field names follow the record's.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StatusReport {
     election: String,
@@ -93,159 +93,80 @@ pub struct StatusReport {
     error: Option<String>,
     /// The record exactly as a client-go candidate would write it.
     record: Option<LeaderElectionRecord>,
+    /// What the term is made of, in words.
+    #[serde(skip)]
+    term_source: &'static str,
 }
 
 /// Runs `tenure status`; returns the exit status.
 pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
     let election = args.election.election.clone();
     let url = args.election.lock_url()?;
-    let cluster = args.election.cluster.options().map_err(CliError::Usage)?;
-    let source = Source::open(&url, &cluster).await?;
+    let cluster = args.election.cluster.options()?;
+    let source = url.status_source(&cluster).await?;
     if args.watch {
-        return crate::status_watch::watch(&source, &election, &url, args.output == OutputFormat::Json, args.interval)
-            .await;
+        let json = args.output == OutputFormat::Json;
+        return crate::status_watch::watch(source.as_ref(), &election, &url, json, args.interval).await;
     }
-    let report = source.read(&election, &url).await?;
+    let report = read(source.as_ref(), &election, &url).await?;
     let text = match args.output {
         OutputFormat::Text => report.to_text(Utc::now()),
-        OutputFormat::Json => serde_json::to_string_pretty(&report)
-            .map_err(|e| CliError::Failed(format!("cannot format the status: {e}")))?,
+        OutputFormat::Json => serde_json::to_string_pretty(&report)?,
     };
-    output::print_line(&text)
-        .map_err(|e| CliError::Failed(format!("cannot write the status to standard output: {e}")))?;
+    output::print_line(&text).map_err(CliError::io("write the status to standard output"))?;
     Ok(exit::SUCCESS)
 }
 
-/// Where `status` reads the election, opened once so that `--watch` can read it again and again
-/// over the same connection.
-pub enum Source {
-    /// A record lock (file, Kubernetes object, memory).
-    Record(Arc<dyn RecordLock>),
-    /// An etcd election: the oldest candidate key leads.
-    Etcd(tenure_etcd::EtcdElection),
-    /// A ZooKeeper election: the lowest latch node leads.
-    Zk(tenure_zk::ZkElection),
-}
-
-impl Source {
-    /// Connects to (or opens) the lock of `url`; writes nothing.
-    pub async fn open(url: &LockUrl, cluster: &tenure_kube::ClusterOptions) -> Result<Source, CliError> {
-        Ok(match url {
-            LockUrl::Zk { servers, path, .. } => {
-                Source::Zk(url.zk_election(servers, path, tenure_zk::timing_of(READ_TIMEOUT)).await?)
-            }
-            LockUrl::Etcd { endpoints, election, .. } => Source::Etcd(url.etcd_election(endpoints, election).await?),
-            _ => Source::Record(open_record_lock(url, cluster, "tenure-status").await?),
-        })
-    }
-
-    /// Reads who holds the lock now, within the read timeout.
-    pub async fn read(&self, election: &str, url: &LockUrl) -> Result<StatusReport, CliError> {
-        let election = election.to_owned();
-        match self {
-            Source::Zk(zk) => {
-                let leader = ask_leader(url, zk.leader()).await?.map(|l| (l.identity, l.term, l.node));
-                Ok(StatusReport::native(election, url, leader))
-            }
-            Source::Etcd(etcd) => {
-                let leader = ask_leader(url, etcd.leader()).await?.map(|l| (l.identity, l.term, l.key));
-                Ok(StatusReport::native(election, url, leader))
-            }
-            Source::Record(lock) => {
-                let stored = match tokio::time::timeout(READ_TIMEOUT, lock.get()).await {
-                    Ok(Ok(stored)) => stored,
-                    Ok(Err(error)) => return Err(CliError::Failed(format!("cannot read the lock {url}: {error}"))),
-                    Err(_) => return Err(CliError::Failed(no_answer(url))),
-                };
-                Ok(StatusReport::new(election, url.to_string(), stored))
-            }
-        }
-    }
-
-    /// Notifications of changes, where the store pushes them (file and Kubernetes locks).
-    pub fn changes(&self) -> Option<tenure::ChangeStream> {
-        match self {
-            Source::Record(lock) => lock.watch(),
-            Source::Etcd(_) | Source::Zk(_) => None,
-        }
-    }
-}
-
-/// Asks the store, within the read timeout.
-async fn ask_leader<T, E: std::fmt::Display>(
-    url: &LockUrl,
-    query: impl std::future::Future<Output = Result<T, E>>,
-) -> Result<T, CliError> {
-    tokio::time::timeout(READ_TIMEOUT, query)
-        .await
-        .map_err(|_| CliError::Failed(no_answer(url)))?
-        .map_err(|e| CliError::Failed(format!("cannot read {url}: {e}")))
-}
-
-fn no_answer(url: &LockUrl) -> String {
-    format!("cannot read {url}: no answer within {}", humantime::format_duration(READ_TIMEOUT))
-}
-
-/// The record lock behind `url` (file, Kubernetes, memory), named `client` to the store.
-pub async fn open_record_lock(
-    url: &LockUrl,
-    cluster: &tenure_kube::ClusterOptions,
-    client: &str,
-) -> Result<Arc<dyn RecordLock>, CliError> {
-    Ok(match url {
-        LockUrl::Kube(reference) => url.kube_lock(reference, cluster, client).await?.record_lock(),
-        _ => url.open(client)?,
-    })
-}
-
-impl StatusReport {
-    /// A report on a backend with its own elector: who leads, with which term, under which
-    /// node or key.
-    fn native(election: String, url: &LockUrl, leader: Option<(String, tenure::Term, String)>) -> Self {
-        let mut report = StatusReport::new(election, url.to_string(), None);
-        if let Some((identity, term, node)) = leader {
+/// Reads who holds the lock now, within the read timeout.
+pub async fn read(source: &dyn StatusSource, election: &str, url: &LockUrl) -> Result<StatusReport, CliError> {
+    let no_answer = |_| lock_failed("read", &url.to_string())(NoAnswer);
+    let observation = tokio::time::timeout(READ_TIMEOUT, source.read()).await.map_err(no_answer)??;
+    let mut report = StatusReport::new(election.to_owned(), url.to_string(), None);
+    match observation {
+        Observation::Record(stored) => report.fill(stored),
+        Observation::Leader(Some((identity, term, key)), term_source) => {
             report.state = LockState::Held;
             report.leader = Some(identity);
             report.term = i64::try_from(term.0).ok();
-            report.version = Some(node);
+            report.version = Some(key);
+            report.term_source = term_source;
         }
+        Observation::Leader(None, _) => {}
+    }
+    Ok(report)
+}
+
+/// A store that did not answer within [`READ_TIMEOUT`].
+#[derive(Debug, thiserror::Error)]
+#[error("no answer within {}", humantime::format_duration(READ_TIMEOUT))]
+struct NoAnswer;
+
+impl StatusReport {
+    fn new(election: String, lock: String, stored: Option<StoredRecord>) -> Self {
+        let mut report = StatusReport { election, lock, term_source: "leaderTransitions", ..Default::default() };
+        report.fill(stored);
         report
     }
 
-    fn new(election: String, lock: String, stored: Option<StoredRecord>) -> Self {
-        let mut report = StatusReport {
-            election,
-            lock,
-            state: LockState::Absent,
-            leader: None,
-            term: None,
-            acquire_time: None,
-            renew_time: None,
-            lease_duration_seconds: None,
-            version: None,
-            error: None,
-            record: None,
-        };
-        let Some(stored) = stored else {
-            return report;
-        };
-        report.version = Some(stored.version.0);
+    /// Fills in what a record lock's record says.
+    fn fill(&mut self, stored: Option<StoredRecord>) {
+        let Some(stored) = stored else { return };
+        self.version = Some(stored.version.0);
         match stored.record {
             Err(error) => {
-                report.state = LockState::Unreadable;
-                report.error = Some(error.to_string());
+                self.state = LockState::Unreadable;
+                self.error = Some(error.to_string());
             }
             Ok(record) => {
-                report.state = if record.holder_identity.is_empty() { LockState::Free } else { LockState::Held };
-                report.leader = Some(record.holder_identity.clone()).filter(|h| !h.is_empty());
-                report.term = Some(record.leader_transitions);
-                report.acquire_time = record.acquire_time.map(rfc3339);
-                report.renew_time = record.renew_time.map(rfc3339);
-                report.lease_duration_seconds = Some(record.lease_duration_seconds);
-                report.record = Some(record);
+                self.state = if record.holder_identity.is_empty() { LockState::Free } else { LockState::Held };
+                self.leader = Some(record.holder_identity.clone()).filter(|h| !h.is_empty());
+                self.term = Some(record.leader_transitions);
+                self.acquire_time = record.acquire_time.map(rfc3339);
+                self.renew_time = record.renew_time.map(rfc3339);
+                self.lease_duration_seconds = Some(record.lease_duration_seconds);
+                self.record = Some(record);
             }
         }
-        report
     }
 
     /// The human-readable form. `now` only serves the "ago" hints: the record's times are the
@@ -290,12 +211,7 @@ impl StatusReport {
             }
         }
         if let Some(term) = self.term {
-            let source = match (record.is_some(), self.lock.starts_with("etcd:")) {
-                (true, _) => "leaderTransitions",
-                (false, true) => "create revision of the leader's key",
-                (false, false) => "creation zxid of the leader's node",
-            };
-            lines.push(format!("term:      {term} ({source}; the fencing token)"));
+            lines.push(format!("term:      {term} ({}; the fencing token)", self.term_source));
         }
         if let Some(record) = record {
             lines.push(format!("acquired:  {}", time_with_age(record.acquire_time, now)));

@@ -10,9 +10,9 @@ use std::time::Duration;
 use chrono::{SecondsFormat, Utc};
 use futures::StreamExt;
 
-use crate::lock_url::LockUrl;
+use crate::backend::{LockUrl, StatusSource};
 use crate::signals::TerminationSignals;
-use crate::status::{LockState, Source, StatusReport};
+use crate::status::{LockState, StatusReport};
 use crate::{exit, output, CliError};
 
 /// What a change is made of: the lock's state, its holder and the holder's term.
@@ -20,19 +20,18 @@ type Observed = (LockState, Option<String>, Option<i64>);
 
 /// Follows `source` until a termination signal; prints the first state and every change.
 pub async fn watch(
-    source: &Source,
+    source: &dyn StatusSource,
     election: &str,
     url: &LockUrl,
     json: bool,
     interval: Duration,
 ) -> Result<u8, CliError> {
-    let mut signals =
-        TerminationSignals::install().map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
+    let mut signals = TerminationSignals::install().map_err(CliError::io("install signal handlers"))?;
     let mut changes = source.changes();
     let mut last: Option<Observed> = None;
     let mut unreachable = false;
     loop {
-        match source.read(election, url).await {
+        match crate::status::read(source, election, url).await {
             Ok(mut report) => {
                 // A Kubernetes multi-lock whose two objects name different holders (for a moment
                 // during a handover) holds client-go's placeholder, which names nobody: printed
@@ -77,7 +76,7 @@ pub async fn watch(
 /// One line per change: the instant it was seen, then who holds the lock.
 fn print(report: &StatusReport, json: bool) -> Result<(), CliError> {
     let line = if json {
-        serde_json::to_string(report).map_err(|e| CliError::Failed(format!("cannot format the status: {e}")))?
+        serde_json::to_string(report)?
     } else {
         let seen = Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true);
         match (&report.leader, report.term) {
@@ -87,7 +86,7 @@ fn print(report: &StatusReport, json: bool) -> Result<(), CliError> {
             (None, _) => format!("{seen}  no leader ({})", describe(report.state)),
         }
     };
-    output::print_line(&line).map_err(|e| CliError::Failed(format!("cannot write to standard output: {e}")))
+    output::print_line(&line).map_err(CliError::io("write to standard output"))
 }
 
 fn describe(state: LockState) -> &'static str {

@@ -71,18 +71,15 @@ enum Tree {
 
 /// Runs the supervisor; returns its exit status (0 once the tree is gone).
 pub async fn supervise(args: SuperviseArgs) -> Result<u8, CliError> {
-    let control = control_socket().map_err(|e| {
-        CliError::Usage(format!("'tenure supervise' is started by 'tenure run' only (no control socket: {e})"))
-    })?;
+    let control = control_socket().map_err(CliError::NotSupervised)?;
     let (read_half, mut write_half) = control.into_split();
     let mut lines = BufReader::new(read_half).lines();
     // SAFETY: prctl with these arguments has no memory-safety preconditions.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) } == -1 {
-        return Err(CliError::Failed(format!("cannot become a subreaper: {}", io::Error::last_os_error())));
+        return Err(CliError::io("become a subreaper")(io::Error::last_os_error()));
     }
     // Installed before the command starts, so that no exit goes unnoticed.
-    let mut children =
-        signal(SignalKind::child()).map_err(|e| CliError::Failed(format!("cannot watch child processes: {e}")))?;
+    let mut children = signal(SignalKind::child()).map_err(CliError::io("watch child processes"))?;
     // Caught and left unanswered: a service manager that signals every process of tenure's
     // cgroup at once (systemd's default) must not kill the supervisor, which would kill the
     // command without its grace period; tenure decides, and the supervisor acts when tenure
@@ -91,7 +88,7 @@ pub async fn supervise(args: SuperviseArgs) -> Result<u8, CliError> {
         .into_iter()
         .map(signal)
         .collect::<io::Result<Vec<_>>>()
-        .map_err(|e| CliError::Failed(format!("cannot install signal handlers: {e}")))?;
+        .map_err(CliError::io("install signal handlers"))?;
 
     let (mut tree, mut why_no_cgroup) = if args.no_cgroup {
         (Tree::Group, "disabled by --no-cgroup".to_owned())

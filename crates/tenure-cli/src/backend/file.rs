@@ -1,0 +1,136 @@
+//! `file:///abs/path`: the embedded file lock, for candidates on one host (and, for `tenure
+//! member`, a directory holding a group).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tenure::locks::file::FileLock;
+use tenure::{redact_credentials, RecordLock};
+use tenure_group::store::GroupStore;
+use tenure_kube::ClusterOptions;
+
+use super::{Backend, Fut, LockUrl, LockUrlError, RecordStore};
+use crate::lock_scope::LockScope;
+use crate::CliError;
+
+/// A lock file (or a group's directory) on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileBackend {
+    /// The lock file.
+    pub path: PathBuf,
+}
+
+impl FileBackend {
+    /// The URL of the file lock at `path`.
+    pub fn url(path: PathBuf) -> LockUrl {
+        Arc::new(FileBackend { path })
+    }
+}
+
+/// Opens the file lock at `path`.
+pub fn open(path: &Path) -> Result<Arc<dyn RecordLock>, CliError> {
+    let lock = FileLock::open(path).map_err(|source| CliError::OpenFile { path: path.to_owned(), source })?;
+    Ok(Arc::new(lock))
+}
+
+/// Parses `file:///abs/path`.
+pub(super) fn parse(text: &str, _rest: &str) -> Result<LockUrl, LockUrlError> {
+    let bad = |reason| LockUrlError::BadFileUrl { url: redact_credentials(text).into_owned(), reason };
+    // The url crate would quietly turn `file:relative` into `file:///relative`; insist on the
+    // authority form so that what runs is what was written.
+    if !text.get(..7).is_some_and(|prefix| prefix.eq_ignore_ascii_case("file://")) {
+        return Err(bad("write file:///absolute/path (three slashes)"));
+    }
+    let url = url::Url::parse(text).map_err(|_| bad("it does not parse as a URL"))?;
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(bad("it must not have a query or fragment"));
+    }
+    match url.host_str() {
+        None | Some("") | Some("localhost") => {}
+        Some(_) => return Err(bad("only local files are supported (no host name)")),
+    }
+    if url.path().ends_with('/') {
+        return Err(bad("it names a directory, not a file"));
+    }
+    let path = url.to_file_path().map_err(|()| bad("it does not name an absolute local path"))?;
+    Ok(FileBackend::url(path))
+}
+
+impl fmt::Display for FileBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match url::Url::from_file_path(&self.path) {
+            Ok(url) => write!(f, "{url}"),
+            Err(()) => write!(f, "file://{}", self.path.display()),
+        }
+    }
+}
+
+impl RecordStore for FileBackend {
+    fn open<'a>(&'a self, _client: &'a str, _: &'a ClusterOptions) -> Fut<'a, Arc<dyn RecordLock>> {
+        Box::pin(async move { open(&self.path) })
+    }
+}
+
+impl Backend for FileBackend {
+    fn record_store(&self) -> Option<&dyn RecordStore> {
+        Some(self)
+    }
+
+    fn group_store<'a>(&'a self, _: &'a str, _: &'a str, _: &'a ClusterOptions) -> Fut<'a, Arc<dyn GroupStore>> {
+        Box::pin(async move {
+            let store = tenure_group::stores::file::FileGroupStore::open(&self.path)
+                .map_err(|e| CliError::Connect { lock: None, source: e.into() })?;
+            Ok(Arc::new(store) as Arc<dyn GroupStore>)
+        })
+    }
+
+    fn scope(&self, defaulted: bool, uid: u32) -> Option<LockScope> {
+        let mut explanation = if defaulted {
+            format!(
+                "the default lock file is private to uid {uid}: only this user's candidates on this host share \
+                 the election, and another user's candidates with the same --election elect a leader of their \
+                 own; for one election per host run every candidate as the same user, or use etcd, ZooKeeper or \
+                 Kubernetes"
+            )
+        } else {
+            format!(
+                "the lock file is shared by uid {uid}'s candidates on this host that use this path; it cannot be \
+                 shared across users (its files are private to the user that creates them)"
+            )
+        };
+        // The file lock creates a missing directory.
+        if let Some(missing) = self.path.parent().filter(|dir| !dir.exists()) {
+            explanation.push_str(&format!(
+                "; its directory {} does not exist yet and is created private to uid {uid} (mode 0700)",
+                missing.display()
+            ));
+        }
+        Some(LockScope { lock_file: Some(self.path.clone()), scope: "this user", explanation })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::parse_lock_url;
+
+    fn path_of(text: &str) -> PathBuf {
+        let url = parse_lock_url(text).unwrap();
+        url.scope(false, 0).and_then(|scope| scope.lock_file).unwrap()
+    }
+
+    #[test]
+    fn file_url_names_an_absolute_path() {
+        assert_eq!(path_of("file:///run/tenure/x"), PathBuf::from("/run/tenure/x"));
+        assert_eq!(path_of("file://localhost/tmp/a%20b"), PathBuf::from("/tmp/a b"));
+        assert_eq!(parse_lock_url("file:///tmp/a%20b").unwrap().to_string(), "file:///tmp/a%20b");
+    }
+
+    #[test]
+    fn file_url_must_be_local_absolute_and_plain() {
+        for text in ["file:relative", "file:/tmp/x", "file://host/tmp/x", "file:///tmp/x?y", "file:///tmp/"] {
+            assert!(matches!(parse_lock_url(text), Err(LockUrlError::BadFileUrl { .. })), "{text}");
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! `zk://host:port[,host:port...]/path`: a ZooKeeper election (native elector: ephemeral
+//! sequential nodes, compatible with Curator's LeaderLatch). `--ttl` is the session timeout.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tenure_group::store::GroupStore;
+use tenure_kube::ClusterOptions;
+use tenure_zk::{ZkElection, ZkGroupStore};
+
+use super::StatusSource;
+use super::{Backend, Campaign, CampaignRequest, Fut, Leaders, LockUrl, LockUrlError, SessionLeader, SessionStatus};
+use crate::error::BoxError;
+use crate::lock_access::{self, ClusterAccess};
+use crate::CliError;
+
+/// A ZooKeeper election: the connection string (`host:port[,host:port...]`), the election path
+/// (absolute), and the digest user (`USER@`, `?password-file=`).
+#[derive(Debug)]
+pub struct ZkBackend {
+    servers: String,
+    path: String,
+    access: ClusterAccess,
+}
+
+/// Parses `zk://[USER@]host:port[,host:port...]/path[?query]`.
+pub(super) fn parse(text: &str, rest: &str) -> Result<LockUrl, LockUrlError> {
+    let (servers, path, access) = lock_access::parse_cluster_url(text, "zk", rest, lock_access::Backend::Zk)?;
+    Ok(Arc::new(ZkBackend { servers, path: format!("/{path}"), access }))
+}
+
+impl fmt::Display for ZkBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let path = self.path.strip_prefix('/').unwrap_or(&self.path);
+        lock_access::write_cluster_url(f, "zk", &self.servers, path, &self.access)
+    }
+}
+
+impl ZkBackend {
+    /// Connects to the election with this session timeout.
+    async fn connect(&self, session_timeout: Duration) -> Result<ZkElection, CliError> {
+        let options = self.access.zk_options()?;
+        let connected = ZkElection::connect_with(&self.servers, &self.path, session_timeout, options).await;
+        connected.map_err(|e| CliError::Unreachable { store: "ZooKeeper", lock: self.to_string(), source: e.into() })
+    }
+}
+
+impl Backend for ZkBackend {
+    fn campaign<'a>(&'a self, request: CampaignRequest<'a>) -> Fut<'a, Campaign> {
+        Box::pin(async move {
+            request.refuse_coordinated(self)?;
+            let elector = self.connect(request.timing.lease_duration).await?.campaign(request.identity);
+            Ok(Campaign { elector: elector.map_err(CliError::refused)?, ending: Box::new(()) })
+        })
+    }
+
+    fn status_source<'a>(&'a self, _: &'a ClusterOptions) -> Fut<'a, Box<dyn StatusSource>> {
+        Box::pin(async move {
+            let election = self.connect(tenure_zk::timing_of(crate::status::READ_TIMEOUT).lease_duration).await?;
+            Ok(Box::new(SessionStatus(election, self.to_string())) as _)
+        })
+    }
+
+    fn group_store<'a>(&'a self, group: &'a str, _: &'a str, _: &'a ClusterOptions) -> Fut<'a, Arc<dyn GroupStore>> {
+        Box::pin(async move {
+            let options = self.access.zk_options()?;
+            super::group_store("ZooKeeper", group, ZkGroupStore::connect_with(&self.servers, &self.path, options).await)
+        })
+    }
+}
+
+impl Leaders for ZkElection {
+    const TERM_SOURCE: &'static str = "creation zxid of the leader's node";
+
+    fn leader(&self) -> BoxFuture<'_, Result<Option<SessionLeader>, BoxError>> {
+        Box::pin(async move { Ok(ZkElection::leader(self).await?.map(|l| (l.identity, l.term, l.node))) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::parse_lock_url;
+
+    #[test]
+    fn zk_url_names_servers_and_an_absolute_path() {
+        let url = parse_lock_url("zk://127.0.0.1:2181,[::1]:2182/services/a").unwrap();
+        assert_eq!(url.to_string(), "zk://127.0.0.1:2181,[::1]:2182/services/a");
+        for bad in ["zk:/x", "zk://127.0.0.1:2181", "zk:///x", "zk://h/x", "zk://h:0/x", "zk://h:1/x/", "zk://h:1/a//b"]
+        {
+            assert!(matches!(parse_lock_url(bad), Err(LockUrlError::BadClusterUrl { .. })), "{bad}");
+        }
+    }
+}
