@@ -1,8 +1,5 @@
-//! Tidying after other members: ending the epoch of a silent one, deleting the records of
-//! departed ones, and dropping leaving marks of epochs that are over.
-//!
-//! Why its own module: none of it is needed for P1, but without it a silent member's partitions
-//! would never move and records of members that came and went would pile up in the store.
+//! Tidying after other members, so that a silent member's partitions move and departed members'
+//! records do not pile up: ending silent epochs, deleting records, dropping stale leaving marks.
 
 use std::time::Duration;
 
@@ -85,15 +82,13 @@ impl MemberCore {
         }
     }
 
-    /// Whether a table write is due only to drop leaving marks of epochs that are over. The next
-    /// table write drops them anyway; when no other write comes, the first live member makes one,
-    /// so that the record of a member that left is not named forever (and can be deleted).
+    /// Whether the first live member should write the table only to drop leaving marks of epochs
+    /// that are over, so that a member that left is not named forever (and can be deleted).
     pub(super) fn leaving_marks_to_tidy(&self, table: &PartitionTable, me: &Owner) -> bool {
         table.leaving.iter().any(|o| o != me && self.epoch_over(o))
     }
 
-    /// The leaving marks of a table we write: ours added if `mark_ours` (we released everything
-    /// and leave), and those of epochs that are over dropped.
+    /// The leaving marks of a table we write: ours added if `mark_ours`, those of epochs over dropped.
     pub(super) fn leaving_marks(&self, next: &mut PartitionTable, me: &Owner, mark_ours: bool) {
         if mark_ours {
             next.leaving.insert(me.clone());

@@ -1,7 +1,4 @@
-//! Our own record: the lifecycle of this member in the group (join, renew, leave, lapse).
-//!
-//! Why its own module: the membership is the lease every belief hangs on (S1); everything here
-//! decides when that lease starts, is extended and ends.
+//! Our own record: the lease every belief hangs on (S1), and the phases of our life in the group.
 
 use tenure::{MonotonicTime, Term};
 
@@ -41,7 +38,7 @@ impl MemberCore {
     pub(super) fn membership(&self) -> Option<Membership> {
         match self.phase {
             Phase::Member(m) | Phase::Leaving(Some(m)) => Some(m),
-            Phase::Joining | Phase::Leaving(None) | Phase::Left => None,
+            _ => None,
         }
     }
 
@@ -172,11 +169,7 @@ impl MemberCore {
         };
         let record = &observed.stored.value;
         if record.state == MemberState::Alive && record.incarnation != self.incarnation {
-            let other_incarnation = record.incarnation;
-            if self.reported_duplicate != Some(other_incarnation) {
-                self.reported_duplicate = Some(other_incarnation);
-                self.events.push_back(GroupEvent::DuplicateIdentity { other_incarnation });
-            }
+            self.report_once(GroupEvent::DuplicateIdentity { other_incarnation: record.incarnation });
             // Ended by `tombstone_action` once its lease ran out; then this process joins.
             return None;
         }

@@ -19,15 +19,9 @@
 //! The queries ([`MemberCore::owns`], [`MemberCore::is_member`], ...) may be called at any time;
 //! each judges at the time it is given (F1).
 //!
-//! # Modules
-//!
-//! - `membership`: our own record: the [`Phase`](membership::Phase) of our life in the group,
-//!   join, renew, leave, lapse.
-//! - `view`: what we know of the store: the table and the other members' records, applied from
-//!   reads and pushed changes, and the judgements made on it (alive, expired, epoch over).
-//! - `table`: the partitions we hold and the table write that revokes, releases and claims them.
-//! - `cleanup`: ending the epochs of silent members and deleting departed members' records.
-//! - `timers`: every timer in one table.
+//! The state is split by concern: `membership` (our record and [`Phase`](membership::Phase)),
+//! `view` (the others' records and the table as seen), `table` (what we hold and the table write),
+//! `cleanup` (other members' ends) and `timers`.
 //!
 //! # The rules (invariant P1 of DESIGN.md)
 //!
@@ -226,14 +220,11 @@ pub struct MemberCore {
     incarnation: u64,
     config: GroupConfig,
     has_watch: bool,
-    // Membership (`membership.rs`).
     phase: Phase,
-    /// A renew met a conflict: renew again only after a read showed the record. Not reset by a
-    /// lapse (only by a read that shows our record while a member).
+    /// A renew met a conflict: renew again only after a read showed the record (not reset by a lapse).
     renew_after_read: bool,
     /// The highest epoch this process has joined with.
     last_epoch: u64,
-    // The view (`view.rs`).
     table: Option<Stored<PartitionTable>>,
     members: BTreeMap<String, ObservedMember>,
     /// Identities named as owners in the table without a record, since when (local time).
@@ -246,28 +237,24 @@ pub struct MemberCore {
     /// `key` last changed in this member's view by either (a read issued before is older there).
     writes_completed: u64,
     written_at: BTreeMap<Key, u64>,
-    /// Counts [`crate::store::Change::Resync`]s received; `resyncs_read` is the count the last
-    /// completed read was issued after (`None` before the first read: nothing is decided then).
-    /// While they differ the view may miss changes, and nothing is decided on it.
+    /// Counts [`crate::store::Change::Resync`]s received, and the last one a completed read was
+    /// issued after (`None` before the first read): while they differ nothing is decided.
     resyncs_requested: u64,
     resyncs_read: Option<u64>,
-    /// A table version a periodic read found ahead of the view, which the watch may still deliver
-    /// until [`Timer::MissedChange`].
+    /// A table version a periodic read found ahead of the view (see [`Timer::MissedChange`]).
     unconfirmed_table: Option<Version>,
     /// Changes the watch lost that the periodic read found (see [`GroupEvent::MissedChange`]).
     missed_changes: u64,
-    // The partitions (`table.rs`).
     held: BTreeMap<u32, Held>,
     assignment_cache: AssignmentCache,
-    // Cleanup (`cleanup.rs`): false once the store refused a deletion: records are then kept.
+    /// False once the store refused a deletion: departed members' records are then kept.
     can_delete: bool,
-    // Writes, timers, reports.
     pending: BTreeMap<Key, PendingWrite>,
     timers: TimerTable,
     events: VecDeque<GroupEvent>,
-    reported_mismatch: Option<u32>,
-    reported_duplicate: Option<u64>,
-    reported_corrupt: bool,
+    /// The last event reported of each kind that is reported once (a mismatch, a duplicate, a
+    /// corrupt table), so that a condition that lasts is not reported again and again.
+    reported: Vec<GroupEvent>,
 }
 
 impl MemberCore {
@@ -311,9 +298,7 @@ impl MemberCore {
             pending: BTreeMap::new(),
             timers: TimerTable::default(),
             events: VecDeque::new(),
-            reported_mismatch: None,
-            reported_duplicate: None,
-            reported_corrupt: false,
+            reported: Vec::new(),
         })
     }
 
@@ -322,8 +307,7 @@ impl MemberCore {
         &self.identity
     }
 
-    /// The term of `partition` if it is held in one of `states` and the membership is valid at
-    /// `now`.
+    /// The term of `partition` if held in one of `states` while the membership is valid at `now`.
     fn held_in(&self, partition: u32, now: MonotonicTime, states: &[Holding]) -> Option<Term> {
         let held = self.held.get(&partition).filter(|h| states.contains(&h.state) && self.is_member(now))?;
         Some(Term(held.term))
@@ -430,6 +414,17 @@ impl MemberCore {
         self.tombstone_action(now).or_else(|| self.table_action(now, true)).or_else(|| self.cleanup_action(now))
     }
 
+    /// Reports `event` unless the last report of its kind was the same.
+    fn report_once(&mut self, event: GroupEvent) {
+        let kind = std::mem::discriminant(&event);
+        match self.reported.iter_mut().find(|e| std::mem::discriminant(*e) == kind) {
+            Some(last) if *last == event => return,
+            Some(last) => *last = event.clone(),
+            None => self.reported.push(event.clone()),
+        }
+        self.events.push_back(event);
+    }
+
     fn may_write(&self, key: &Key, now: MonotonicTime) -> bool {
         !self.pending.contains_key(key) && self.timers.elapsed(&Timer::WriteRetry(key.clone()), now)
     }
@@ -446,8 +441,7 @@ impl MemberCore {
         Action::Write { key, expected, value }
     }
 
-    /// After a failed write or delete of `key`: read again, and retry a retry period later unless
-    /// the failure was a conflict (then the read tells what to do).
+    /// After a failed write or delete: read again; retry a retry period later unless it conflicted.
     fn write_failed(&mut self, now: MonotonicTime, key: &Key, error: &StoreError) {
         self.read_wanted = true;
         if !error.is_conflict() {
@@ -482,11 +476,11 @@ impl MemberCore {
                 self.on_member_written(now, kind, pending.started, version, renewals);
             }
             (WriteKind::Table { epoch, claims, releases }, Value::Table(table), _) => {
-                self.adopt_written_table(version, table);
+                self.adopt_table(version, table);
                 self.on_table_written(now, epoch, claims, releases);
             }
             (WriteKind::CreateTable, Value::Table(table), _) => {
-                self.adopt_written_table(version, table);
+                self.adopt_table(version, table);
                 self.after_view_change(now);
             }
             _ => {}

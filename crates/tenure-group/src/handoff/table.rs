@@ -1,9 +1,5 @@
-//! The partitions this member holds, and the table write that moves them: assignment, revoke
-//! before assign, releases and claims.
-//!
-//! Why its own module: this is where P1 is kept. A partition is claimed only when free or when
-//! its owner's epoch is certainly over ([`MemberCore::owner_is_gone`]), and given away only after
-//! the application drained it.
+//! The partitions this member holds and the table write that moves them (assignment, revoke
+//! before assign, releases, claims): where P1 is kept.
 
 use tenure::{MonotonicTime, Term};
 
@@ -77,15 +73,10 @@ impl Share {
 }
 
 impl MemberCore {
-    /// The table write to make now, if any: releases of drained partitions and, if `may_claim`,
-    /// claims. In this order:
-    /// 1. without a table, create it (if `may_claim`); a corrupt one is reported, never written;
-    /// 2. our share of the target assignment ([`MemberCore::share`]);
-    /// 3. revoke what should move, restore what should stay ([`MemberCore::revoke_and_restore`]:
-    ///    events only);
-    /// 4. the releases and the claims ([`MemberCore::releases`], [`MemberCore::claims`]);
-    /// 5. one compare-and-swap of the table with them, our leaving mark and the tidying of marks
-    ///    ([`MemberCore::leaving_marks`]), if there is anything to write.
+    /// The table write to make now, if any: releases and, if `may_claim`, claims. In this order:
+    /// create a missing table (report a corrupt one); step 2 [`MemberCore::share`]; step 3
+    /// [`MemberCore::revoke_and_restore`]; step 4 [`MemberCore::releases`], [`MemberCore::claims`];
+    /// then one compare-and-swap with them and the [`MemberCore::leaving_marks`].
     pub(super) fn table_action(&mut self, now: MonotonicTime, may_claim: bool) -> Option<Action> {
         let membership = self.membership().filter(|m| now < m.valid_until)?;
         if !self.may_write(&Key::Table, now) {
@@ -96,10 +87,7 @@ impl MemberCore {
             return may_claim.then(|| self.start_write(now, Key::Table, None, value, WriteKind::CreateTable));
         };
         if !table.value.is_consistent() {
-            if !self.reported_corrupt {
-                self.reported_corrupt = true;
-                self.events.push_back(GroupEvent::CorruptTable);
-            }
+            self.report_once(GroupEvent::CorruptTable);
             return None;
         }
         let me = Owner { member: self.identity.clone(), epoch: membership.epoch };
@@ -127,8 +115,8 @@ impl MemberCore {
         Some(self.start_write(now, Key::Table, expected, Value::Table(next), kind))
     }
 
-    /// Step 2: our share of the target assignment (computed from the live members and who owns
-    /// what now, so that as little as possible moves), and whether we are the first live member.
+    /// Step 2: our share of the target assignment (from who owns what now, so that little moves),
+    /// and whether we are the first live member.
     fn share(&mut self, now: MonotonicTime, epoch: u64) -> Option<(Share, bool)> {
         let live = self.live_members(now);
         let table = self.table.as_ref()?;
@@ -167,9 +155,8 @@ impl MemberCore {
         }
     }
 
-    /// Step 4a: the drained partitions the table still gives us under the same term, then the
-    /// slots naming us that we neither hold nor want: claims of ours whose reply was lost
-    /// (nobody works on them; free them).
+    /// Step 4a: drained partitions the table still gives us, then slots naming us that we neither
+    /// hold nor want (claims whose reply was lost: nobody works on them).
     fn releases(&self, table: &PartitionTable, me: &Owner, wanted: impl Fn(u32) -> bool) -> Vec<(u32, u64)> {
         let names_us = |p: u32, term: u64| {
             table.slots.get(p as usize).is_some_and(|s| s.owner.as_ref() == Some(me) && s.term == term)
@@ -193,8 +180,7 @@ impl MemberCore {
             .collect()
     }
 
-    /// Our table write of `epoch` is in the store: the releases are done, and the claims count
-    /// if that epoch is still valid.
+    /// Our table write of `epoch` is in: releases are done, claims count if the epoch is valid.
     pub(super) fn on_table_written(
         &mut self,
         now: MonotonicTime,

@@ -144,12 +144,18 @@ fn member(identity: &str) -> MemberCore {
     MemberCore::new(identity, identity.len() as u64, config, true).unwrap()
 }
 
-/// a joins and owns everything, then b joins and a revokes b's share (all at time 0).
-fn a_and_b_at_zero() -> (Store, MemberCore, MemberCore) {
+/// a joins alone and owns everything (at time 0).
+fn a_alone_at_zero() -> (Store, MemberCore) {
     let mut store = Store::default();
     let mut a = member("a");
     store.apply(&mut a, at(0));
     store.apply(&mut a, at(0));
+    (store, a)
+}
+
+/// a joins and owns everything, then b joins and a revokes b's share (all at time 0).
+fn a_and_b_at_zero() -> (Store, MemberCore, MemberCore) {
+    let (mut store, mut a) = a_alone_at_zero();
     let mut b = member("b");
     store.apply(&mut b, at(0));
     a.on_change(at(0));
@@ -159,10 +165,7 @@ fn a_and_b_at_zero() -> (Store, MemberCore, MemberCore) {
 
 #[test]
 fn a_lone_member_owns_every_partition_and_stops_believing_at_its_renew_deadline() {
-    let mut store = Store::default();
-    let mut a = member("a");
-    store.apply(&mut a, at(0));
-    store.apply(&mut a, at(0));
+    let (_, a) = a_alone_at_zero();
     assert_eq!(a.owned(at(0)).len(), PARTITIONS as usize);
     assert_eq!(a.owns(0, at(0)), Some(Term(1)));
     // No renew reaches the store: at the renew deadline (2 s) every belief ends by itself.
@@ -173,10 +176,7 @@ fn a_lone_member_owns_every_partition_and_stops_believing_at_its_renew_deadline(
 
 #[test]
 fn a_newcomer_claims_only_after_the_owner_released_and_with_a_higher_term() {
-    let mut store = Store::default();
-    let mut a = member("a");
-    store.apply(&mut a, at(0));
-    store.apply(&mut a, at(0));
+    let (mut store, mut a) = a_alone_at_zero();
     let mut b = member("b");
     store.apply(&mut b, at(10));
     assert!(b.owned(at(10)).is_empty(), "b claimed partitions a still owns");

@@ -1,6 +1,4 @@
-//! The core's timers, named in one table (as in quinn-proto): what the core does later without any
-//! input, and when. [`MemberCore::next_wakeup`](super::MemberCore::next_wakeup) combines them with
-//! the deadlines that follow from the view (record expiries, absences, our own lapse).
+//! The core's timers in one table (as in quinn-proto): what it does later without any input.
 
 use std::collections::BTreeMap;
 
@@ -13,15 +11,14 @@ use crate::store::Key;
 pub(super) enum Timer {
     /// The next renew of our record (set only while a member).
     Renew,
-    /// The next read of the whole snapshot: every retry period without a watch, every lease with
-    /// one (the safety net for a change the watch lost).
+    /// The next read of the snapshot: every retry period without a watch, every lease with one.
     Poll,
     /// No read before this: the last one failed.
     ReadRetry,
     /// No write of this record before this: the last one failed other than by a conflict.
     WriteRetry(Key),
-    /// A table a periodic read found ahead of the view counts as missed by the watch from then.
-    /// Only a report: checked at the next poll, it never wakes the core by itself.
+    /// From then a table a periodic read found ahead of the view counts as missed by the watch.
+    /// Only a report: checked at the next poll, it never wakes the core.
     MissedChange,
 }
 

@@ -1,8 +1,5 @@
-//! The view: what this member knows of the table and of the other members' records, from reads
-//! and pushed changes, and the judgements made on it (alive, expired, absent, epoch over).
-//!
-//! Why its own module: every decision elsewhere is a compare-and-swap at a version seen here, so
-//! how the view is kept up to date (and never taken back to an older state) is one concern.
+//! The view: the table and the other members' records as this member knows them, kept from reads
+//! and pushed changes without going back to an older state, and the judgements made on them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -102,46 +99,38 @@ impl MemberCore {
     pub fn on_store_change(&mut self, now: MonotonicTime, change: Change) {
         self.check_lapse(now);
         let key = match change {
-            // Tenure never deletes the table: someone did by hand; see what is left.
-            Change::Changed | Change::Deleted(Key::Table) => {
-                self.read_wanted = true;
-                return;
-            }
-            Change::Resync => {
-                self.read_wanted = true;
-                self.resyncs_requested += 1;
-                return;
-            }
-            Change::Put(key, stored) => {
-                if key == Key::Table && self.unconfirmed_table.is_some_and(|v| v <= stored.version) {
+            Change::Put(key, Stored { version, value }) => {
+                if key == Key::Table && self.unconfirmed_table.is_some_and(|v| v <= version) {
                     self.unconfirmed_table = None;
                     self.timers.stop(&Timer::MissedChange);
                 }
-                let known = match &key {
-                    Key::Table => self.table.as_ref().map(|t| t.version),
-                    Key::Member(id) => self.members.get(id).map(|o| o.stored.version),
+                let applied = match (&key, value) {
+                    (Key::Table, Value::Table(table)) => self.adopt_table(version, table),
+                    (Key::Member(id), Value::Member(record))
+                        if record.identity == *id
+                            && self.members.get(id).is_none_or(|o| o.stored.version < version) =>
+                    {
+                        self.observe_member(now, id.clone(), Stored { version, value: record });
+                        true
+                    }
+                    _ => false,
                 };
-                if known.is_some_and(|known| stored.version <= known) {
+                if !applied {
                     return;
-                }
-                match (&key, stored.value) {
-                    (Key::Table, Value::Table(table)) => {
-                        self.table = Some(Stored { version: stored.version, value: table })
-                    }
-                    (Key::Member(id), Value::Member(record)) if record.identity == *id => {
-                        self.observe_member(now, id.clone(), Stored { version: stored.version, value: record })
-                    }
-                    _ => return,
                 }
                 key
             }
-            Change::Deleted(key) => {
-                if let Key::Member(id) = &key {
-                    if self.members.remove(id).is_none() {
-                        return;
-                    }
+            Change::Deleted(Key::Member(id)) => {
+                if self.members.remove(&id).is_none() {
+                    return;
                 }
-                key
+                Key::Member(id)
+            }
+            // `Changed`; `Resync` (the watch lost changes); the table deleted (by hand: see what is left).
+            other => {
+                self.read_wanted = true;
+                self.resyncs_requested += u64::from(matches!(other, Change::Resync));
+                return;
             }
         };
         self.mark_changed(&key);
@@ -157,8 +146,7 @@ impl MemberCore {
         self.written_at.insert(key.clone(), self.writes_completed);
     }
 
-    /// A read, if one is wanted (a change, a failure) or the poll is due, none is in flight and
-    /// the last failure is a retry period ago.
+    /// A read, if one is wanted or the poll is due, and none is in flight or waiting for a retry.
     pub(super) fn read_action(&mut self, now: MonotonicTime) -> Option<Action> {
         let poll_due = self.timers.elapsed(&Timer::Poll, now);
         if self.pending_read.is_some()
@@ -237,10 +225,13 @@ impl MemberCore {
     /// this view; the watch never repeats it, so the released partitions stayed unclaimed until
     /// the next full read (the "lost release"). Our claims and releases are in the newer table
     /// too, as it was written on top of ours; if not, `after_view_change` reports them lost.
-    pub(super) fn adopt_written_table(&mut self, version: Version, table: PartitionTable) {
-        if self.table.as_ref().is_none_or(|known| known.version < version) {
+    /// The same rule takes a pushed table. True if taken.
+    pub(super) fn adopt_table(&mut self, version: Version, table: PartitionTable) -> bool {
+        let newer = self.table.as_ref().is_none_or(|known| known.version < version);
+        if newer {
             self.table = Some(Stored { version, value: table });
         }
+        newer
     }
 
     pub(super) fn observe_member(&mut self, now: MonotonicTime, id: String, stored: Stored<MemberRecord>) {
@@ -271,21 +262,14 @@ impl MemberCore {
         for id in named.keys().filter(|id| behind(id)) {
             self.absent_since.entry(id.clone()).or_insert(now);
         }
-        if table.is_consistent()
-            && table.partition_count != self.config.partition_count
-            && self.reported_mismatch != Some(table.partition_count)
-        {
-            self.reported_mismatch = Some(table.partition_count);
-            self.events.push_back(GroupEvent::PartitionCountMismatch {
-                configured: self.config.partition_count,
-                group: table.partition_count,
-            });
+        if table.is_consistent() && table.partition_count != self.config.partition_count {
+            let (configured, group) = (self.config.partition_count, table.partition_count);
+            self.report_once(GroupEvent::PartitionCountMismatch { configured, group });
         }
         self.drop_moved_partitions();
     }
 
-    /// How long an owner whose record is absent (or behind) is waited out: the longest lease seen
-    /// in its records, at least ours.
+    /// How long an absent owner is waited out: the longest lease seen in its records, at least ours.
     pub(super) fn absent_lease(&self, identity: &str) -> Duration {
         self.known_leases.get(identity).copied().unwrap_or_default().max(self.config.timing.lease_duration)
     }
@@ -310,8 +294,7 @@ impl MemberCore {
         }
     }
 
-    /// True when the record of `owner`'s identity shows another epoch, or that epoch not alive:
-    /// a leaving mark of it can be dropped.
+    /// True when `owner`'s record shows another epoch, or that epoch not alive (the epoch is over).
     pub(super) fn epoch_over(&self, owner: &Owner) -> bool {
         self.members.get(&owner.member).is_some_and(|observed| {
             observed.stored.value.epoch != owner.epoch || observed.stored.value.state != MemberState::Alive
