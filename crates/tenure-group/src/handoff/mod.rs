@@ -1,0 +1,489 @@
+//! The sans-IO core of one group member: membership lease, partition claims and the safe handoff,
+//! driven by explicit time.
+//!
+//! [`MemberCore`] never reads a clock and never does I/O. Its driver asks it what to do
+//! ([`MemberCore::poll_action`]; several actions may be in flight, at most one per record),
+//! performs them on a [`crate::store::GroupStore`], and feeds the results back with the local
+//! monotonic time of each step. What the application must do comes out as [`GroupEvent`]s.
+//!
+//! # Call order
+//!
+//! 1. Inputs, whenever they happen: the replies [`MemberCore::on_read`], [`MemberCore::on_write`],
+//!    [`MemberCore::on_delete`]; the store's news [`MemberCore::on_change`],
+//!    [`MemberCore::on_store_change`]; the application's [`MemberCore::on_drained`],
+//!    [`MemberCore::leave`].
+//! 2. Then [`MemberCore::poll_action`] until `None`, performing each action, and
+//!    [`MemberCore::poll_event`] until `None`.
+//! 3. Then sleep until the next input or [`MemberCore::next_wakeup`], and start again at 2.
+//!
+//! The queries ([`MemberCore::owns`], [`MemberCore::is_member`], ...) may be called at any time;
+//! each judges at the time it is given (F1).
+//!
+//! The state is split by concern: `membership` (our record and [`Phase`](membership::Phase)),
+//! `view` (the others' records and the table as seen), `table` (what we hold and the table write),
+//! `cleanup` (other members' ends) and `timers`.
+//!
+//! # The rules (invariant P1 of DESIGN.md)
+//!
+//! - **Membership is a lease (S1).** A member renews its own record every retry period (its only
+//!   write at rest). It treats itself as a member, and believes in its partitions, only while
+//!   `now < start of the last successful renew + renew_deadline` on its own clock. Past that it
+//!   drops every partition at once ([`GroupEvent::Lost`]) and later rejoins with a new epoch.
+//! - **An epoch ends by compare-and-swap.** Another member ends an epoch only after it saw the
+//!   member's record unchanged for the record's whole lease on its own clock (S3), by writing the
+//!   record as `Expired` at the version it saw. A renew the member still had in flight then fails,
+//!   so the member cannot extend its belief past that moment; and because `renew_deadline <
+//!   lease_duration`, it stopped believing before (up to the drift bound of
+//!   [`tenure::Timing::max_clock_drift`]).
+//! - **Revoke before assign.** Every ownership is recorded in the table as (member, epoch) with a
+//!   term. A member claims a partition by compare-and-swap of the table, writing `term + 1`, and
+//!   only if the slot is free (its owner stopped work and released it), or its owner's epoch is
+//!   certainly over (its record is `Left`/`Expired` at that epoch, or shows a later epoch), or the
+//!   owner's record has been absent or inconsistent for a whole lease on the claimer's clock.
+//!   An owner that should give a partition away first stops believing ([`GroupEvent::Revoked`]),
+//!   waits for the application to drain ([`MemberCore::on_drained`]), and only then releases it.
+//! - **Belief starts with a successful claim**, and only if the membership epoch the claim was
+//!   made in is still valid when the reply arrives.
+//! - **Identity.** A record of this identity written by another process (another incarnation) is
+//!   waited out like any other member's: the running process keeps the identity, the newcomer
+//!   reports [`GroupEvent::DuplicateIdentity`] and joins only after the other's lease ran out.
+//! - **Partition count.** The table fixes the group's count; a member configured otherwise adopts
+//!   it and reports [`GroupEvent::PartitionCountMismatch`], so all members map keys alike.
+
+mod cleanup;
+mod membership;
+mod table;
+#[cfg(test)]
+mod tests;
+mod timers;
+mod view;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use tenure::{MonotonicTime, Term};
+
+use crate::config::GroupConfig;
+use crate::record::PartitionTable;
+use crate::store::{Key, StoreError, Stored, Value, Version};
+use membership::Phase;
+use table::{AssignmentCache, Held, Holding};
+use timers::{Timer, TimerTable};
+use view::{ObservedMember, PendingRead};
+
+/// What the driver must do next on the store.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Read a snapshot ([`crate::store::GroupStore::read`]), then call [`MemberCore::on_read`].
+    Read,
+    /// Write a record ([`crate::store::GroupStore::write`]), then call [`MemberCore::on_write`]
+    /// with the same key.
+    Write {
+        /// Which record.
+        key: Key,
+        /// The version it must still have (`None`: create it).
+        expected: Option<Version>,
+        /// The new content.
+        value: Value,
+    },
+    /// Delete a record ([`crate::store::GroupStore::delete`]) if it is still at `expected`, then
+    /// call [`MemberCore::on_delete`] with the same key.
+    Delete {
+        /// Which record (the record of a member whose epoch is over).
+        key: Key,
+        /// The version it must still have.
+        expected: Version,
+    },
+}
+
+/// What happened, for the driver and the application.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupEvent {
+    /// This member joined (or rejoined) the group with this epoch.
+    Joined {
+        /// The new epoch.
+        epoch: u64,
+    },
+    /// The membership lapsed (no renew within the renew deadline, or the record was taken):
+    /// every partition was dropped at that instant.
+    MembershipLost {
+        /// The epoch that ended.
+        epoch: u64,
+    },
+    /// This member owns the partition from now on, under this term.
+    Acquired {
+        /// The partition.
+        partition: u32,
+        /// Its term: the fencing token of work done under this ownership.
+        term: Term,
+    },
+    /// The partition should move: stop starting work on it, finish what runs, then call
+    /// [`MemberCore::on_drained`]. The ownership no longer counts from this instant.
+    Revoked {
+        /// The partition.
+        partition: u32,
+        /// The term that ends.
+        term: Term,
+    },
+    /// A revoked partition that was still draining stays after all (the assignment changed
+    /// back before it was released): the same ownership, under the same term, goes on.
+    Restored {
+        /// The partition.
+        partition: u32,
+        /// Its term, unchanged.
+        term: Term,
+    },
+    /// The release of a drained partition is in the store: others may claim it.
+    Released {
+        /// The partition.
+        partition: u32,
+        /// The term that ended.
+        term: Term,
+    },
+    /// The ownership ended without a release (membership lapsed, or the table shows another
+    /// owner).
+    Lost {
+        /// The partition.
+        partition: u32,
+        /// The term that ended.
+        term: Term,
+    },
+    /// Another process holds this identity; this one waits until that one's lease ran out.
+    DuplicateIdentity {
+        /// The other process's incarnation.
+        other_incarnation: u64,
+    },
+    /// The once-per-lease read found a table the watch did not deliver within a retry period
+    /// after (a lease): the watch lost a change without saying so. Never expected (the read has made up
+    /// for it; a handoff waited a lease at most); counted in [`MemberCore::missed_changes`].
+    MissedChange {
+        /// The table version the watch did not deliver.
+        version: Version,
+    },
+    /// The group's table has another partition count than this member's configuration: this
+    /// member uses the group's.
+    PartitionCountMismatch {
+        /// This member's configuration.
+        configured: u32,
+        /// The group's.
+        group: u32,
+    },
+    /// The table in the store is not consistent (slots and count differ): nothing is claimed.
+    CorruptTable,
+    /// This member left the group (after releasing everything).
+    Left,
+}
+
+/// Why a [`MemberCore`] could not be created.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CoreError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The identity is empty or longer than 253 bytes (a Kubernetes object name).
+    #[error("invalid member identity {0:?}: must be 1 to 253 bytes")]
+    Identity(String),
+}
+
+/// A write in flight, and what it means once it succeeds.
+#[derive(Debug, Clone)]
+enum WriteKind {
+    Join { epoch: u64 },
+    Renew { epoch: u64 },
+    Leave,
+    Tombstone,
+    Delete,
+    CreateTable,
+    Table { epoch: u64, claims: Vec<(u32, u64)>, releases: Vec<(u32, u64)> },
+}
+
+#[derive(Debug, Clone)]
+struct PendingWrite {
+    started: MonotonicTime,
+    kind: WriteKind,
+    value: Value,
+}
+
+/// The decision state of one member of one group. See the module documentation.
+///
+/// ```
+/// use tenure::MonotonicTime;
+/// use tenure_group::handoff::{Action, MemberCore};
+/// use tenure_group::GroupConfig;
+/// let config = GroupConfig { partition_count: 4, ..GroupConfig::default() };
+/// let mut core = MemberCore::new("a", 1, config, true).unwrap();
+/// assert_eq!(core.poll_action(MonotonicTime::ZERO), Some(Action::Read));
+/// ```
+#[derive(Debug)]
+pub struct MemberCore {
+    identity: String,
+    incarnation: u64,
+    config: GroupConfig,
+    has_watch: bool,
+    phase: Phase,
+    /// A renew met a conflict: renew again only after a read showed the record (not reset by a lapse).
+    renew_after_read: bool,
+    /// The highest epoch this process has joined with.
+    last_epoch: u64,
+    table: Option<Stored<PartitionTable>>,
+    members: BTreeMap<String, ObservedMember>,
+    /// Identities named as owners in the table without a record, since when (local time).
+    absent_since: BTreeMap<String, MonotonicTime>,
+    /// The longest lease seen in a record of each identity (to wait out one that disappeared).
+    known_leases: BTreeMap<String, Duration>,
+    pending_read: Option<PendingRead>,
+    read_wanted: bool,
+    /// Counts completed writes and applied pushed changes; `written_at[key]` is the count when
+    /// `key` last changed in this member's view by either (a read issued before is older there).
+    writes_completed: u64,
+    written_at: BTreeMap<Key, u64>,
+    /// Counts [`crate::store::Change::Resync`]s received, and the last one a completed read was
+    /// issued after (`None` before the first read): while they differ nothing is decided.
+    resyncs_requested: u64,
+    resyncs_read: Option<u64>,
+    /// A table version a periodic read found ahead of the view (see [`Timer::MissedChange`]).
+    unconfirmed_table: Option<Version>,
+    /// Changes the watch lost that the periodic read found (see [`GroupEvent::MissedChange`]).
+    missed_changes: u64,
+    held: BTreeMap<u32, Held>,
+    assignment_cache: AssignmentCache,
+    /// False once the store refused a deletion: departed members' records are then kept.
+    can_delete: bool,
+    pending: BTreeMap<Key, PendingWrite>,
+    timers: TimerTable,
+    events: VecDeque<GroupEvent>,
+    /// The last event reported of each kind that is reported once (a mismatch, a duplicate, a
+    /// corrupt table), so that a condition that lasts is not reported again and again.
+    reported: Vec<GroupEvent>,
+}
+
+impl MemberCore {
+    /// A member named `identity`. `incarnation` tells this process apart from another one with the
+    /// same identity (draw it at random); `has_watch` says whether the store pushes changes (then
+    /// the member does not poll).
+    pub fn new(
+        identity: impl Into<String>,
+        incarnation: u64,
+        config: GroupConfig,
+        has_watch: bool,
+    ) -> Result<Self, CoreError> {
+        let identity = identity.into();
+        if identity.is_empty() || identity.len() > 253 {
+            return Err(CoreError::Identity(identity));
+        }
+        config.validate()?;
+        Ok(MemberCore {
+            identity,
+            incarnation,
+            config,
+            has_watch,
+            phase: Phase::Joining,
+            renew_after_read: false,
+            last_epoch: 0,
+            table: None,
+            members: BTreeMap::new(),
+            absent_since: BTreeMap::new(),
+            known_leases: BTreeMap::new(),
+            pending_read: None,
+            read_wanted: true,
+            writes_completed: 0,
+            written_at: BTreeMap::new(),
+            resyncs_requested: 0,
+            resyncs_read: None,
+            unconfirmed_table: None,
+            missed_changes: 0,
+            held: BTreeMap::new(),
+            assignment_cache: AssignmentCache::default(),
+            can_delete: true,
+            pending: BTreeMap::new(),
+            timers: TimerTable::default(),
+            events: VecDeque::new(),
+            reported: Vec::new(),
+        })
+    }
+
+    /// This member's identity.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// The term of `partition` if held in one of `states` while the membership is valid at `now`.
+    fn held_in(&self, partition: u32, now: MonotonicTime, states: &[Holding]) -> Option<Term> {
+        let held = self.held.get(&partition).filter(|h| states.contains(&h.state) && self.is_member(now))?;
+        Some(Term(held.term))
+    }
+
+    /// The term under which this member owns `partition` at local time `now`, if it does: the
+    /// membership is valid and the partition is claimed and not revoked.
+    pub fn owns(&self, partition: u32, now: MonotonicTime) -> Option<Term> {
+        self.held_in(partition, now, &[Holding::Active])
+    }
+
+    /// The term of `partition` if work on it may still be running at `now`: owned, or revoked but
+    /// not yet drained, while the membership is valid. The simulation's checker counts these.
+    pub fn may_work_on(&self, partition: u32, now: MonotonicTime) -> Option<Term> {
+        self.held_in(partition, now, &[Holding::Active, Holding::Draining])
+    }
+
+    /// Every partition work may still run on at `now` (see [`MemberCore::may_work_on`]).
+    pub fn working(&self, now: MonotonicTime) -> impl Iterator<Item = (u32, Term)> + '_ {
+        self.held.keys().filter_map(move |p| Some((*p, self.may_work_on(*p, now)?)))
+    }
+
+    /// Every partition this member owns at `now`, with its term.
+    pub fn owned(&self, now: MonotonicTime) -> BTreeMap<u32, Term> {
+        self.held.keys().filter_map(|p| Some((*p, self.owns(*p, now)?))).collect()
+    }
+
+    /// True while the membership is valid at `now`.
+    pub fn is_member(&self, now: MonotonicTime) -> bool {
+        self.membership().is_some_and(|m| now < m.valid_until)
+    }
+
+    /// Until when the membership is valid, if it is.
+    pub fn valid_until(&self) -> Option<MonotonicTime> {
+        self.membership().map(|m| m.valid_until)
+    }
+
+    /// The current epoch, while a member.
+    pub fn epoch(&self) -> Option<u64> {
+        self.membership().map(|m| m.epoch)
+    }
+
+    /// True once this member left for good.
+    pub fn has_left(&self) -> bool {
+        matches!(self.phase, Phase::Left)
+    }
+
+    /// How many changes the watch lost that the once-per-lease read found: 0 unless a store's
+    /// watch (or this member's handling of it) loses events. Exported for an alert.
+    pub fn missed_changes(&self) -> u64 {
+        self.missed_changes
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<GroupEvent> {
+        self.events.pop_front()
+    }
+
+    /// The store reported a change (or the watch was re-opened): read again.
+    pub fn on_change(&mut self, now: MonotonicTime) {
+        self.check_lapse(now);
+        self.read_wanted = true;
+    }
+
+    /// The application finished its work on a revoked partition.
+    pub fn on_drained(&mut self, now: MonotonicTime, partition: u32) {
+        self.check_lapse(now);
+        if let Some(held) = self.held.get_mut(&partition).filter(|h| h.state == Holding::Draining) {
+            held.state = Holding::Drained;
+        }
+    }
+
+    /// The earliest local time at which [`MemberCore::poll_action`] may have something new to do
+    /// without any input: a timer ([`timers`]), the end of our membership, the lease of a live
+    /// member's record or of an owner's absence.
+    pub fn next_wakeup(&self, now: MonotonicTime) -> Option<MonotonicTime> {
+        let lapse = self.membership().map(|m| m.valid_until);
+        let expiries = self.members.values().filter_map(ObservedMember::alive_until);
+        let absences = self.absent_since.iter().map(|(id, since)| *since + self.absent_lease(id));
+        self.timers.next_after(now, lapse.into_iter().chain(expiries).chain(absences))
+    }
+
+    /// What to do next on the store, if anything; call again until `None`, then again after
+    /// every input and at [`MemberCore::next_wakeup`]. In this order: a read if one is due; after
+    /// the first read, our own record (join, renew, leave); then, unless a resync is not read
+    /// yet, ending silent members' epochs, the table write, and deleting departed records.
+    pub fn poll_action(&mut self, now: MonotonicTime) -> Option<Action> {
+        self.check_lapse(now);
+        if self.has_left() {
+            return None;
+        }
+        self.check_missed_change(now);
+        if let Some(read) = self.read_action(now) {
+            return Some(read);
+        }
+        let resyncs_read = self.resyncs_read?;
+        if let Some(action) = self.own_record_action(now) {
+            return Some(action);
+        }
+        if resyncs_read < self.resyncs_requested {
+            // Changes were lost: until the read is in, only release what this member owns.
+            return self.table_action(now, false);
+        }
+        self.tombstone_action(now).or_else(|| self.table_action(now, true)).or_else(|| self.cleanup_action(now))
+    }
+
+    /// Reports `event` unless the last report of its kind was the same.
+    fn report_once(&mut self, event: GroupEvent) {
+        let kind = std::mem::discriminant(&event);
+        match self.reported.iter_mut().find(|e| std::mem::discriminant(*e) == kind) {
+            Some(last) if *last == event => return,
+            Some(last) => *last = event.clone(),
+            None => self.reported.push(event.clone()),
+        }
+        self.events.push_back(event);
+    }
+
+    fn may_write(&self, key: &Key, now: MonotonicTime) -> bool {
+        !self.pending.contains_key(key) && self.timers.elapsed(&Timer::WriteRetry(key.clone()), now)
+    }
+
+    fn start_write(
+        &mut self,
+        now: MonotonicTime,
+        key: Key,
+        expected: Option<Version>,
+        value: Value,
+        kind: WriteKind,
+    ) -> Action {
+        self.pending.insert(key.clone(), PendingWrite { started: now, kind, value: value.clone() });
+        Action::Write { key, expected, value }
+    }
+
+    /// After a failed write or delete: read again; retry a retry period later unless it conflicted.
+    fn write_failed(&mut self, now: MonotonicTime, key: &Key, error: &StoreError) {
+        self.read_wanted = true;
+        if !error.is_conflict() {
+            self.timers.set(Timer::WriteRetry(key.clone()), now + self.config.timing.retry_period);
+        }
+    }
+
+    /// The reply to [`Action::Write`] for `key`.
+    pub fn on_write(&mut self, now: MonotonicTime, key: &Key, result: Result<Version, StoreError>) {
+        self.check_lapse(now);
+        let Some(pending) = self.pending.remove(key) else { return };
+        let version = match result {
+            Ok(version) => version,
+            Err(error) => {
+                self.write_failed(now, key, &error);
+                if let WriteKind::Renew { epoch } = pending.kind {
+                    self.renew_failed(now, epoch, &error);
+                }
+                return;
+            }
+        };
+        self.timers.stop(&Timer::WriteRetry(key.clone()));
+        self.mark_changed(key);
+        match (pending.kind, pending.value, key) {
+            (
+                kind @ (WriteKind::Join { .. } | WriteKind::Renew { .. } | WriteKind::Leave | WriteKind::Tombstone),
+                Value::Member(record),
+                Key::Member(id),
+            ) => {
+                let renewals = record.renewals;
+                self.observe_member(now, id.clone(), Stored { version, value: record });
+                self.on_member_written(now, kind, pending.started, version, renewals);
+            }
+            (WriteKind::Table { epoch, claims, releases }, Value::Table(table), _) => {
+                self.adopt_table(version, table);
+                self.on_table_written(now, epoch, claims, releases);
+            }
+            (WriteKind::CreateTable, Value::Table(table), _) => {
+                self.adopt_table(version, table);
+                self.after_view_change(now);
+            }
+            _ => {}
+        }
+    }
+}

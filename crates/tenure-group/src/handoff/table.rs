@@ -1,0 +1,228 @@
+//! The partitions this member holds and the table write that moves them (assignment, revoke
+//! before assign, releases, claims): where P1 is kept.
+
+use tenure::{MonotonicTime, Term};
+
+use super::{Action, GroupEvent, MemberCore, WriteKind};
+use crate::assignment::{assign, WeightedMember};
+use crate::record::{Owner, PartitionTable, Slot};
+use crate::store::{Key, Stored, Value};
+
+/// How this member holds a partition it claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Holding {
+    /// Owned: the application works on it.
+    Active,
+    /// Revoked: the application finishes its work; still counted as working by the checker.
+    /// Back to `Active` if the assignment changes back before the drain ends.
+    Draining,
+    /// The application stopped: the release may be written.
+    Drained,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Held {
+    pub(super) term: u64,
+    pub(super) state: Holding,
+}
+
+/// What an assignment is a function of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AssignmentKey {
+    table: crate::store::Version,
+    members: Vec<(String, u32)>,
+    current: Vec<Option<usize>>,
+}
+
+/// The last assignment computed, and what it was computed from (it is asked for on every poll).
+#[derive(Debug, Default)]
+pub(super) struct AssignmentCache(Option<(AssignmentKey, Vec<Option<usize>>)>);
+
+impl AssignmentCache {
+    /// The target owner of each partition, as an index into `live`.
+    fn target(
+        &mut self,
+        table: &Stored<PartitionTable>,
+        live: &[WeightedMember],
+        current: Vec<Option<usize>>,
+    ) -> Vec<Option<usize>> {
+        let members = live.iter().map(|m| (m.identity.clone(), m.weight)).collect();
+        let key = AssignmentKey { table: table.version, members, current };
+        match &self.0 {
+            Some((cached, target)) if *cached == key => target.clone(),
+            _ => {
+                let target = assign(table.value.partition_count, live, &key.current);
+                self.0 = Some((key, target.clone()));
+                target
+            }
+        }
+    }
+}
+
+/// Our part of the target assignment.
+struct Share {
+    target: Vec<Option<usize>>,
+    /// Our index among the live members, while we are one.
+    me: Option<usize>,
+}
+
+impl Share {
+    fn mine(&self, partition: u32) -> bool {
+        self.me.is_some() && self.target.get(partition as usize).copied().flatten() == self.me
+    }
+}
+
+impl MemberCore {
+    /// The table write to make now, if any: releases and, if `may_claim`, claims. In this order:
+    /// create a missing table (report a corrupt one); step 2 [`MemberCore::share`]; step 3
+    /// [`MemberCore::revoke_and_restore`]; step 4 [`MemberCore::releases`], [`MemberCore::claims`];
+    /// then one compare-and-swap with them and the [`MemberCore::leaving_marks`].
+    pub(super) fn table_action(&mut self, now: MonotonicTime, may_claim: bool) -> Option<Action> {
+        let membership = self.membership().filter(|m| now < m.valid_until)?;
+        if !self.may_write(&Key::Table, now) {
+            return None;
+        }
+        let Some(table) = &self.table else {
+            let value = Value::Table(PartitionTable::new(self.config.partition_count));
+            return may_claim.then(|| self.start_write(now, Key::Table, None, value, WriteKind::CreateTable));
+        };
+        if !table.value.is_consistent() {
+            self.report_once(GroupEvent::CorruptTable);
+            return None;
+        }
+        let me = Owner { member: self.identity.clone(), epoch: membership.epoch };
+        let (share, first) = self.share(now, membership.epoch)?;
+        self.revoke_and_restore(&share);
+        let table = self.table.as_ref()?;
+        let wanted = |p: u32| may_claim && !self.is_leaving() && share.mine(p);
+        let releases = self.releases(&table.value, &me, wanted);
+        let claims = self.claims(&table.value, now, wanted);
+        let tidy = may_claim && first && self.leaving_marks_to_tidy(&table.value, &me);
+        if releases.is_empty() && claims.is_empty() && !tidy {
+            return None;
+        }
+        let mut next = table.value.clone();
+        for (partition, _) in &releases {
+            next.slots[*partition as usize].owner = None;
+        }
+        for (partition, term) in &claims {
+            next.slots[*partition as usize] = Slot { term: *term, owner: Some(me.clone()) };
+        }
+        let mark_leaving =
+            self.is_leaving() && !releases.is_empty() && self.held.values().all(|h| h.state == Holding::Drained);
+        self.leaving_marks(&mut next, &me, mark_leaving);
+        let (expected, kind) = (Some(table.version), WriteKind::Table { epoch: membership.epoch, claims, releases });
+        Some(self.start_write(now, Key::Table, expected, Value::Table(next), kind))
+    }
+
+    /// Step 2: our share of the target assignment (from who owns what now, so that little moves),
+    /// and whether we are the first live member.
+    fn share(&mut self, now: MonotonicTime, epoch: u64) -> Option<(Share, bool)> {
+        let live = self.live_members(now);
+        let table = self.table.as_ref()?;
+        let current = table.value.slots.iter().map(|slot| self.live_owner_index(slot, &live, epoch)).collect();
+        let target = self.assignment_cache.target(table, &live, current);
+        let me = live.iter().position(|m| m.identity == self.identity);
+        Some((Share { target, me }, me == Some(0)))
+    }
+
+    /// The index in `live` of the owner of `slot`, if it is a live member at the epoch it claimed in.
+    fn live_owner_index(&self, slot: &Slot, live: &[WeightedMember], epoch: u64) -> Option<usize> {
+        let owner = slot.owner.as_ref()?;
+        let index = live.iter().position(|m| m.identity == owner.member)?;
+        let live_epoch =
+            if owner.member == self.identity { epoch } else { self.members.get(&owner.member)?.stored.value.epoch };
+        (owner.epoch == live_epoch).then_some(index)
+    }
+
+    /// Step 3: revoke what should move; keep what should stay after all and was not released
+    /// yet. (Only a draining partition comes back: no release of it was ever sent. A drained one
+    /// may have a release in the store whose reply was lost.)
+    fn revoke_and_restore(&mut self, share: &Share) {
+        for (partition, held) in self.held.iter_mut() {
+            let (partition, term) = (*partition, Term(held.term));
+            match (held.state, share.mine(partition)) {
+                (Holding::Active, false) => {
+                    held.state = Holding::Draining;
+                    self.events.push_back(GroupEvent::Revoked { partition, term });
+                }
+                (Holding::Draining, true) => {
+                    held.state = Holding::Active;
+                    self.events.push_back(GroupEvent::Restored { partition, term });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Step 4a: drained partitions the table still gives us, then slots naming us that we neither
+    /// hold nor want (claims whose reply was lost: nobody works on them).
+    fn releases(&self, table: &PartitionTable, me: &Owner, wanted: impl Fn(u32) -> bool) -> Vec<(u32, u64)> {
+        let names_us = |p: u32, term: u64| {
+            table.slots.get(p as usize).is_some_and(|s| s.owner.as_ref() == Some(me) && s.term == term)
+        };
+        let drained = self.held.iter().filter(|(p, h)| h.state == Holding::Drained && names_us(**p, h.term));
+        let lost_replies = (0..table.partition_count).filter(|p| {
+            !self.held.contains_key(p) && !wanted(*p) && table.slots[*p as usize].owner.as_ref() == Some(me)
+        });
+        drained.map(|(p, h)| (*p, h.term)).chain(lost_replies.map(|p| (p, table.slots[p as usize].term))).collect()
+    }
+
+    /// Step 4b: the slots of our share we do not hold that are free or whose owner is gone, each
+    /// with its next term.
+    fn claims(&self, table: &PartitionTable, now: MonotonicTime, wanted: impl Fn(u32) -> bool) -> Vec<(u32, u64)> {
+        (0..table.partition_count)
+            .filter(|p| !self.held.contains_key(p) && wanted(*p))
+            .filter_map(|p| {
+                let slot = &table.slots[p as usize];
+                slot.owner.as_ref().is_none_or(|o| self.owner_is_gone(o, now)).then(|| (p, slot.term.saturating_add(1)))
+            })
+            .collect()
+    }
+
+    /// Our table write of `epoch` is in: releases are done, claims count if the epoch is valid.
+    pub(super) fn on_table_written(
+        &mut self,
+        now: MonotonicTime,
+        epoch: u64,
+        claims: Vec<(u32, u64)>,
+        releases: Vec<(u32, u64)>,
+    ) {
+        for (partition, term) in releases {
+            if self.held.remove(&partition).is_some() {
+                self.events.push_back(GroupEvent::Released { partition, term: Term(term) });
+            }
+        }
+        if self.membership().is_some_and(|m| m.epoch == epoch && now < m.valid_until) {
+            for (partition, term) in claims {
+                self.held.insert(partition, Held { term, state: Holding::Active });
+                self.events.push_back(GroupEvent::Acquired { partition, term: Term(term) });
+            }
+        }
+        self.after_view_change(now);
+    }
+
+    /// After the view changed: a held partition whose slot no longer names us under its term is
+    /// released (if drained) or lost.
+    pub(super) fn drop_moved_partitions(&mut self) {
+        let (Some(table), Some(membership)) = (&self.table, self.membership()) else { return };
+        let me = Owner { member: self.identity.clone(), epoch: membership.epoch };
+        let still_ours = |p: u32, h: &Held| {
+            table.value.slots.get(p as usize).is_some_and(|s| s.owner.as_ref() == Some(&me) && s.term == h.term)
+        };
+        let gone: Vec<(u32, Held)> =
+            self.held.iter().filter(|(p, h)| !still_ours(**p, h)).map(|(p, h)| (*p, *h)).collect();
+        for (partition, held) in gone {
+            self.held.remove(&partition);
+            let term = Term(held.term);
+            if held.state == Holding::Drained {
+                self.events.push_back(GroupEvent::Released { partition, term });
+            } else {
+                // Only possible outside the guarantee (clock drift beyond the bound, a store
+                // without compare-and-swap): stop at once.
+                tracing::error!(partition, %term, "the table shows another owner of a partition this member owns");
+                self.events.push_back(GroupEvent::Lost { partition, term });
+            }
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! Unit tests of the core against a tiny synchronous store.
+
+use super::*;
+use crate::record::{MemberRecord, MemberState};
+use crate::store::{Change, Snapshot};
+
+const PARTITIONS: u32 = 4;
+
+fn timing() -> tenure::Timing {
+    // lease 4 s, renew deadline 2 s, retry 1 s
+    tenure::Timing::from_ttl(Duration::from_secs(4)).unwrap()
+}
+
+fn at(millis: u64) -> MonotonicTime {
+    MonotonicTime(Duration::from_millis(millis))
+}
+
+/// A tiny synchronous store: applies every action at once.
+#[derive(Default)]
+struct Store {
+    records: BTreeMap<Key, (Version, Value)>,
+    next: u64,
+}
+
+impl Store {
+    fn snapshot(&self) -> Snapshot {
+        let mut snapshot = Snapshot::default();
+        for (key, (version, value)) in &self.records {
+            match (key, value) {
+                (Key::Table, Value::Table(t)) => snapshot.table = Some(Stored { version: *version, value: t.clone() }),
+                (Key::Member(id), Value::Member(m)) => {
+                    snapshot.members.insert(id.clone(), Stored { version: *version, value: m.clone() });
+                }
+                _ => unreachable!(),
+            }
+        }
+        snapshot
+    }
+
+    fn apply(&mut self, core: &mut MemberCore, now: MonotonicTime) {
+        while let Some(action) = core.poll_action(now) {
+            match action {
+                Action::Read => core.on_read(now, Ok(self.snapshot())),
+                Action::Write { key, expected, value } => {
+                    let result = self.write(&key, expected, value);
+                    core.on_write(now, &key, result);
+                }
+                Action::Delete { key, expected } => {
+                    let result = if self.records.get(&key).map(|(v, _)| *v) == Some(expected) {
+                        self.records.remove(&key);
+                        Ok(())
+                    } else {
+                        Err(StoreError::Conflict)
+                    };
+                    core.on_delete(now, &key, result);
+                }
+            }
+        }
+    }
+    /// A compare-and-swap of `key` at `expected`.
+    fn write(&mut self, key: &Key, expected: Option<Version>, value: Value) -> Result<Version, StoreError> {
+        if self.records.get(key).map(|(v, _)| *v) != expected {
+            return Err(StoreError::Conflict);
+        }
+        self.next += 1;
+        self.records.insert(key.clone(), (Version(self.next), value));
+        Ok(Version(self.next))
+    }
+
+    /// Like [`Store::apply`], except that the first table write is committed but its reply
+    /// is returned instead of handed to the core: a reply still on its way.
+    fn apply_holding_table_reply(
+        &mut self,
+        core: &mut MemberCore,
+        now: MonotonicTime,
+    ) -> Option<(Key, Result<Version, StoreError>)> {
+        while let Some(action) = core.poll_action(now) {
+            match action {
+                Action::Write { key: Key::Table, expected, value } => {
+                    let result = self.write(&Key::Table, expected, value);
+                    assert!(result.is_ok());
+                    return Some((Key::Table, result));
+                }
+                Action::Read => core.on_read(now, Ok(self.snapshot())),
+                Action::Write { key, expected, value } => {
+                    let result = self.write(&key, expected, value);
+                    core.on_write(now, &key, result);
+                }
+                Action::Delete { .. } => unreachable!("nothing to delete here"),
+            }
+        }
+        None
+    }
+
+    /// The table as a watch event.
+    fn table_event(&self) -> Change {
+        let (version, value) = self.records[&Key::Table].clone();
+        Change::Put(Key::Table, Stored { version, value })
+    }
+}
+
+fn revoked_partitions(core: &mut MemberCore) -> Vec<u32> {
+    std::iter::from_fn(|| core.poll_event())
+        .filter_map(|e| match e {
+            GroupEvent::Revoked { partition, .. } => Some(partition),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The "lost release": the reply to b's claim comes after the watch brought a's release made
+/// on top of that claim. The reply must not take b's view back to the table it wrote, where
+/// the released partition is still a's: b would never claim it (the watch does not repeat
+/// the release), until a full read.
+#[test]
+fn a_release_seen_before_the_reply_to_an_own_claim_is_claimed_at_once() {
+    let (mut store, mut a, mut b) = a_and_b_at_zero();
+    a.on_change(at(10));
+    store.apply(&mut a, at(10));
+    let revoked = revoked_partitions(&mut a);
+    assert_eq!(revoked.len(), 2);
+    // a releases the first; b claims it, and the claim commits; its reply is late.
+    a.on_drained(at(20), revoked[0]);
+    store.apply(&mut a, at(20));
+    b.on_change(at(30));
+    let (key, reply) = store.apply_holding_table_reply(&mut b, at(30)).expect("b claims the released partition");
+    let claim = store.table_event();
+    // a's watch brings b's claim; a releases the second partition on top of it.
+    a.on_store_change(at(40), claim.clone());
+    a.on_drained(at(40), revoked[1]);
+    store.apply(&mut a, at(40));
+    // b's watch brings both tables, then the reply to its claim comes.
+    b.on_store_change(at(50), claim);
+    b.on_store_change(at(50), store.table_event());
+    b.on_write(at(60), &key, reply);
+    store.apply(&mut b, at(60));
+    for p in &revoked {
+        assert_eq!(b.owns(*p, at(60)).map(|t| t > Term(1)), Some(true), "partition {p} not claimed at once");
+    }
+}
+
+fn member(identity: &str) -> MemberCore {
+    let config = GroupConfig { timing: timing(), partition_count: PARTITIONS, weight: 1 };
+    MemberCore::new(identity, identity.len() as u64, config, true).unwrap()
+}
+
+/// a joins alone and owns everything (at time 0).
+fn a_alone_at_zero() -> (Store, MemberCore) {
+    let mut store = Store::default();
+    let mut a = member("a");
+    store.apply(&mut a, at(0));
+    store.apply(&mut a, at(0));
+    (store, a)
+}
+
+/// a joins and owns everything, then b joins and a revokes b's share (all at time 0).
+fn a_and_b_at_zero() -> (Store, MemberCore, MemberCore) {
+    let (mut store, mut a) = a_alone_at_zero();
+    let mut b = member("b");
+    store.apply(&mut b, at(0));
+    a.on_change(at(0));
+    store.apply(&mut a, at(0));
+    (store, a, b)
+}
+
+#[test]
+fn a_lone_member_owns_every_partition_and_stops_believing_at_its_renew_deadline() {
+    let (_, a) = a_alone_at_zero();
+    assert_eq!(a.owned(at(0)).len(), PARTITIONS as usize);
+    assert_eq!(a.owns(0, at(0)), Some(Term(1)));
+    // No renew reaches the store: at the renew deadline (2 s) every belief ends by itself.
+    assert!(a.owns(0, at(1_999)).is_some());
+    assert_eq!(a.owns(0, at(2_000)), None);
+    assert_eq!(a.may_work_on(0, at(2_000)), None);
+}
+
+#[test]
+fn a_newcomer_claims_only_after_the_owner_released_and_with_a_higher_term() {
+    let (mut store, mut a) = a_alone_at_zero();
+    let mut b = member("b");
+    store.apply(&mut b, at(10));
+    assert!(b.owned(at(10)).is_empty(), "b claimed partitions a still owns");
+    // a sees b, revokes its share, and keeps owning nothing it gave up.
+    a.on_change(at(20));
+    store.apply(&mut a, at(20));
+    let revoked = revoked_partitions(&mut a);
+    assert_eq!(revoked.len(), 2);
+    b.on_change(at(30));
+    store.apply(&mut b, at(30));
+    assert!(b.owned(at(30)).is_empty(), "b claimed before a drained and released");
+    for p in &revoked {
+        a.on_drained(at(40), *p);
+    }
+    store.apply(&mut a, at(40));
+    b.on_change(at(50));
+    store.apply(&mut b, at(50));
+    for p in &revoked {
+        assert_eq!(b.owns(*p, at(50)), Some(Term(2)), "partition {p}");
+        assert_eq!(a.may_work_on(*p, at(50)), None);
+    }
+}
+
+#[test]
+fn a_crashed_members_partitions_are_claimed_only_after_its_lease_on_the_claimers_clock() {
+    let (mut store, _a, mut b) = a_and_b_at_zero();
+    // a crashes now (no more calls); b renews and watches.
+    let lease = timing().lease_duration.as_millis() as u64;
+    for t in (100..lease).step_by(100) {
+        b.on_change(at(t));
+        store.apply(&mut b, at(t));
+        assert!(b.owned(at(t)).len() <= 2, "b took a's partitions at {t} ms, before a's lease ran out");
+    }
+    store.apply(&mut b, at(lease));
+    b.on_change(at(lease));
+    store.apply(&mut b, at(lease));
+    assert_eq!(b.owned(at(lease)).len(), PARTITIONS as usize);
+    assert!(matches!(
+        store.records.get(&Key::Member("a".into())),
+        Some((_, Value::Member(MemberRecord { state: MemberState::Expired, .. })))
+    ));
+}
+
+#[test]
+fn after_a_resync_a_member_claims_nothing_until_the_snapshot_read_is_in() {
+    let (mut store, _a, mut b) = a_and_b_at_zero();
+    // a crashes; b renews; b's watch breaks and re-opens exactly when a's lease runs out.
+    let lease = timing().lease_duration.as_millis() as u64;
+    for t in (100..lease).step_by(100) {
+        store.apply(&mut b, at(t));
+    }
+    b.on_store_change(at(lease), Change::Resync);
+    let mut actions = Vec::new();
+    while let Some(action) = b.poll_action(at(lease)) {
+        actions.push(action);
+    }
+    assert!(actions.contains(&Action::Read));
+    let decisions: Vec<&Action> = actions
+        .iter()
+        .filter(|action| matches!(action, Action::Write { key, .. } if *key != Key::Member("b".into())))
+        .collect();
+    assert!(decisions.is_empty(), "b acted on a view that may miss changes: {decisions:?}");
+    b.on_read(at(lease), Ok(store.snapshot()));
+    for action in actions.into_iter().filter(|action| *action != Action::Read) {
+        if let Action::Write { key, .. } = action {
+            b.on_write(at(lease), &key, Err(StoreError::Unavailable("dropped by the test".into())));
+        }
+    }
+    store.apply(&mut b, at(lease + 1));
+    assert_eq!(b.owned(at(lease + 1)).len(), PARTITIONS as usize, "b never took over after the read");
+}
+
+#[test]
+fn a_pushed_record_older_than_the_view_is_ignored_and_a_newer_one_applied() {
+    let (store, _a, mut b) = a_and_b_at_zero();
+    let (version, Value::Member(record)) = store.records[&Key::Member("a".into())].clone() else { unreachable!() };
+    // A late event of an earlier version of a's record, in which a has left: ignored.
+    let stale = Stored {
+        version: Version(version.0 - 1),
+        value: Value::Member(MemberRecord { state: MemberState::Left, ..record.clone() }),
+    };
+    b.on_store_change(at(100), Change::Put(Key::Member("a".into()), stale));
+    assert!(b.live_members(at(100)).iter().any(|m| m.identity == "a"), "a late event ended a's membership");
+    // The same at a newer version: applied, a is gone from b's view at once.
+    let newer = Stored {
+        version: Version(version.0 + 100),
+        value: Value::Member(MemberRecord { state: MemberState::Left, ..record }),
+    };
+    b.on_store_change(at(200), Change::Put(Key::Member("a".into()), newer));
+    assert!(b.live_members(at(200)).iter().all(|m| m.identity != "a"), "a newer record was not applied");
+    // A deletion removes the record from the view.
+    b.on_store_change(at(300), Change::Deleted(Key::Member("a".into())));
+    assert!(b.live_members(at(300)).iter().all(|m| m.identity != "a"));
+}
