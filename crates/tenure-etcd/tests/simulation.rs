@@ -25,7 +25,7 @@
 //!
 //! `TENURE_SIM_SCHEDULES` (default 10,000), `TENURE_SIM_BASE_SEED` and `TENURE_SIM_SEED` (replay).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
@@ -84,7 +84,7 @@ struct Sim {
     watch_fifo: Vec<u64>,
     revision: i64,
     keys: BTreeMap<String, (i64, String, i64)>,
-    leases: HashMap<i64, Lease>,
+    leases: BTreeMap<i64, Lease>,
     next_lease: i64,
     store_up: bool,
     lost_replies: f64,
@@ -119,7 +119,7 @@ impl Sim {
             watch_fifo: vec![0; n],
             revision: 1,
             keys: BTreeMap::new(),
-            leases: HashMap::new(),
+            leases: BTreeMap::new(),
             next_lease: 0x100,
             store_up: true,
             lost_replies: 0.0,

@@ -342,8 +342,14 @@ impl ZkLatch {
         s.retry = FIRST_RETRY;
         let margin = s.fence_margin();
         let heartbeat = s.timeout / 3;
+        let connected = s.connected;
         let valid_until = started + margin;
-        let role = if is_leader && now >= valid_until {
+        // A node whose tenure ended is never led on again (S2): it is deleted first. A look
+        // answered after the connection was lost proves nothing about the session.
+        let may_lead = connected && self.spent.is_none();
+        let role = if is_leader && !may_lead && self.leading.is_none() {
+            Role::Follower
+        } else if is_leader && now >= valid_until {
             // The look took so long that a tenure would start (or go on) already fenced.
             self.stop_leading("self-fenced: ZooKeeper answered after the deadline", StopReason::RenewDeadlineExceeded);
             Role::Follower
@@ -374,7 +380,7 @@ impl ZkLatch {
         };
         self.show(leadership);
         // A spent node goes first; a look that came too late to lead is taken again.
-        let again = self.spent.is_some() || (is_leader && self.leading.is_none());
+        let again = self.spent.is_some() || (is_leader && self.leading.is_none() && connected);
         if let Some(s) = self.session() {
             s.look_at = again.then_some(now);
         }
@@ -598,6 +604,9 @@ impl ElectionCore for ZkLatch {
                 if let Some(Release::Deleting(after)) = self.release {
                     if !gone {
                         tracing::warn!(identity = %self.identity, "could not delete own node; it goes with the session");
+                        // Never lead on it again (S2): it is deleted before the next look.
+                        self.spent = Some(node);
+                        self.guards_dropped = true;
                     }
                     let result = if gone { Ok(()) } else { Err(ElectorError::ReleaseTimedOut) };
                     self.finish_release(now, after, result);
@@ -620,9 +629,19 @@ impl ElectionCore for ZkLatch {
         if self.spent.is_some() && !self.guards_dropped {
             times.push(self.spent_drain_until);
         }
+        let holding = matches!(self.release, Some(Release::Holding | Release::Deleting(_)));
         match &self.phase {
             Phase::Connecting { at, in_flight: false } => times.push(*at),
-            Phase::InSession(s) if s.looking.is_none() && s.beating.is_none() => {
+            // What `poll_call` would start once its time comes; a call in flight, a spent node
+            // (deleted first) or a release under way wake the core by other means.
+            Phase::InSession(s)
+                if s.connected
+                    && s.looking.is_none()
+                    && s.beating.is_none()
+                    && !s.deleting
+                    && !holding
+                    && self.spent.is_none() =>
+            {
                 times.extend(s.look_at);
                 if self.leading.is_some() {
                     times.push(s.next_heartbeat);
