@@ -103,7 +103,8 @@ pub async fn maintain(
     // be lost while the write took effect), cleared only by a confirmed removal.
     let mut maybe_labelled = false;
     let mut labelled = false;
-    let mut retry = FIRST_RETRY;
+    let backoff = tenure::Backoff::new(FIRST_RETRY, MAX_RETRY);
+    let mut failures = 0;
     loop {
         let wanted = leadership.borrow_and_update().is_leader();
         if wanted != labelled || (!wanted && maybe_labelled) {
@@ -116,16 +117,17 @@ pub async fn maintain(
                 Ok(()) => {
                     labelled = wanted;
                     maybe_labelled = wanted;
-                    retry = FIRST_RETRY;
+                    failures = 0;
                     tracing::info!(pod, label = %label.key, set = wanted, "leader label updated");
                 }
                 Err(error) => {
+                    failures += 1;
+                    let retry = backoff.delay(failures);
                     tracing::warn!(pod, label = %label.key, %error, retry_in = ?retry, "cannot update the leader label");
                     tokio::select! {
                         _ = tokio::time::sleep(retry) => {}
                         _ = stop.cancelled() => break,
                     }
-                    retry = (retry * 2).min(MAX_RETRY);
                     continue;
                 }
             }

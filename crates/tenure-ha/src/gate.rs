@@ -326,7 +326,7 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
     async fn lead(&self, tenure: Tenure) -> Next {
         let config = &self.config;
         let metrics = &config.metrics;
-        let mut backoff = Backoff::new(config.initial_backoff, config.max_backoff);
+        let backoff = Backoff::new(config.initial_backoff, config.max_backoff);
         let mut failures = 0u32;
         let mut attempt = 0u32;
         loop {
@@ -393,8 +393,7 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
                     tracing::error!(term = tenure.term().0, attempt, error = %message, "leader work failed");
                     self.stopped(tenure.term(), StopReason::Failed, Duration::ZERO, false);
                     // A run longer than the back-off cap went well for a while: start over.
-                    if started.elapsed() >= backoff.max() {
-                        backoff.reset();
+                    if started.elapsed() >= backoff.max {
                         failures = 0;
                     }
                     failures += 1;
@@ -402,7 +401,7 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
                         tracing::warn!(term = tenure.term().0, failures, "resigning so that another replica tries");
                         return Next::Resign;
                     }
-                    let delay = backoff.next_delay();
+                    let delay = backoff.delay(failures);
                     tracing::info!(term = tenure.term().0, ?delay, "restarting leader work after back-off");
                     tokio::select! {
                         _ = sleep(delay) => {}

@@ -652,8 +652,7 @@ impl<K: Resource> Queued<K> {
 /// what ties them together, so it stays at the oldest failure's `hold`.
 struct Retries<K> {
     pending: BTreeMap<String, Pending<K>>,
-    initial: Duration,
-    max: Duration,
+    backoff: Backoff,
     /// Orders the failures: the lowest is the oldest, whose hold is the watermark.
     next_order: u64,
 }
@@ -665,7 +664,6 @@ struct Pending<K> {
     /// (`None`: nothing was delivered before it, so no version may be recorded).
     hold: Option<String>,
     order: u64,
-    backoff: Backoff,
     due: Instant,
     /// Failed attempts of the front change (0: not attempted yet, it waited behind another).
     attempts: u32,
@@ -673,7 +671,7 @@ struct Pending<K> {
 
 impl<K: Clone> Retries<K> {
     fn new((initial, max): (Duration, Duration)) -> Retries<K> {
-        Retries { pending: BTreeMap::new(), initial, max, next_order: 0 }
+        Retries { pending: BTreeMap::new(), backoff: Backoff::new(initial, max), next_order: 0 }
     }
 
     fn is_pending(&self, key: &str) -> bool {
@@ -702,12 +700,10 @@ impl<K: Clone> Retries<K> {
 
     /// The first failure of a change of `key`; returns the delay before its retry.
     fn failed(&mut self, key: String, change: Queued<K>, hold: Option<String>, now: Instant) -> Duration {
-        let mut backoff = Backoff::new(self.initial, self.max);
-        let delay = backoff.next_delay();
+        let delay = self.backoff.delay(1);
         let order = self.next_order;
         self.next_order += 1;
-        let pending =
-            Pending { changes: VecDeque::from([change]), hold, order, backoff, due: now + delay, attempts: 1 };
+        let pending = Pending { changes: VecDeque::from([change]), hold, order, due: now + delay, attempts: 1 };
         self.pending.insert(key, pending);
         delay
     }
@@ -739,7 +735,6 @@ impl<K: Clone> Retries<K> {
         if pending.changes.is_empty() {
             self.pending.remove(key);
         } else {
-            pending.backoff.reset();
             pending.attempts = 0;
             pending.due = now;
         }
@@ -749,8 +744,8 @@ impl<K: Clone> Retries<K> {
     /// number of failed attempts.
     fn failed_again(&mut self, key: &str, now: Instant) -> (Duration, u32) {
         let Some(pending) = self.pending.get_mut(key) else { return (Duration::ZERO, 0) };
-        let delay = pending.backoff.next_delay();
         pending.attempts += 1;
+        let delay = self.backoff.delay(pending.attempts);
         pending.due = now + delay;
         (delay, pending.attempts)
     }

@@ -43,7 +43,6 @@
 //! ```
 
 use std::fmt::Debug;
-use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
@@ -132,30 +131,9 @@ pub enum ResumeError {
     ErrorEvent(#[source] Box<Status>),
 }
 
-/// How long to wait before retrying after consecutive failures: doubling from `initial` up to
-/// `max`, reset by any success, so that a broken server is not hammered and a blip costs little.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    /// The wait after the first failure.
-    pub initial: Duration,
-    /// The longest wait.
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    /// 500 ms, doubling to 30 s.
-    fn default() -> Self {
-        Backoff { initial: Duration::from_millis(500), max: Duration::from_secs(30) }
-    }
-}
-
-impl Backoff {
-    /// The wait after `failures` consecutive failures (at least one).
-    pub fn delay(&self, failures: u32) -> Duration {
-        let doublings = failures.saturating_sub(1).min(31);
-        self.initial.saturating_mul(1 << doublings).min(self.max)
-    }
-}
+/// How long to wait before retrying after consecutive failures: the project's one back-off,
+/// re-exported where resumable watches' users find it.
+pub use tenure::Backoff;
 
 /// What to watch and how; the same selectors apply to the list and to the watch.
 #[derive(Debug, Clone)]
@@ -495,7 +473,7 @@ mod tests {
 
     #[test]
     fn back_off_doubles_from_its_initial_wait_up_to_its_maximum() {
-        let backoff = Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(1) };
+        let backoff = Backoff { initial: std::time::Duration::from_millis(100), max: std::time::Duration::from_secs(1) };
         let waits: Vec<_> = [1, 2, 3, 4, 5, 100].iter().map(|&n| backoff.delay(n).as_millis()).collect();
         assert_eq!(waits, [100, 200, 400, 800, 1000, 1000]);
     }

@@ -172,7 +172,8 @@ struct Session {
     next_heartbeat: MonotonicTime,
     /// A delete in flight.
     deleting: bool,
-    retry: Duration,
+    /// Calls failed in a row within the session (the pause before the next doubles).
+    failures: u32,
 }
 
 impl Session {
@@ -316,8 +317,8 @@ impl ZkLatch {
     /// Retries a failed call within the session after a growing pause.
     fn retry_later(&mut self, now: MonotonicTime) {
         if let Some(s) = self.session() {
-            s.look_at = Some(now + s.retry);
-            s.retry = (s.retry * 2).min(s.timeout / 4);
+            s.failures = s.failures.saturating_add(1);
+            s.look_at = Some(now + Backoff::new(FIRST_RETRY, s.timeout / 4).delay(s.failures));
         }
     }
 
@@ -339,7 +340,7 @@ impl ZkLatch {
         };
         let Some(s) = self.session() else { return };
         s.own = Some(own.clone());
-        s.retry = FIRST_RETRY;
+        s.failures = 0;
         let margin = s.fence_margin();
         let heartbeat = s.timeout / 3;
         let connected = s.connected;
@@ -505,7 +506,7 @@ impl ElectionCore for ZkLatch {
                             beating: None,
                             next_heartbeat: now,
                             deleting: false,
-                            retry: FIRST_RETRY,
+                            failures: 0,
                         });
                     }
                     Err(error) => {

@@ -882,8 +882,7 @@ impl Candidate {
         if self.tenure.is_some() {
             return self.timing.retry_period;
         }
-        let doublings = self.consecutive_failures.saturating_sub(1).min(16);
-        self.jittered_retry().saturating_mul(1 << doublings).min(self.timing.max_failure_backoff())
+        crate::Backoff::new(self.jittered_retry(), self.timing.max_failure_backoff()).delay(self.consecutive_failures)
     }
 }
 

@@ -680,7 +680,8 @@ enum Wait {
 #[derive(Default)]
 struct OtherClaims {
     watched: Option<((u64, u64), Instant)>,
-    pause: Option<Duration>,
+    /// Looks at the same claim so far: the pause doubles with each.
+    pauses: u32,
     dead: std::collections::HashSet<(u64, u64)>,
 }
 
@@ -706,7 +707,7 @@ impl OtherClaims {
             Some((seen, since)) if seen == inode => since,
             _ => {
                 self.watched = Some((inode, Instant::now()));
-                self.pause = None;
+                self.pauses = 0;
                 return Wait::Pause(FIRST_RETRY);
             }
         };
@@ -716,8 +717,8 @@ impl OtherClaims {
             }
             return Wait::TakenOver;
         }
-        let pause = self.pause.map_or(FIRST_RETRY, |p| (p * 2).min(LONGEST_RETRY));
-        self.pause = Some(pause);
+        self.pauses = self.pauses.saturating_add(1);
+        let pause = crate::Backoff::new(FIRST_RETRY, LONGEST_RETRY).delay(self.pauses);
         let left = steal_after.saturating_sub(since.elapsed());
         Wait::Pause(pause.mul_f64(rand::rng().random_range(0.5..1.0)).min(left))
     }
