@@ -30,6 +30,24 @@ pub fn tenure_binary() -> PathBuf {
     binary
 }
 
+/// The `tenure` binary to measure, as it was built: `$TENURE_BIN` if set, else
+/// `<target-dir>/release/tenure`. Builds nothing; panics, naming the build command, if there is
+/// no usable binary.
+///
+/// Why: the footprint gate (`idle_rss`) measures the release build someone made, the way they
+/// made it (a build from inside the benchmark would take the bench's cores and minutes on a
+/// shared machine, and could differ from the binary under test in its environment).
+pub fn built_release_binary() -> PathBuf {
+    let binary = std::env::var_os(TENURE_BIN).map_or_else(|| release_dir().join("tenure"), PathBuf::from);
+    assert!(
+        binary.is_file(),
+        "no tenure binary at {}: run `cargo build --release -p tenure-cli` first (or set {TENURE_BIN})",
+        binary.display()
+    );
+    check_usable(&binary);
+    binary
+}
+
 /// `<target-dir>/release`: benchmarks run from `<target-dir>/<profile>/deps/<name>-<hash>`, this
 /// crate's programs from `<target-dir>/<profile>/<name>`; the binary measured is always the
 /// release build, whatever profile built the program measuring it.

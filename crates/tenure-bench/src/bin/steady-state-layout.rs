@@ -1,13 +1,14 @@
 //! `cargo run --release -p tenure-bench --bin steady-state-layout [BINARY...]`
 //!
 //! Records which functions of `tenure` an idle `tenure elect` runs and writes
-//! `crates/tenure-cli/steady-state.ld`, the linker script that lays them out together (why:
-//! `crates/tenure-cli/build.rs`). Run it again after a change of toolchain, of dependency
-//! versions or of the steady-state code paths, then rebuild and compare with `cargo bench -p
-//! tenure-bench --bench idle_rss`.
+//! `crates/tenure-cli/steady-state.order`, the symbol ordering file that lays them out together
+//! (why: `crates/tenure-cli/build.rs`). Run it again after a change of toolchain, of dependency
+//! versions or of the steady-state code paths, then rebuild and check with the gate,
+//! `cargo build --release -p tenure-cli && cargo bench -p tenure-bench --bench idle_rss`.
 //!
-//! Method: the release `tenure` (built as `idle_rss` builds it) runs under callgrind with
-//! instrumentation off, so start-up is not recorded; instrumentation is turned on once the
+//! Method: the release `tenure` (brought up to date first, as `tenure_binary` does) runs under
+//! callgrind with instrumentation off, so start-up is not recorded; instrumentation is turned on
+//! once the
 //! candidate knows the leader (it gives back its start-up pages one retry period later, so a
 //! little more than the steady state is recorded), then the steady state
 //! runs for TENURE_LAYOUT_STEADY_SECS (default 15: several renews and watch events), then every
@@ -18,11 +19,12 @@
 //! file lock (the embedded default), each with a leader and a follower serving `--http`.
 //!
 //! BINARY: builds to record besides the release build, such as the image's (static musl,
-//! `--profile sidecar`: its C library and other inlining give other functions); the script lists
-//! the functions of all of them, each build finding its own.
+//! `--profile sidecar`: its C library and other inlining give other functions); the list holds
+//! the functions of all of them, each build finding its own (only where that build is linked by
+//! lld: see build.rs).
 //!
-//! Needs valgrind (`apt-get install valgrind`). `--rerender` writes the committed script again from
-//! the functions it lists, without recording (after a change of the script's form).
+//! Needs valgrind (`apt-get install valgrind`). `--rerender` writes the committed list again from
+//! the symbols it holds, without recording (after a change of the file's form).
 
 use std::collections::BTreeSet;
 
@@ -36,7 +38,7 @@ use tenure_bench::env_seconds;
 use tenure_bench::http_get::ok_body;
 use tenure_bench::process::ChildGuard;
 use tenure_bench::scratch::ScratchDir;
-use tenure_bench::steady_state_layout::{functions_run, linker_script, parse_script};
+use tenure_bench::steady_state_layout::{functions_run, ordering_file, parse_ordering_file};
 
 /// Paths a probe or a client of the sidecar asks; each is asked [`ASKS`] times.
 const PATHS: [&str; 8] = ["/", "/isLeader", "/healthz", "/readyz", "/status", "/metrics", "/hold", "/nope"];
@@ -45,14 +47,14 @@ const ASKS: usize = 5;
 const START_LIMIT: Duration = Duration::from_secs(120);
 
 fn main() -> ExitCode {
-    let script_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tenure-cli/steady-state.ld");
+    let list_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tenure-cli/steady-state.order");
     if std::env::args().nth(1).as_deref() == Some("--rerender") {
-        let committed = std::fs::read_to_string(&script_path).expect("the committed steady-state.ld");
-        let Some((recorded_with, symbols)) = parse_script(&committed) else {
-            eprintln!("steady-state-layout: {} is not a generated script", script_path.display());
+        let committed = std::fs::read_to_string(&list_path).expect("the committed steady-state.order");
+        let Some((recorded_with, symbols)) = parse_ordering_file(&committed) else {
+            eprintln!("steady-state-layout: {} is not a generated list", list_path.display());
             return ExitCode::FAILURE;
         };
-        std::fs::write(&script_path, linker_script(&symbols, &recorded_with)).expect("write steady-state.ld");
+        std::fs::write(&list_path, ordering_file(&symbols, &recorded_with)).expect("write steady-state.order");
         eprintln!("steady-state-layout: {} functions written again", symbols.len());
         return ExitCode::SUCCESS;
     }
@@ -99,12 +101,10 @@ fn main() -> ExitCode {
         steady.as_secs(),
         PATHS.len()
     );
-    let script = linker_script(&symbols, &recorded_with);
-    std::fs::write(&script_path, script).unwrap_or_else(|e| panic!("cannot write {}: {e}", script_path.display()));
-    eprintln!("steady-state-layout: {} functions recorded; wrote {}", symbols.len(), script_path.display());
-    eprintln!(
-        "rebuild (cargo build --release -p tenure-cli) and measure: cargo bench -p tenure-bench --bench idle_rss"
-    );
+    let list = ordering_file(&symbols, &recorded_with);
+    std::fs::write(&list_path, list).unwrap_or_else(|e| panic!("cannot write {}: {e}", list_path.display()));
+    eprintln!("steady-state-layout: {} functions recorded; wrote {}", symbols.len(), list_path.display());
+    eprintln!("rebuild and check: cargo build --release -p tenure-cli && cargo bench -p tenure-bench --bench idle_rss");
     ExitCode::SUCCESS
 }
 
