@@ -12,6 +12,9 @@ use kube::{Api, Client, Config};
 use serde_json::json;
 use tenure_apiserver::{ApiServer, ApiServerConfig, FaultScope, InjectedFault, Verb, CLIENT_HEADER};
 
+mod common;
+use common::kubectl;
+
 const WAIT: Duration = Duration::from_secs(10);
 
 async fn server(config: ApiServerConfig) -> ApiServer {
@@ -280,25 +283,6 @@ async fn faults_count_delay_fail_and_partition_per_client() {
     let started = std::time::Instant::now();
     a.get("l").await.unwrap();
     assert!(started.elapsed() >= Duration::from_millis(300));
-}
-
-fn kubectl(kubeconfig: &std::path::Path, args: &[&str], stdin: Option<&str>) -> (bool, String) {
-    use std::io::Write;
-    let mut child = std::process::Command::new("kubectl")
-        .args(args)
-        .env("KUBECONFIG", kubeconfig)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("kubectl is installed (scripts/test checks for it)");
-    if let Some(text) = stdin {
-        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    }
-    drop(child.stdin.take());
-    let output = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
-    (output.status.success(), text)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,9 @@ use tenure_apiserver::resources::lease_candidates;
 use tenure_apiserver::store::{WatchMessage, WatchStart};
 use tenure_apiserver::{ApiServer, ApiServerConfig, CoordinatorConfig};
 
+mod common;
+use common::kubectl;
+
 const CANDIDATES: &str = "/apis/coordination.k8s.io/v1beta1/namespaces/default/leasecandidates";
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/default/leases";
 
@@ -354,25 +357,6 @@ async fn lease_candidates_and_the_coordination_fields_of_leases_are_validated() 
                 .await;
         assert!(code == 200 || code == 201, "{strategy}: {body}");
     }
-}
-
-fn kubectl(kubeconfig: &std::path::Path, args: &[&str], stdin: Option<&str>) -> (bool, String) {
-    use std::io::Write;
-    let mut child = std::process::Command::new("kubectl")
-        .args(args)
-        .env("KUBECONFIG", kubeconfig)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("kubectl is installed (scripts/test checks for it)");
-    if let Some(text) = stdin {
-        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    }
-    drop(child.stdin.take());
-    let output = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
-    (output.status.success(), text)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -484,7 +484,7 @@ fn timed_out(call: ZkCall) -> ZkInput {
     }
 }
 
-const EVENTS: usize = 3_000;
+const EVENTS: usize = 2_000;
 
 #[test]
 fn randomized_schedules_keep_one_leader_growing_terms_and_liveness() {
