@@ -450,7 +450,9 @@ impl ElectionCore for EtcdCampaign {
                 s.calling = true;
                 Some(EtcdCall::Resync { session: self.session })
             }
-            Phase::Queued(s) if !s.calling && s.loaded && !s.leading && !s.stepped_down && s.predecessor().is_none() => {
+            Phase::Queued(s)
+                if !s.calling && s.loaded && !s.leading && !s.stepped_down && s.predecessor().is_none() =>
+            {
                 // First in the queue: claim, once the key is confirmed to still be ours.
                 s.calling = true;
                 Some(EtcdCall::Claim { session: self.session, key: s.key.clone() })

@@ -80,73 +80,75 @@ impl Transport<EtcdCampaign> for EtcdTransport {
     fn start(&mut self, call: EtcdCall) -> Option<ShellFuture<EtcdInput>> {
         let conn = self.conn.clone();
         let limit = self.call_timeout;
-        let future: ShellFuture<EtcdInput> = match call {
-            EtcdCall::Grant { session, ttl_secs } => Box::pin(async move {
-                let result = conn.grant(limit, ttl_secs).await.map(|granted| {
-                    (granted.id, Duration::from_secs(u64::try_from(granted.ttl.max(1)).unwrap_or(1)))
-                });
-                EtcdInput::Granted { session, result }
-            }),
-            EtcdCall::KeepAlive { session, lease } => {
-                let pump = keep_alive(conn, session, lease, self.interval, limit, self.origin, self.pumped.0.clone());
-                self.pump = Some(AbortOnDrop(tokio::spawn(pump)));
-                return None;
-            }
-            EtcdCall::StopKeepAlive => {
-                self.pump = None;
-                return None;
-            }
-            EtcdCall::Create { session, key, lease } => {
-                let create = TxnRequest {
-                    compare: vec![client::create_revision_is(&key, 0)],
-                    success: vec![client::put_op(&key, &self.identity, lease)],
-                    failure: vec![client::get_op(&key)],
-                };
-                Box::pin(async move {
-                    let result = conn.txn(limit, create).await.map(|response| {
-                        if response.succeeded {
-                            return response.header.map(|h| h.revision).unwrap_or(0);
-                        }
-                        let existing = response.responses.iter().find_map(|op| match &op.response {
-                            Some(response_op::Response::ResponseRange(range)) => range.kvs.first(),
-                            _ => None,
-                        });
-                        existing.map(|kv| kv.create_revision).unwrap_or(0)
+        let future: ShellFuture<EtcdInput> =
+            match call {
+                EtcdCall::Grant { session, ttl_secs } => Box::pin(async move {
+                    let result = conn.grant(limit, ttl_secs).await.map(|granted| {
+                        (granted.id, Duration::from_secs(u64::try_from(granted.ttl.max(1)).unwrap_or(1)))
                     });
-                    EtcdInput::Created { session, result }
-                })
-            }
-            EtcdCall::Resync { session } => {
-                let prefix = self.prefix.clone();
-                let opened = self.opened.clone();
-                Box::pin(async move {
-                    let result = async {
-                        let response = conn.range(limit, client::prefix_range(&prefix)).await?;
-                        let revision = response.header.map(|h| h.revision).unwrap_or(0);
-                        let keys: Keys = response
-                            .kvs
-                            .into_iter()
-                            .map(|kv| (lossy(&kv.key), (kv.create_revision, lossy(&kv.value))))
-                            .collect();
-                        let watch = conn.watch_prefix(limit, &prefix, revision + 1).await?;
-                        *opened.lock().unwrap_or_else(|e| e.into_inner()) = Some((session, watch));
-                        Ok(keys)
+                    EtcdInput::Granted { session, result }
+                }),
+                EtcdCall::KeepAlive { session, lease } => {
+                    let pump =
+                        keep_alive(conn, session, lease, self.interval, limit, self.origin, self.pumped.0.clone());
+                    self.pump = Some(AbortOnDrop(tokio::spawn(pump)));
+                    return None;
+                }
+                EtcdCall::StopKeepAlive => {
+                    self.pump = None;
+                    return None;
+                }
+                EtcdCall::Create { session, key, lease } => {
+                    let create = TxnRequest {
+                        compare: vec![client::create_revision_is(&key, 0)],
+                        success: vec![client::put_op(&key, &self.identity, lease)],
+                        failure: vec![client::get_op(&key)],
                     };
-                    EtcdInput::Loaded { session, result: result.await }
-                })
-            }
-            EtcdCall::Claim { session, key } => Box::pin(async move {
-                let read = RangeRequest { key: key.into_bytes(), ..Default::default() };
-                let result = conn.range(limit, read).await.map(|r| r.kvs.first().map(|kv| kv.create_revision));
-                EtcdInput::Claimed { session, result }
-            }),
-            EtcdCall::Delete { session, key } => Box::pin(async move {
-                EtcdInput::Deleted { session, result: conn.delete(limit, &key).await.map(|_| ()) }
-            }),
-            EtcdCall::Revoke { lease } => {
-                Box::pin(async move { EtcdInput::Revoked { lease, result: conn.revoke(limit, lease).await } })
-            }
-        };
+                    Box::pin(async move {
+                        let result = conn.txn(limit, create).await.map(|response| {
+                            if response.succeeded {
+                                return response.header.map(|h| h.revision).unwrap_or(0);
+                            }
+                            let existing = response.responses.iter().find_map(|op| match &op.response {
+                                Some(response_op::Response::ResponseRange(range)) => range.kvs.first(),
+                                _ => None,
+                            });
+                            existing.map(|kv| kv.create_revision).unwrap_or(0)
+                        });
+                        EtcdInput::Created { session, result }
+                    })
+                }
+                EtcdCall::Resync { session } => {
+                    let prefix = self.prefix.clone();
+                    let opened = self.opened.clone();
+                    Box::pin(async move {
+                        let result = async {
+                            let response = conn.range(limit, client::prefix_range(&prefix)).await?;
+                            let revision = response.header.map(|h| h.revision).unwrap_or(0);
+                            let keys: Keys = response
+                                .kvs
+                                .into_iter()
+                                .map(|kv| (lossy(&kv.key), (kv.create_revision, lossy(&kv.value))))
+                                .collect();
+                            let watch = conn.watch_prefix(limit, &prefix, revision + 1).await?;
+                            *opened.lock().unwrap_or_else(|e| e.into_inner()) = Some((session, watch));
+                            Ok(keys)
+                        };
+                        EtcdInput::Loaded { session, result: result.await }
+                    })
+                }
+                EtcdCall::Claim { session, key } => Box::pin(async move {
+                    let read = RangeRequest { key: key.into_bytes(), ..Default::default() };
+                    let result = conn.range(limit, read).await.map(|r| r.kvs.first().map(|kv| kv.create_revision));
+                    EtcdInput::Claimed { session, result }
+                }),
+                EtcdCall::Delete { session, key } => Box::pin(async move {
+                    EtcdInput::Deleted { session, result: conn.delete(limit, &key).await.map(|_| ()) }
+                }),
+                EtcdCall::Revoke { lease } => {
+                    Box::pin(async move { EtcdInput::Revoked { lease, result: conn.revoke(limit, lease).await } })
+                }
+            };
         Some(future)
     }
 
@@ -186,8 +188,8 @@ async fn next_watched(watch: &mut Option<(u64, WatchStream)>, conn: &Connection)
                 .into_iter()
                 .filter_map(|event| {
                     let kv = event.kv?;
-                    let value = (event.r#type != EventType::Delete as i32)
-                        .then(|| (kv.create_revision, lossy(&kv.value)));
+                    let value =
+                        (event.r#type != EventType::Delete as i32).then(|| (kv.create_revision, lossy(&kv.value)));
                     Some((lossy(&kv.key), value))
                 })
                 .collect();

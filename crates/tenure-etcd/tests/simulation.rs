@@ -56,12 +56,31 @@ enum Opening {
 #[derive(Debug)]
 enum Msg {
     Turn(usize),
-    Request { from: usize, id: u64, call: EtcdCall },
-    Answer { to: usize, id: u64, input: EtcdInput },
-    TimeOut { to: usize, id: u64 },
-    Notice { to: usize, input: EtcdInput },
+    Request {
+        from: usize,
+        id: u64,
+        call: EtcdCall,
+    },
+    Answer {
+        to: usize,
+        id: u64,
+        input: EtcdInput,
+    },
+    TimeOut {
+        to: usize,
+        id: u64,
+    },
+    Notice {
+        to: usize,
+        input: EtcdInput,
+    },
     /// The pump of `session` sends a keep-alive, stamped `sent`.
-    KeepAlive { from: usize, session: u64, lease: i64, sent: MonotonicTime },
+    KeepAlive {
+        from: usize,
+        session: u64,
+        lease: i64,
+        sent: MonotonicTime,
+    },
     Fault,
     Resume(usize),
     StoreUp,
@@ -302,7 +321,8 @@ impl Sim {
             }
             2 if self.procs[p].alive && up > 1 => self.procs[p].alive = false,
             3 | 4 if self.procs[p].runnable() && self.procs[p].stopping.is_none() => {
-                let after = if up > 1 && self.rng.random_bool(0.3) { AfterRelease::Stop } else { AfterRelease::Campaign };
+                let after =
+                    if up > 1 && self.rng.random_bool(0.3) { AfterRelease::Stop } else { AfterRelease::Campaign };
                 self.procs[p].stop(self.now, after);
                 self.turn(p)?;
             }
@@ -316,7 +336,9 @@ impl Sim {
     fn step(&mut self, msg: Msg) -> Result<(), String> {
         // A paused process handles and sends nothing: what arrives waits for its resume.
         let target = match &msg {
-            Msg::Turn(p) | Msg::Answer { to: p, .. } | Msg::TimeOut { to: p, .. } | Msg::Notice { to: p, .. } => Some(*p),
+            Msg::Turn(p) | Msg::Answer { to: p, .. } | Msg::TimeOut { to: p, .. } | Msg::Notice { to: p, .. } => {
+                Some(*p)
+            }
             Msg::KeepAlive { from, .. } => Some(*from),
             _ => None,
         };
@@ -508,6 +530,7 @@ fn the_checker_catches_a_same_term_revival() {
     let failures = search(0, 300, |seed| Sim::new(seed, Mutation::Unfenced, Opening::Random).run(EVENTS));
     assert!(
         failures.iter().any(|(_, why)| why.starts_with("S2: a tenure seen as over")),
-        "a shell that revives lapsed tenures went unnoticed in 300 schedules: {:?}", failures.first()
+        "a shell that revives lapsed tenures went unnoticed in 300 schedules: {:?}",
+        failures.first()
     );
 }

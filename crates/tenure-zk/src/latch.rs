@@ -189,7 +189,10 @@ impl Session {
 #[derive(Debug)]
 enum Phase {
     /// No session: connect at `at` (unless a connect is in flight).
-    Connecting { at: MonotonicTime, in_flight: bool },
+    Connecting {
+        at: MonotonicTime,
+        in_flight: bool,
+    },
     InSession(Session),
     /// Done, with the shutdown's result.
     Stopped(Result<(), ElectorError>),
@@ -292,7 +295,10 @@ impl ZkLatch {
     /// Ends the tenure if its self-fencing deadline has passed.
     fn fence_if_due(&mut self, now: MonotonicTime) {
         if self.leading.is_some() && now >= self.valid_until {
-            self.stop_leading("self-fenced: no answer from ZooKeeper within 2/3 of the session timeout", StopReason::RenewDeadlineExceeded);
+            self.stop_leading(
+                "self-fenced: no answer from ZooKeeper within 2/3 of the session timeout",
+                StopReason::RenewDeadlineExceeded,
+            );
             self.show(Leadership::unknown());
         }
     }
@@ -325,7 +331,9 @@ impl ZkLatch {
     /// Starts, extends or ends the tenure as a look says, and publishes it.
     fn apply(&mut self, now: MonotonicTime, started: MonotonicTime, look: Look) {
         let (own, is_leader, leader_identity, leader_term) = match look {
-            Look::View { own, is_leader, leader_identity, leader_term } => (own, is_leader, leader_identity, leader_term),
+            Look::View { own, is_leader, leader_identity, leader_term } => {
+                (own, is_leader, leader_identity, leader_term)
+            }
             Look::Again { own, own_gone } => {
                 if own_gone {
                     tracing::warn!(identity = %self.identity, "own node is gone (deleted from outside); campaigning again");
@@ -493,7 +501,8 @@ impl ElectionCore for ZkLatch {
                     Ok((id, granted, guid)) => {
                         self.connect_failures = 0;
                         self.reports.push_back(Report::Reached);
-                        let timeout = if granted.is_zero() { self.session_timeout } else { granted.min(self.session_timeout) };
+                        let timeout =
+                            if granted.is_zero() { self.session_timeout } else { granted.min(self.session_timeout) };
                         tracing::debug!(identity = %self.identity, session = id, ?timeout, "session established");
                         self.phase = Phase::InSession(Session {
                             id,
@@ -511,9 +520,11 @@ impl ElectionCore for ZkLatch {
                     }
                     Err(error) => {
                         self.connect_failures = self.connect_failures.saturating_add(1);
-                        self.reports.push_back(Report::Failed { what: "connecting to ZooKeeper", error: error.to_string() });
+                        self.reports
+                            .push_back(Report::Failed { what: "connecting to ZooKeeper", error: error.to_string() });
                         let backoff = Backoff::new(FIRST_RECONNECT, self.session_timeout);
-                        self.phase = Phase::Connecting { at: now + backoff.delay(self.connect_failures), in_flight: false };
+                        self.phase =
+                            Phase::Connecting { at: now + backoff.delay(self.connect_failures), in_flight: false };
                     }
                 }
             }
@@ -564,7 +575,10 @@ impl ElectionCore for ZkLatch {
                     Ok(true) => {
                         self.reports.push_back(Report::Reached);
                         // Answered, but after the deadline: the tenure is over for good.
-                        self.stop_leading("self-fenced: ZooKeeper answered after the deadline", StopReason::RenewDeadlineExceeded);
+                        self.stop_leading(
+                            "self-fenced: ZooKeeper answered after the deadline",
+                            StopReason::RenewDeadlineExceeded,
+                        );
                         self.show(Leadership::unknown());
                         self.look_now(now);
                     }
@@ -589,7 +603,9 @@ impl ElectionCore for ZkLatch {
                 let gone = result.is_ok();
                 match &result {
                     Err(error) if is_session_lost(error) => return self.session_lost(now),
-                    Err(error) => tracing::debug!(identity = %self.identity, %error, node = %node, "deleting a node failed"),
+                    Err(error) => {
+                        tracing::debug!(identity = %self.identity, %error, node = %node, "deleting a node failed")
+                    }
                     Ok(()) => tracing::debug!(identity = %self.identity, node = %node, "deleted node"),
                 }
                 if gone {

@@ -47,12 +47,29 @@ enum Opening {
 #[derive(Debug)]
 enum Msg {
     Turn(usize),
-    Request { from: usize, id: u64, call: ZkCall },
-    Answer { to: usize, id: u64, input: ZkInput },
-    TimeOut { to: usize, id: u64 },
-    Notice { to: usize, input: ZkInput },
+    Request {
+        from: usize,
+        id: u64,
+        call: ZkCall,
+    },
+    Answer {
+        to: usize,
+        id: u64,
+        input: ZkInput,
+    },
+    TimeOut {
+        to: usize,
+        id: u64,
+    },
+    Notice {
+        to: usize,
+        input: ZkInput,
+    },
     /// The client library's ping of session `session`.
-    Ping { from: usize, session: u64 },
+    Ping {
+        from: usize,
+        session: u64,
+    },
     CloseSession(u64),
     Fault,
     Named,
@@ -109,7 +126,8 @@ impl Sim {
         let n = rng.random_range(2..=5);
         let procs: Vec<_> = (0..n)
             .map(|i| {
-                let mut process = Process::new(ZkLatch::new(format!("c{i}"), timeout), Clock::drifting(&mut rng, 0.9 * 0.2));
+                let mut process =
+                    Process::new(ZkLatch::new(format!("c{i}"), timeout), Clock::drifting(&mut rng, 0.9 * 0.2));
                 process.unfenced = unfenced;
                 process
             })
@@ -235,7 +253,8 @@ impl Sim {
                 self.next_session += 1;
                 let session = self.next_session;
                 let timeout = self.timeout;
-                self.sessions.insert(session, Session { expires: self.now + timeout.as_nanos() as u64, timeout, owner: from });
+                self.sessions
+                    .insert(session, Session { expires: self.now + timeout.as_nanos() as u64, timeout, owner: from });
                 ZkInput::Connected(Ok((session, timeout, format!("guid{session}"))))
             }
             ZkCall::Observe { session, own, guid, .. } => {
@@ -250,11 +269,15 @@ impl Sim {
                     let node = Node { name: name.clone(), czxid: self.zxid, data: format!("c{from}"), session };
                     self.nodes.insert(self.next_seq, node);
                     let created = OwnNode { name, czxid: self.zxid };
-                    return ZkInput::Observed { session, result: Ok(Look::Again { own: Some(created), own_gone: own.is_some() }) };
+                    return ZkInput::Observed {
+                        session,
+                        result: Ok(Look::Again { own: Some(created), own_gone: own.is_some() }),
+                    };
                 };
                 let mine = ordered[index].1;
                 let leader = ordered[0].1;
-                let watched = [mine, ordered[index.saturating_sub(1)].1, leader].iter().map(|n| n.name.clone()).collect();
+                let watched =
+                    [mine, ordered[index.saturating_sub(1)].1, leader].iter().map(|n| n.name.clone()).collect();
                 let look = Look::View {
                     own: OwnNode { name: mine.name.clone(), czxid: mine.czxid },
                     is_leader: index == 0,
@@ -330,7 +353,8 @@ impl Sim {
                 self.sessions_of[p] = None;
             }
             3 | 4 if self.procs[p].runnable() && self.procs[p].stopping.is_none() => {
-                let after = if up > 1 && self.rng.random_bool(0.3) { AfterRelease::Stop } else { AfterRelease::Campaign };
+                let after =
+                    if up > 1 && self.rng.random_bool(0.3) { AfterRelease::Stop } else { AfterRelease::Campaign };
                 self.procs[p].stop(self.now, after);
                 self.turn(p)?;
             }
@@ -343,7 +367,9 @@ impl Sim {
 
     fn step(&mut self, msg: Msg) -> Result<(), String> {
         let target = match &msg {
-            Msg::Turn(p) | Msg::Answer { to: p, .. } | Msg::TimeOut { to: p, .. } | Msg::Notice { to: p, .. } => Some(*p),
+            Msg::Turn(p) | Msg::Answer { to: p, .. } | Msg::TimeOut { to: p, .. } | Msg::Notice { to: p, .. } => {
+                Some(*p)
+            }
             Msg::Ping { from, .. } => Some(*from),
             _ => None,
         };
@@ -400,7 +426,10 @@ impl Sim {
                     self.expire_sessions();
                     if !self.alive_session(session) {
                         self.sessions_of[from] = None;
-                        self.send(Msg::Notice { to: from, input: ZkInput::State { session, state: SessionState::Lost } });
+                        self.send(Msg::Notice {
+                            to: from,
+                            input: ZkInput::State { session, state: SessionState::Lost },
+                        });
                         return Ok(());
                     }
                 }
@@ -442,7 +471,10 @@ impl Sim {
                 }
                 for p in 0..self.procs.len() {
                     if let Some(session) = self.sessions_of[p] {
-                        self.send(Msg::Notice { to: p, input: ZkInput::State { session, state: SessionState::Connected } });
+                        self.send(Msg::Notice {
+                            to: p,
+                            input: ZkInput::State { session, state: SessionState::Connected },
+                        });
                     }
                 }
             }

@@ -216,7 +216,10 @@ where
             }
             if round > 0 && turn.calls.len() == started {
                 // Asked to be woken in the past, twice, with nothing to do: the shell would spin.
-                return Err(format!("busy loop: woken at {:?}, which is not after now ({real:?})", self.core.poll_timeout()));
+                return Err(format!(
+                    "busy loop: woken at {:?}, which is not after now ({real:?})",
+                    self.core.poll_timeout()
+                ));
             }
         }
         let timer = match self.core.poll_timeout() {
@@ -265,7 +268,9 @@ where
     fn local(&self, now: u64) -> MonotonicTime {
         let local = self.clock.local(now);
         match self.core.valid_until() {
-            Some(deadline) if self.unfenced => local.min(MonotonicTime(deadline.0.saturating_sub(Duration::from_nanos(1)))),
+            Some(deadline) if self.unfenced => {
+                local.min(MonotonicTime(deadline.0.saturating_sub(Duration::from_nanos(1))))
+            }
             _ => local,
         }
     }
@@ -358,6 +363,9 @@ pub fn run_schedules(schedule: impl Fn(u64) -> Result<(), String> + Sync) {
     let count = env_u64("TENURE_SIM_SCHEDULES").unwrap_or(10_000);
     let failures = search(env_u64("TENURE_SIM_BASE_SEED").unwrap_or(0), count, schedule);
     if let Some((seed, why)) = failures.first() {
-        panic!("{} of {count} schedules failed; first: seed {seed}: {why} (replay with TENURE_SIM_SEED={seed})", failures.len());
+        panic!(
+            "{} of {count} schedules failed; first: seed {seed}: {why} (replay with TENURE_SIM_SEED={seed})",
+            failures.len()
+        );
     }
 }
