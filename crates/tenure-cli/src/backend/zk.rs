@@ -78,19 +78,3 @@ impl Leaders for ZkElection {
         Box::pin(async move { Ok(ZkElection::leader(self).await?.map(|l| (l.identity, l.term, l.node))) })
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::parse_lock_url;
-
-    #[test]
-    fn zk_url_names_servers_and_an_absolute_path() {
-        let url = parse_lock_url("zk://127.0.0.1:2181,[::1]:2182/services/a").unwrap();
-        assert_eq!(url.to_string(), "zk://127.0.0.1:2181,[::1]:2182/services/a");
-        for bad in ["zk:/x", "zk://127.0.0.1:2181", "zk:///x", "zk://h/x", "zk://h:0/x", "zk://h:1/x/", "zk://h:1/a//b"]
-        {
-            assert!(matches!(parse_lock_url(bad), Err(LockUrlError::BadClusterUrl { .. })), "{bad}");
-        }
-    }
-}
