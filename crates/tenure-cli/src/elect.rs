@@ -235,7 +235,6 @@ async fn server_failed(server: &mut Option<JoinHandle<std::io::Result<()>>>) -> 
     }
 }
 
-/// Completes if the elector's task ends on its own (it never should before a shutdown).
 /// SIGUSR1: steps down if leading (the lock is released at once, so another candidate takes over
 /// with a higher term) and stays a candidate.
 pub async fn resign_on_request(elector: &Elector) {
@@ -274,6 +273,7 @@ async fn release_startup_pages(mut leadership: watch::Receiver<Leadership>, retr
     }
 }
 
+/// Completes if the elector's task ends on its own (it never should before a shutdown).
 async fn elector_stopped(mut leadership: watch::Receiver<Leadership>) {
     while leadership.changed().await.is_ok() {}
 }

@@ -52,33 +52,18 @@ pub enum AccessError {
     /// A password written into the URL.
     #[error("a password in a lock URL shows in `ps` and in logs: write only USER@ and put the password in a file (password-file=PATH) or in ${PASSWORD_ENV}")]
     PasswordInUrl,
-    /// A query parameter this backend does not know, or one given twice or empty.
+    /// A query parameter `name` this backend does not know, or one given twice or empty: `reason`.
     #[error("lock URL parameter {name:?}: {reason}")]
-    BadParameter {
-        /// The parameter.
-        name: String,
-        /// What is wrong with it.
-        reason: String,
-    },
+    BadParameter { name: String, reason: String },
     /// Parameters that only make sense together.
     #[error("lock URL: {0}")]
     Inconsistent(&'static str),
-    /// A file named by the URL could not be read.
+    /// A file named by the URL (`what`: CA bundle, client certificate, ...) could not be read.
     #[error("cannot read the {what} {path}: {reason}")]
-    File {
-        /// Which file (CA bundle, client certificate, ...).
-        what: &'static str,
-        /// Its path.
-        path: PathBuf,
-        /// The system's reason.
-        reason: String,
-    },
+    File { what: &'static str, path: PathBuf, reason: String },
     /// A user without a password source.
     #[error("lock URL user {user:?} needs a password: add password-file=PATH or set {PASSWORD_ENV}")]
-    NoPassword {
-        /// The user.
-        user: String,
-    },
+    NoPassword { user: String },
     /// The backend client refused the TLS material.
     #[error("{0}")]
     Tls(String),
@@ -165,11 +150,7 @@ impl ClusterAccess {
         if let Some(file) = &self.password_file {
             add("password-file", file);
         }
-        if pairs.is_empty() {
-            String::new()
-        } else {
-            format!("?{}", pairs.join("&"))
-        }
+        format!("{}{}", if pairs.is_empty() { "" } else { "?" }, pairs.join("&"))
     }
 
     /// The user with its password (from the file or the environment), if a user is named.
@@ -216,10 +197,10 @@ impl ClusterAccess {
         #[cfg(feature = "zk-tls")]
         if let Some(ca) = &self.ca {
             let ca = read_text(ca, "CA bundle")?;
-            let identity = match &self.identity {
-                Some((cert, key)) => Some((read_text(cert, "client certificate")?, read_text(key, "client key")?)),
-                None => None,
+            let read = |(cert, key): &(PathBuf, PathBuf)| {
+                Ok((read_text(cert, "client certificate")?, read_text(key, "client key")?))
             };
+            let identity = self.identity.as_ref().map(read).transpose()?;
             let identity = identity.as_ref().map(|(cert, key)| (cert.as_str(), key.as_str()));
             options = options.with_tls(&ca, identity).map_err(|e| AccessError::Tls(e.to_string()))?;
         }
