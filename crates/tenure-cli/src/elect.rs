@@ -225,9 +225,7 @@ async fn bind(address: &HttpAddress) -> Result<TcpListener, CliError> {
 
 /// Completes with the reason if the HTTP server task ends; never if there is no server.
 async fn server_failed(server: &mut Option<JoinHandle<std::io::Result<()>>>) -> String {
-    let Some(task) = server else {
-        return std::future::pending().await;
-    };
+    let Some(task) = server else { return std::future::pending().await };
     match task.await {
         Ok(Ok(())) => "it stopped".to_owned(),
         Ok(Err(error)) => error.to_string(),

@@ -155,9 +155,7 @@ impl ClusterAccess {
 
     /// The user with its password (from the file or the environment), if a user is named.
     fn credentials(&self) -> Result<Option<(String, String)>, AccessError> {
-        let Some(user) = &self.user else {
-            return Ok(None);
-        };
+        let Some(user) = &self.user else { return Ok(None) };
         let password = match &self.password_file {
             Some(path) => {
                 let text = read_text(path, "password file")?;
@@ -242,19 +240,13 @@ pub fn parse_cluster_url(
 
 /// Splits `//host:port[,host:port...]/a/b` (after the scheme) into the servers and `a/b`.
 fn split_servers(rest: &str) -> Result<(String, String), &'static str> {
-    let Some(rest) = rest.strip_prefix("//") else {
-        return Err("write SCHEME://host:port[,host:port]/name");
-    };
-    let Some((servers, path)) = rest.split_once('/') else {
-        return Err("it has no election path after the servers");
-    };
+    let Some(rest) = rest.strip_prefix("//") else { return Err("write SCHEME://host:port[,host:port]/name") };
+    let Some((servers, path)) = rest.split_once('/') else { return Err("it has no election path after the servers") };
     if servers.is_empty() {
         return Err("it names no server");
     }
     for server in servers.split(',') {
-        let Some((host, port)) = server.rsplit_once(':') else {
-            return Err("every server needs a port (host:port)");
-        };
+        let Some((host, port)) = server.rsplit_once(':') else { return Err("every server needs a port (host:port)") };
         if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
             return Err("every server must be host:port with a port from 1 to 65535");
         }

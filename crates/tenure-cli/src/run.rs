@@ -309,8 +309,8 @@ impl Runner {
     }
 }
 
-/// Completes at `instant`, never if there is none.
-async fn until(instant: Option<Instant>) {
+/// Completes at `instant`, never if there is none (a `--timeout`, a drain deadline of `member`).
+pub async fn until(instant: Option<Instant>) {
     match instant {
         Some(instant) => sleep_until(instant).await,
         None => std::future::pending().await,
