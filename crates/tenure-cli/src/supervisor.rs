@@ -218,15 +218,11 @@ fn spawn(command: &[OsString], tree: &Tree) -> io::Result<Pid> {
 fn reap(command: Pid, status: &mut Option<ExitStatus>) {
     loop {
         match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::Exited(pid, code)) => {
-                if pid == command {
-                    *status = Some(ExitStatus::from_raw((code & 0xff) << 8));
-                }
+            Ok(WaitStatus::Exited(pid, code)) if pid == command => {
+                *status = Some(ExitStatus::from_raw((code & 0xff) << 8))
             }
-            Ok(WaitStatus::Signaled(pid, signal, _)) => {
-                if pid == command {
-                    *status = Some(ExitStatus::from_raw(signal as i32));
-                }
+            Ok(WaitStatus::Signaled(pid, signal, _)) if pid == command => {
+                *status = Some(ExitStatus::from_raw(signal as i32))
             }
             Ok(WaitStatus::StillAlive) | Err(_) => return,
             Ok(_) => {}
