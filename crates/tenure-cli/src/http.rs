@@ -236,7 +236,7 @@ async fn is_leader(State(api): State<Api>, RawQuery(query): RawQuery) -> (Status
 }
 
 /// The value of `key` in a URL query string (`""` for a bare `?key`), the last one if repeated.
-fn query_value(query: Option<&str>, key: &str) -> Option<String> {
+pub(crate) fn query_value(query: Option<&str>, key: &str) -> Option<String> {
     url::form_urlencoded::parse(query?.as_bytes()).filter(|(k, _)| k == key).map(|(_, v)| v.into_owned()).last()
 }
 
