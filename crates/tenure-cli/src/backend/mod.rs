@@ -164,10 +164,9 @@ pub fn parse_lock_url(text: &str) -> Result<LockUrl, LockUrlError> {
     if scheme.is_empty() || !scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) {
         return Err(not_a_url());
     }
-    match BACKENDS.iter().find(|backend| backend.0 == scheme) {
-        Some((_, _, parse)) => parse(text, rest),
-        None => Err(LockUrlError::UnknownScheme(scheme)),
-    }
+    let (_, _, parse) =
+        BACKENDS.iter().find(|backend| backend.0 == scheme).ok_or(LockUrlError::UnknownScheme(scheme))?;
+    parse(text, rest)
 }
 
 /// The parser of `--lock`. Why not clap's parser of strings: its error repeats the
