@@ -16,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::{Campaign, CampaignRequest};
 use crate::options::{parse_duration, parse_http_address, CandidateOptions, ElectionOptions, HttpAddress};
 use crate::signals::{ResignRequests, TerminationSignals};
-use crate::{exit, http, logging, pod_label, startup_pages, CliError};
+use crate::startup_pages::{self, Released};
+use crate::{exit, http, logging, pod_label, CliError};
 
 /// Arguments of `tenure elect`.
 #[derive(Debug, Args)]
@@ -259,13 +260,8 @@ async fn release_startup_pages(mut leadership: watch::Receiver<Leadership>, retr
     drop(leadership);
     tokio::time::sleep(retry_period).await;
     match startup_pages::release() {
-        Ok(released) => {
-            tracing::debug!(
-                kib = released.resident_kib,
-                mappings = released.mappings,
-                refused = released.refused,
-                "released the start-up pages"
-            )
+        Ok(Released { resident_kib, mappings, refused }) => {
+            tracing::debug!(kib = resident_kib, mappings, refused, "released the start-up pages")
         }
         Err(error) => tracing::debug!(%error, "could not release the start-up pages"),
     }
