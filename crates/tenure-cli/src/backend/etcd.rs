@@ -4,14 +4,12 @@
 use std::fmt;
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
 use tenure_etcd::{EtcdElection, EtcdGroupStore};
 use tenure_group::store::GroupStore;
 use tenure_kube::ClusterOptions;
 
 use super::StatusSource;
-use super::{Backend, Campaign, CampaignRequest, Fut, Leaders, LockUrl, LockUrlError, SessionLeader, SessionStatus};
-use crate::error::BoxError;
+use super::{lock_failed, Backend, Campaign, CampaignRequest, Fut, LockUrl, LockUrlError, Observation, SessionStatus};
 use crate::lock_access::{self, ClusterAccess};
 use crate::CliError;
 
@@ -70,10 +68,12 @@ impl Backend for EtcdBackend {
     }
 }
 
-impl Leaders for EtcdElection {
-    const TERM_SOURCE: &'static str = "create revision of the leader's key";
-
-    fn leader(&self) -> BoxFuture<'_, Result<Option<SessionLeader>, BoxError>> {
-        Box::pin(async move { Ok(EtcdElection::leader(self).await?.map(|l| (l.identity, l.term, l.key))) })
+impl StatusSource for SessionStatus<EtcdElection> {
+    fn read(&self) -> Fut<'_, Observation> {
+        Box::pin(async move {
+            let leader = self.0.leader().await.map_err(lock_failed("read", &self.1))?;
+            let leader = leader.map(|l| (l.identity, l.term, l.key));
+            Ok(Observation::Leader(leader, "create revision of the leader's key"))
+        })
     }
 }

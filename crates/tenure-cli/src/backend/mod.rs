@@ -264,25 +264,9 @@ pub enum Observation {
 /// or node.
 pub type SessionLeader = (String, Term, String);
 
-/// A store with sessions (etcd, ZooKeeper) as `status` asks it who leads.
-pub trait Leaders: Send + Sync {
-    /// What the term is made of, in words.
-    const TERM_SOURCE: &'static str;
-    /// The leader now, if any.
-    fn leader(&self) -> BoxFuture<'_, Result<Option<SessionLeader>, BoxError>>;
-}
-
-/// The status of a store with sessions, and its URL for errors.
+/// A store with sessions (etcd, ZooKeeper) as `status` asks it who leads: its election, and its
+/// URL for errors. Its backend implements [`StatusSource`] for it.
 pub struct SessionStatus<L>(pub L, pub String);
-
-impl<L: Leaders> StatusSource for SessionStatus<L> {
-    fn read(&self) -> Fut<'_, Observation> {
-        Box::pin(async move {
-            let leader = self.0.leader().await.map_err(lock_failed("read", &self.1))?;
-            Ok(Observation::Leader(leader, L::TERM_SOURCE))
-        })
-    }
-}
 
 /// The status of a record lock, and its URL for errors.
 struct RecordStatus(Arc<dyn RecordLock>, String);

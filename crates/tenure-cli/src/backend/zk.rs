@@ -5,14 +5,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use tenure_group::store::GroupStore;
 use tenure_kube::ClusterOptions;
 use tenure_zk::{ZkElection, ZkGroupStore};
 
 use super::StatusSource;
-use super::{Backend, Campaign, CampaignRequest, Fut, Leaders, LockUrl, LockUrlError, SessionLeader, SessionStatus};
-use crate::error::BoxError;
+use super::{lock_failed, Backend, Campaign, CampaignRequest, Fut, LockUrl, LockUrlError, Observation, SessionStatus};
 use crate::lock_access::{self, ClusterAccess};
 use crate::CliError;
 
@@ -71,10 +69,12 @@ impl Backend for ZkBackend {
     }
 }
 
-impl Leaders for ZkElection {
-    const TERM_SOURCE: &'static str = "creation zxid of the leader's node";
-
-    fn leader(&self) -> BoxFuture<'_, Result<Option<SessionLeader>, BoxError>> {
-        Box::pin(async move { Ok(ZkElection::leader(self).await?.map(|l| (l.identity, l.term, l.node))) })
+impl StatusSource for SessionStatus<ZkElection> {
+    fn read(&self) -> Fut<'_, Observation> {
+        Box::pin(async move {
+            let leader = self.0.leader().await.map_err(lock_failed("read", &self.1))?;
+            let leader = leader.map(|l| (l.identity, l.term, l.node));
+            Ok(Observation::Leader(leader, "creation zxid of the leader's node"))
+        })
     }
 }
