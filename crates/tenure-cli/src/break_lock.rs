@@ -74,10 +74,7 @@ pub async fn break_lock(args: BreakLockArgs) -> Result<u8, CliError> {
     if let Some(changed) = changed_within(lock.as_ref(), before.as_ref(), observe).await? {
         return Err(CliError::Renewed { now: describe(changed.as_ref()) });
     }
-    let term = match &before {
-        Some(StoredRecord { record: Ok(record), .. }) => record.leader_transitions,
-        _ => 0,
-    };
+    let term = before.as_ref().and_then(|stored| stored.record.as_ref().ok()).map_or(0, |r| r.leader_transitions);
     let now = chrono::Utc::now();
     let released = LeaderElectionRecord {
         holder_identity: String::new(),

@@ -30,22 +30,8 @@ impl SupervisedChild {
     pub fn spawn(command: &mut Command) -> io::Result<Self> {
         let parent = std::process::id();
         command.process_group(0);
-        // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
-        // functions (prctl, getppid) and allocates nothing.
-        unsafe {
-            command.pre_exec(move || {
-                // If tenure dies without stopping us (SIGKILL, OOM), its lease will run out and
-                // another instance will lead: we must be gone by then.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
-                    return Err(io::Error::last_os_error());
-                }
-                // Tenure may have died before the prctl took effect.
-                if u32::try_from(libc::getppid()).ok() != Some(parent) {
-                    return Err(io::Error::from_raw_os_error(libc::ESRCH));
-                }
-                Ok(())
-            });
-        }
+        // SAFETY: the closure runs between fork and exec; `die_with` is made for that.
+        unsafe { command.pre_exec(move || die_with(parent)) };
         let child = command.spawn()?;
         let pid =
             child.id().and_then(|id| i32::try_from(id).ok()).ok_or_else(|| io::Error::other("child has no pid"))?;
@@ -86,6 +72,21 @@ impl SupervisedChild {
         self.signal_group(Signal::SIGKILL);
         self.child.wait().await
     }
+}
+
+/// Between fork and exec (async-signal-safe, allocates nothing): has the kernel kill this child
+/// when `parent` dies. Why: if tenure dies without stopping its child (SIGKILL, OOM), its lease
+/// runs out and another instance leads; the child must be gone by then.
+pub fn die_with(parent: u32) -> io::Result<()> {
+    // SAFETY: prctl and getppid take no pointers.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // The parent may have died before the prctl took effect.
+    if u32::try_from(unsafe { libc::getppid() }).ok() != Some(parent) {
+        return Err(io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    Ok(())
 }
 
 /// The exit status tenure passes on for a child's status: its exit code, or `128 + signal` if a

@@ -135,12 +135,9 @@ impl CommandTree {
 
         let (sender, reports) = mpsc::channel(1);
         tokio::spawn(async move {
-            let report = match lines.next_line().await {
-                Ok(Some(line)) => {
-                    parse_exited(&line).map_or(Report::Lost, |(status, left)| Report::Exited(status, left))
-                }
-                _ => Report::Lost,
-            };
+            let line = lines.next_line().await.ok().flatten();
+            let exited = line.and_then(|line| parse_exited(&line));
+            let report = exited.map_or(Report::Lost, |(status, left)| Report::Exited(status, left));
             let _ = sender.send(report).await;
         });
         Ok(CommandTree { supervisor, control, reports, received: None, pid, containment, ended: None })

@@ -9,7 +9,7 @@
 //! (orphans are re-parented to it, not to init) and can be found through `/proc`.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use nix::sys::signal::{kill, Signal};
@@ -28,15 +28,10 @@ pub enum CgroupError {
     /// The kernel is older than 5.14 and has no `cgroup.kill`.
     #[error("the kernel has no cgroup.kill (Linux 5.14 or later is needed)")]
     NoKill,
-    /// The cgroup could not be created or entered, typically because this cgroup is not
+    /// The cgroup could not be created or entered in `dir`, typically because this cgroup is not
     /// delegated to this user, or controllers are enabled below it.
     #[error("cannot create a cgroup in {dir}: {source}")]
-    Create {
-        /// Where tenure tried to create it.
-        dir: PathBuf,
-        /// What the kernel said.
-        source: io::Error,
-    },
+    Create { dir: PathBuf, source: io::Error },
 }
 
 /// A cgroup made for one command: every process the command starts is in it.
@@ -158,10 +153,7 @@ fn unescape_mountinfo(text: &str) -> String {
 }
 
 fn read_pids(path: &Path) -> Vec<Pid> {
-    let mut text = String::new();
-    if File::open(path).and_then(|mut file| file.read_to_string(&mut text)).is_err() {
-        return Vec::new();
-    }
+    let Ok(text) = fs::read_to_string(path) else { return Vec::new() };
     text.lines().filter_map(|line| line.trim().parse().ok()).map(Pid::from_raw).collect()
 }
 

@@ -16,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::{Campaign, CampaignRequest};
 use crate::options::{parse_duration, parse_http_address, CandidateOptions, ElectionOptions, HttpAddress};
 use crate::signals::{ResignRequests, TerminationSignals};
-use crate::{exit, http, logging, pod_label, startup_pages, CliError};
+use crate::startup_pages::{self, Released};
+use crate::{exit, http, logging, pod_label, CliError};
 
 /// Arguments of `tenure elect`.
 #[derive(Debug, Args)]
@@ -225,9 +226,7 @@ async fn bind(address: &HttpAddress) -> Result<TcpListener, CliError> {
 
 /// Completes with the reason if the HTTP server task ends; never if there is no server.
 async fn server_failed(server: &mut Option<JoinHandle<std::io::Result<()>>>) -> String {
-    let Some(task) = server else {
-        return std::future::pending().await;
-    };
+    let Some(task) = server else { return std::future::pending().await };
     match task.await {
         Ok(Ok(())) => "it stopped".to_owned(),
         Ok(Err(error)) => error.to_string(),
@@ -235,7 +234,6 @@ async fn server_failed(server: &mut Option<JoinHandle<std::io::Result<()>>>) -> 
     }
 }
 
-/// Completes if the elector's task ends on its own (it never should before a shutdown).
 /// SIGUSR1: steps down if leading (the lock is released at once, so another candidate takes over
 /// with a higher term) and stays a candidate.
 pub async fn resign_on_request(elector: &Elector) {
@@ -262,18 +260,14 @@ async fn release_startup_pages(mut leadership: watch::Receiver<Leadership>, retr
     drop(leadership);
     tokio::time::sleep(retry_period).await;
     match startup_pages::release() {
-        Ok(released) => {
-            tracing::debug!(
-                kib = released.resident_kib,
-                mappings = released.mappings,
-                refused = released.refused,
-                "released the start-up pages"
-            )
+        Ok(Released { resident_kib, mappings, refused }) => {
+            tracing::debug!(kib = resident_kib, mappings, refused, "released the start-up pages")
         }
         Err(error) => tracing::debug!(%error, "could not release the start-up pages"),
     }
 }
 
+/// Completes if the elector's task ends on its own (it never should before a shutdown).
 async fn elector_stopped(mut leadership: watch::Receiver<Leadership>) {
     while leadership.changed().await.is_ok() {}
 }

@@ -16,6 +16,7 @@ use crate::lock_access::AccessError;
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why a subcommand failed; [`CliError::exit_status`] sorts usage errors from run-time failures.
+/// A variant whose `#[error]` line says what happened has no doc comment of its own.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     // Usage errors (exit status 2): nothing was started.
@@ -28,45 +29,34 @@ pub enum CliError {
     /// A library refused the settings (timing, identity, group configuration, versions).
     #[error(transparent)]
     Refused(BoxError),
-    /// `--lock` and `--lock-type` together.
     #[error("give either --lock or --lock-type, not both")]
     LockAndLockType,
-    /// `--use-cluster-credentials` with a kubeconfig.
     #[error("--use-cluster-credentials cannot be combined with --kubeconfig or --context")]
     InClusterWithKubeconfig,
-    /// `--election-namespace` contradicts the namespace in `--lock`.
     #[error("--election-namespace {namespace} differs from the namespace of --lock {lock}")]
     NamespaceMismatch { namespace: String, lock: String },
     /// A flag the lock's backend cannot serve (`--coordinated`, `--leader-label`).
     #[error("{needs}, and the lock is {lock}")]
     LockCannot { needs: &'static str, lock: String },
-    /// `break-lock` on a store whose server ends dead sessions itself.
     #[error("nothing to break on {lock}: the server ends a dead candidate's session itself when its TTL runs out")]
     NothingToBreak { lock: String },
-    /// `member` on a store that holds no groups.
     #[error("tenure member supports file:///directory, etcd://host:port/prefix, zk://host:port/path and kube://NAMESPACE/leases/GROUP stores, not {lock}")]
     NoGroupStore { lock: String },
     /// No default lock file for the election (an unusable name is a usage error).
     #[error("no default lock file for this election: {source}")]
     DefaultLock { election: String, source: FileLockError },
-    /// No default directory for the group.
     #[error("no default directory for group {group}: {source}")]
     DefaultGroupDirectory { group: String, source: FileLockError },
-    /// No `--id` and no usable host name.
     #[error("cannot read the host name for --id: {0}")]
     Hostname(nix::errno::Errno),
-    /// No `--id`, and the host name cannot serve as one.
     #[error("the host name is {0}; pass --id")]
     UnusableHostname(&'static str),
-    /// `--grace` longer than the command may outlive the tenure.
     #[error("--grace {} is longer than {}, the longest the command may outlive this instance's leadership \
              (3/4 of lease - renew deadline): it must be dead before another instance may lead",
             humantime::format_duration(*.grace), humantime::format_duration(*.bound))]
     GraceTooLong { grace: Duration, bound: Duration },
-    /// `tenure run` without a command.
     #[error("no command given after --")]
     NoCommand,
-    /// `tenure supervise` started by hand.
     #[error("'tenure supervise' is started by 'tenure run' only (no control socket: {0})")]
     NotSupervised(std::io::Error),
 
@@ -74,16 +64,12 @@ pub enum CliError {
     /// A step on this host failed: a signal handler, a port, a file, standard output.
     #[error("cannot {action}: {source}")]
     Io { action: Cow<'static, str>, source: std::io::Error },
-    /// The lock file could not be opened.
     #[error("cannot open the lock {}: {source}", path.display())]
     OpenFile { path: PathBuf, source: FileLockError },
-    /// A backend with its own elector asked for a record lock.
     #[error("{0} is not a record lock")]
     NotARecordLock(String),
-    /// The store's servers did not answer.
     #[error("cannot reach {store} at {lock}: {source}")]
     Unreachable { store: &'static str, lock: String, source: BoxError },
-    /// The group's store did not answer.
     #[error("cannot reach {store} for group {group}: {source}")]
     GroupUnreachable { store: &'static str, group: String, source: BoxError },
     /// Connecting to a store failed (a Kubernetes client, a group directory).
@@ -92,13 +78,10 @@ pub enum CliError {
     /// Reading or writing the lock failed; `what` is "read the lock", "read" or "write the lock".
     #[error("cannot {what}{}: {source}", lock.as_ref().map(|lock| format!(" {lock}")).unwrap_or_default())]
     Lock { what: &'static str, lock: Option<String>, source: BoxError },
-    /// `break-lock` saw the lock change while it watched: a live holder renews it.
     #[error("refusing to break the lock: it changed while watched (now {now}); a live holder is renewing it")]
     Renewed { now: String },
-    /// `break-lock` lost its compare-and-swap: the lock changed after it watched.
     #[error("refusing to break the lock: it changed just before the write")]
     ChangedBeforeWrite,
-    /// The status could not be written as JSON.
     #[error("cannot format the status: {0}")]
     Format(#[from] serde_json::Error),
     /// The elector ended the campaign.
@@ -108,13 +91,10 @@ pub enum CliError {
     /// group driver, the demo).
     #[error("{0}")]
     Ended(&'static str),
-    /// The HTTP server of `elect` failed.
     #[error("the HTTP server failed: {0}")]
     HttpServer(String),
-    /// `run` lost the command it supervises.
     #[error("lost track of the command: {0}")]
     LostCommand(std::io::Error),
-    /// `member` could not leave its group cleanly.
     #[error("leaving the group failed: {0}")]
     LeaveGroup(BoxError),
 }

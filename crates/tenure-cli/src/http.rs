@@ -142,10 +142,7 @@ struct Api {
 /// The view is held weakly so that the owner can take the elector back for its shutdown while
 /// connections are still open; once it is gone, the answer is "" (unknown), and streams end.
 pub fn router(view: Weak<dyn LeadershipView>, settings: ApiSettings) -> Router {
-    let leadership = match view.upgrade() {
-        Some(view) => view.subscribe(),
-        None => watch::channel(Leadership::unknown()).1,
-    };
+    let leadership = view.upgrade().map_or_else(|| watch::channel(Leadership::unknown()).1, |view| view.subscribe());
     let api = Api {
         snapshots: snapshots::number(leadership),
         metrics: Arc::new(metrics::Metrics::new(view.clone(), &settings.election)),
@@ -239,7 +236,7 @@ async fn is_leader(State(api): State<Api>, RawQuery(query): RawQuery) -> (Status
 }
 
 /// The value of `key` in a URL query string (`""` for a bare `?key`), the last one if repeated.
-fn query_value(query: Option<&str>, key: &str) -> Option<String> {
+pub(crate) fn query_value(query: Option<&str>, key: &str) -> Option<String> {
     url::form_urlencoded::parse(query?.as_bytes()).filter(|(k, _)| k == key).map(|(_, v)| v.into_owned()).last()
 }
 

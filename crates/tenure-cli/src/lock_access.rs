@@ -52,33 +52,18 @@ pub enum AccessError {
     /// A password written into the URL.
     #[error("a password in a lock URL shows in `ps` and in logs: write only USER@ and put the password in a file (password-file=PATH) or in ${PASSWORD_ENV}")]
     PasswordInUrl,
-    /// A query parameter this backend does not know, or one given twice or empty.
+    /// A query parameter `name` this backend does not know, or one given twice or empty: `reason`.
     #[error("lock URL parameter {name:?}: {reason}")]
-    BadParameter {
-        /// The parameter.
-        name: String,
-        /// What is wrong with it.
-        reason: String,
-    },
+    BadParameter { name: String, reason: String },
     /// Parameters that only make sense together.
     #[error("lock URL: {0}")]
     Inconsistent(&'static str),
-    /// A file named by the URL could not be read.
+    /// A file named by the URL (`what`: CA bundle, client certificate, ...) could not be read.
     #[error("cannot read the {what} {path}: {reason}")]
-    File {
-        /// Which file (CA bundle, client certificate, ...).
-        what: &'static str,
-        /// Its path.
-        path: PathBuf,
-        /// The system's reason.
-        reason: String,
-    },
+    File { what: &'static str, path: PathBuf, reason: String },
     /// A user without a password source.
     #[error("lock URL user {user:?} needs a password: add password-file=PATH or set {PASSWORD_ENV}")]
-    NoPassword {
-        /// The user.
-        user: String,
-    },
+    NoPassword { user: String },
     /// The backend client refused the TLS material.
     #[error("{0}")]
     Tls(String),
@@ -165,18 +150,12 @@ impl ClusterAccess {
         if let Some(file) = &self.password_file {
             add("password-file", file);
         }
-        if pairs.is_empty() {
-            String::new()
-        } else {
-            format!("?{}", pairs.join("&"))
-        }
+        format!("{}{}", if pairs.is_empty() { "" } else { "?" }, pairs.join("&"))
     }
 
     /// The user with its password (from the file or the environment), if a user is named.
     fn credentials(&self) -> Result<Option<(String, String)>, AccessError> {
-        let Some(user) = &self.user else {
-            return Ok(None);
-        };
+        let Some(user) = &self.user else { return Ok(None) };
         let password = match &self.password_file {
             Some(path) => {
                 let text = read_text(path, "password file")?;
@@ -216,10 +195,10 @@ impl ClusterAccess {
         #[cfg(feature = "zk-tls")]
         if let Some(ca) = &self.ca {
             let ca = read_text(ca, "CA bundle")?;
-            let identity = match &self.identity {
-                Some((cert, key)) => Some((read_text(cert, "client certificate")?, read_text(key, "client key")?)),
-                None => None,
+            let read = |(cert, key): &(PathBuf, PathBuf)| {
+                Ok((read_text(cert, "client certificate")?, read_text(key, "client key")?))
             };
+            let identity = self.identity.as_ref().map(read).transpose()?;
             let identity = identity.as_ref().map(|(cert, key)| (cert.as_str(), key.as_str()));
             options = options.with_tls(&ca, identity).map_err(|e| AccessError::Tls(e.to_string()))?;
         }
@@ -261,19 +240,13 @@ pub fn parse_cluster_url(
 
 /// Splits `//host:port[,host:port...]/a/b` (after the scheme) into the servers and `a/b`.
 fn split_servers(rest: &str) -> Result<(String, String), &'static str> {
-    let Some(rest) = rest.strip_prefix("//") else {
-        return Err("write SCHEME://host:port[,host:port]/name");
-    };
-    let Some((servers, path)) = rest.split_once('/') else {
-        return Err("it has no election path after the servers");
-    };
+    let Some(rest) = rest.strip_prefix("//") else { return Err("write SCHEME://host:port[,host:port]/name") };
+    let Some((servers, path)) = rest.split_once('/') else { return Err("it has no election path after the servers") };
     if servers.is_empty() {
         return Err("it names no server");
     }
     for server in servers.split(',') {
-        let Some((host, port)) = server.rsplit_once(':') else {
-            return Err("every server needs a port (host:port)");
-        };
+        let Some((host, port)) = server.rsplit_once(':') else { return Err("every server needs a port (host:port)") };
         if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
             return Err("every server must be host:port with a port from 1 to 65535");
         }

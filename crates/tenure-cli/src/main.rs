@@ -102,15 +102,8 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => return ExitCode::from(report_usage_error(&error)),
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            output::error_line(&format!("tenure: error: cannot start the async runtime: {error}"));
-            output::flush_logs(FINAL_FLUSH);
-            return ExitCode::from(exit::FAILURE);
-        }
-    };
-    let outcome = runtime.block_on(async {
+    // Runs once the runtime is there.
+    let command = async {
         match cli.command {
             Command::Elect(args) => elect::elect(args).await,
             Command::Run(args) => run::run(args).await,
@@ -121,14 +114,13 @@ fn main() -> ExitCode {
             Command::Member(args) => member::member(args).await,
             Command::Supervise(args) => supervisor::supervise(args).await,
         }
-    });
-    let status = match outcome {
-        Ok(status) => status,
-        Err(error) => {
-            output::error_line(&format!("tenure: error: {error}"));
-            error.exit_status()
-        }
     };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+    let outcome = runtime.map_err(CliError::io("start the async runtime")).and_then(|rt| rt.block_on(command));
+    let status = outcome.unwrap_or_else(|error| {
+        output::error_line(&format!("tenure: error: {error}"));
+        error.exit_status()
+    });
     output::flush_logs(FINAL_FLUSH);
     ExitCode::from(status)
 }

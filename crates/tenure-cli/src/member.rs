@@ -27,6 +27,7 @@ use crate::backend::{LockUrl, LockUrlParser};
 use crate::options::{
     parse_duration, parse_election_name, parse_http_address, CandidateOptions, ClusterArgs, HttpAddress,
 };
+use crate::run::until;
 use crate::signals::TerminationSignals;
 use crate::{http, logging, CliError};
 
@@ -123,12 +124,7 @@ pub enum ReleaseError {
     /// The partition is still assigned to this member under that term: releasing it would stop
     /// nothing (the group hands over only revoked partitions).
     #[error("partition {partition} is still assigned to this member under term {term}; release it once /events shows it draining")]
-    StillAssigned {
-        /// The partition.
-        partition: u32,
-        /// Its term.
-        term: Term,
-    },
+    StillAssigned { partition: u32, term: Term },
 }
 
 impl Sidecar {
@@ -315,10 +311,7 @@ pub async fn member(args: MemberArgs) -> Result<u8, CliError> {
     logging::init(args.candidate.log_format);
     let mut signals = TerminationSignals::install().map_err(CliError::io("install signal handlers"))?;
     let identity = args.candidate.identity()?;
-    let url = match &args.lock {
-        Some(url) => url.clone(),
-        None => default_url(&args.group)?,
-    };
+    let url = args.lock.clone().map_or_else(|| default_url(&args.group), Ok)?;
     let timing = args.candidate.ttl.timing;
     let drain_timeout = args.drain_timeout.unwrap_or(timing.renew_deadline);
     let config = GroupConfig { timing, partition_count: args.partitions, weight: args.weight };
@@ -360,7 +353,7 @@ pub async fn member(args: MemberArgs) -> Result<u8, CliError> {
                     return Err(CliError::Ended("the group driver stopped"));
                 }
             }
-            () = sleep_until(next_drain) => {}
+            () = until(next_drain) => {}
         }
     };
     tracing::info!(signal = termination.name, "leaving the group: draining every partition");
@@ -372,24 +365,12 @@ pub async fn member(args: MemberArgs) -> Result<u8, CliError> {
         tokio::select! {
             left = &mut leaving => break left,
             _ = assignment.changed() => {}
-            () = sleep_until(next_drain) => {}
+            () = until(next_drain) => {}
         }
     };
     stop_serving.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
-    match left {
-        Ok(Ok(())) => {
-            tracing::info!("left the group");
-            Ok(crate::exit::SUCCESS)
-        }
-        Ok(Err(error)) => Err(CliError::LeaveGroup(error.into())),
-        Err(error) => Err(CliError::LeaveGroup(error.into())),
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
+    left.map_err(|e| CliError::LeaveGroup(e.into()))?.map_err(|e| CliError::LeaveGroup(e.into()))?;
+    tracing::info!("left the group");
+    Ok(crate::exit::SUCCESS)
 }

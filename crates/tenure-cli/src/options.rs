@@ -237,10 +237,7 @@ pub fn parse_election_name(text: &str) -> Result<String, String> {
 /// An identity must be non-empty: the lock tells holders apart by it, and an empty holder means
 /// "free".
 pub fn parse_identity(text: &str) -> Result<String, String> {
-    if text.is_empty() {
-        return Err("the identity must not be empty".to_owned());
-    }
-    Ok(text.to_owned())
+    Some(text.to_owned()).filter(|id| !id.is_empty()).ok_or_else(|| "the identity must not be empty".to_owned())
 }
 
 /// An `--http` address: `host:port`, or `:port` for all interfaces (as leader-elector accepted).

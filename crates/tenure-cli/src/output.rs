@@ -99,10 +99,7 @@ fn take_place(queued: &AtomicUsize, limit: usize) -> bool {
 /// Writes one line of tenure's own (not tracing's) to standard error, the non-panicking
 /// `eprintln!`.
 pub fn error_line(line: &str) {
-    let mut bytes = Vec::with_capacity(line.len() + 1);
-    bytes.extend_from_slice(line.as_bytes());
-    bytes.push(b'\n');
-    enqueue(bytes);
+    enqueue(format!("{line}\n").into_bytes());
 }
 
 /// Waits until the log lines queued so far are written, at most `limit`: called before exiting

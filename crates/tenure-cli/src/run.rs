@@ -309,8 +309,8 @@ impl Runner {
     }
 }
 
-/// Completes at `instant`, never if there is none.
-async fn until(instant: Option<Instant>) {
+/// Completes at `instant`, never if there is none (a `--timeout`, a drain deadline of `member`).
+pub async fn until(instant: Option<Instant>) {
     match instant {
         Some(instant) => sleep_until(instant).await,
         None => std::future::pending().await,
@@ -358,10 +358,7 @@ async fn supervise<C: CommandControl>(
     requests: &mut impl Requests,
 ) -> std::io::Result<(Ending, ExitStatus)> {
     let ending = tokio::select! {
-        status = command.wait() => {
-            let status = status?;
-            return Ok((Ending::Exited, status));
-        }
+        status = command.wait() => return Ok((Ending::Exited, status?)),
         () = fencing::lapsed(tenure) => Ending::LostLeadership,
         request = requests.next() => match request {
             Request::Stop(termination) => Ending::Terminated(termination),

@@ -195,18 +195,13 @@ impl StatusReport {
             LockState::Free => lines.push("state:     free (released; nobody holds it)".to_owned()),
             LockState::Held => {
                 lines.push(format!("leader:    {}", self.leader.as_deref().unwrap_or_default()));
-                if let (Some(renewed), Some(lease)) = (record.and_then(|r| r.renew_time), self.lease_duration_seconds) {
-                    let silent = now.signed_duration_since(renewed);
-                    if silent > chrono::Duration::seconds(lease) {
-                        lines.push(format!(
-                            "state:     held, but not renewed for {} (lease {lease}s): the holder may be gone",
-                            ago(silent)
-                        ));
-                    } else {
-                        lines.push("state:     held".to_owned());
-                    }
-                } else {
-                    lines.push("state:     held".to_owned());
+                let renewed = record.and_then(|r| r.renew_time).zip(self.lease_duration_seconds);
+                match renewed.map(|(renewed, lease)| (now.signed_duration_since(renewed), lease)) {
+                    Some((silent, lease)) if silent > chrono::Duration::seconds(lease) => lines.push(format!(
+                        "state:     held, but not renewed for {} (lease {lease}s): the holder may be gone",
+                        ago(silent)
+                    )),
+                    _ => lines.push("state:     held".to_owned()),
                 }
             }
         }

@@ -55,14 +55,10 @@ pub async fn watch(
             }
         }
         let changed = async {
-            match changes.as_mut() {
-                Some(stream) => {
-                    if stream.next().await.is_none() {
-                        // The notifications ended: read every interval from now on.
-                        changes = None;
-                    }
-                }
-                None => std::future::pending().await,
+            let Some(stream) = changes.as_mut() else { return std::future::pending().await };
+            if stream.next().await.is_none() {
+                // The notifications ended: read every interval from now on.
+                changes = None;
             }
         };
         tokio::select! {

@@ -200,20 +200,11 @@ fn spawn(command: &[OsString], tree: &Tree) -> io::Result<Pid> {
     // (write, prctl, getppid); it allocates nothing.
     unsafe {
         command.pre_exec(move || {
-            if let Some(fd) = procs_fd {
-                // Writing 0 moves the writing process into the cgroup; its children follow.
-                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+            // Writing 0 moves the writing process into the cgroup; its children follow.
+            if procs_fd.is_some_and(|fd| libc::write(fd, b"0".as_ptr().cast(), 1) != 1) {
                 return Err(io::Error::last_os_error());
             }
-            // The supervisor may have died before the prctl took effect.
-            if u32::try_from(libc::getppid()).ok() != Some(supervisor) {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
+            crate::child::die_with(supervisor)
         });
     }
     let child = command.spawn()?;
@@ -227,15 +218,11 @@ fn spawn(command: &[OsString], tree: &Tree) -> io::Result<Pid> {
 fn reap(command: Pid, status: &mut Option<ExitStatus>) {
     loop {
         match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::Exited(pid, code)) => {
-                if pid == command {
-                    *status = Some(ExitStatus::from_raw((code & 0xff) << 8));
-                }
+            Ok(WaitStatus::Exited(pid, code)) if pid == command => {
+                *status = Some(ExitStatus::from_raw((code & 0xff) << 8))
             }
-            Ok(WaitStatus::Signaled(pid, signal, _)) => {
-                if pid == command {
-                    *status = Some(ExitStatus::from_raw(signal as i32));
-                }
+            Ok(WaitStatus::Signaled(pid, signal, _)) if pid == command => {
+                *status = Some(ExitStatus::from_raw(signal as i32))
             }
             Ok(WaitStatus::StillAlive) | Err(_) => return,
             Ok(_) => {}

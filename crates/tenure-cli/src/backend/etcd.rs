@@ -4,14 +4,12 @@
 use std::fmt;
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
 use tenure_etcd::{EtcdElection, EtcdGroupStore};
 use tenure_group::store::GroupStore;
 use tenure_kube::ClusterOptions;
 
 use super::StatusSource;
-use super::{Backend, Campaign, CampaignRequest, Fut, Leaders, LockUrl, LockUrlError, SessionLeader, SessionStatus};
-use crate::error::BoxError;
+use super::{lock_failed, Backend, Campaign, CampaignRequest, Fut, LockUrl, LockUrlError, Observation, SessionStatus};
 use crate::lock_access::{self, ClusterAccess};
 use crate::CliError;
 
@@ -70,40 +68,12 @@ impl Backend for EtcdBackend {
     }
 }
 
-impl Leaders for EtcdElection {
-    const TERM_SOURCE: &'static str = "create revision of the leader's key";
-
-    fn leader(&self) -> BoxFuture<'_, Result<Option<SessionLeader>, BoxError>> {
-        Box::pin(async move { Ok(EtcdElection::leader(self).await?.map(|l| (l.identity, l.term, l.key))) })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::parse_lock_url;
-
-    #[test]
-    fn etcd_url_names_endpoints_and_an_election() {
-        let url = parse_lock_url("etcd://127.0.0.1:2379,127.0.0.2:2379/my-app").unwrap();
-        assert_eq!(url.to_string(), "etcd://127.0.0.1:2379,127.0.0.2:2379/my-app");
-        for bad in ["etcd://h:1", "etcd://h/x", "etcd:x", "etcd://:1/x"] {
-            assert!(matches!(parse_lock_url(bad), Err(LockUrlError::BadClusterUrl { .. })), "{bad}");
-        }
-    }
-
-    #[test]
-    fn cluster_urls_take_a_user_and_tls_files_but_no_password() {
-        let text = "etcd://app@127.0.0.1:2379/my-app?cacert=/etc/ca.pem&cert=/c.pem&key=/k.pem";
-        assert_eq!(parse_lock_url(text).unwrap().to_string(), text);
-        let zk = parse_lock_url("zk://app@h:2181/a/b?password-file=/run/pw").unwrap();
-        assert_eq!(zk.to_string(), "zk://app@h:2181/a/b?password-file=/run/pw");
-        let error = parse_lock_url("etcd://app:hunter2@h:1/x").unwrap_err();
-        assert!(matches!(
-            error,
-            LockUrlError::BadAccess { source: crate::lock_access::AccessError::PasswordInUrl, .. }
-        ));
-        assert!(!error.to_string().contains("hunter2"), "{error}");
-        assert!(matches!(parse_lock_url("zk://h:1/x?tls=1"), Err(LockUrlError::BadAccess { .. })));
+impl StatusSource for SessionStatus<EtcdElection> {
+    fn read(&self) -> Fut<'_, Observation> {
+        Box::pin(async move {
+            let leader = self.0.leader().await.map_err(lock_failed("read", &self.1))?;
+            let leader = leader.map(|l| (l.identity, l.term, l.key));
+            Ok(Observation::Leader(leader, "create revision of the leader's key"))
+        })
     }
 }

@@ -109,28 +109,3 @@ impl Backend for FileBackend {
         Some(LockScope { lock_file: Some(self.path.clone()), scope: "this user", explanation })
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::parse_lock_url;
-
-    fn path_of(text: &str) -> PathBuf {
-        let url = parse_lock_url(text).unwrap();
-        url.scope(false, 0).and_then(|scope| scope.lock_file).unwrap()
-    }
-
-    #[test]
-    fn file_url_names_an_absolute_path() {
-        assert_eq!(path_of("file:///run/tenure/x"), PathBuf::from("/run/tenure/x"));
-        assert_eq!(path_of("file://localhost/tmp/a%20b"), PathBuf::from("/tmp/a b"));
-        assert_eq!(parse_lock_url("file:///tmp/a%20b").unwrap().to_string(), "file:///tmp/a%20b");
-    }
-
-    #[test]
-    fn file_url_must_be_local_absolute_and_plain() {
-        for text in ["file:relative", "file:/tmp/x", "file://host/tmp/x", "file:///tmp/x?y", "file:///tmp/"] {
-            assert!(matches!(parse_lock_url(text), Err(LockUrlError::BadFileUrl { .. })), "{text}");
-        }
-    }
-}

@@ -136,17 +136,3 @@ impl CampaignEnd for KubeEnding {
         })
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::parse_lock_url;
-
-    #[test]
-    fn kube_url_names_a_namespace_a_kind_and_a_name() {
-        let url = parse_lock_url("kube://kube-system/endpointsleases/x").unwrap();
-        assert_eq!(url.to_string(), "kube://kube-system/endpointsleases/x");
-        assert_eq!(url.namespace(), Some("kube-system"));
-        assert!(matches!(parse_lock_url("kube://ns/pods/x"), Err(LockUrlError::BadKubeUrl(_))));
-    }
-}

@@ -45,15 +45,3 @@ impl Backend for MemoryBackend {
         Some(LockScope { lock_file: None, scope: "this process", explanation: explanation.to_owned() })
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::parse_lock_url;
-
-    #[test]
-    fn memory_url_has_nothing_after_the_colon() {
-        assert_eq!(parse_lock_url("memory:").unwrap().to_string(), "memory:");
-        assert!(matches!(parse_lock_url("memory://x"), Err(LockUrlError::BadMemoryUrl(_))));
-    }
-}

@@ -164,10 +164,9 @@ pub fn parse_lock_url(text: &str) -> Result<LockUrl, LockUrlError> {
     if scheme.is_empty() || !scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) {
         return Err(not_a_url());
     }
-    match BACKENDS.iter().find(|backend| backend.0 == scheme) {
-        Some((_, _, parse)) => parse(text, rest),
-        None => Err(LockUrlError::UnknownScheme(scheme)),
-    }
+    let (_, _, parse) =
+        BACKENDS.iter().find(|backend| backend.0 == scheme).ok_or(LockUrlError::UnknownScheme(scheme))?;
+    parse(text, rest)
 }
 
 /// The parser of `--lock`. Why not clap's parser of strings: its error repeats the
@@ -265,25 +264,9 @@ pub enum Observation {
 /// or node.
 pub type SessionLeader = (String, Term, String);
 
-/// A store with sessions (etcd, ZooKeeper) as `status` asks it who leads.
-pub trait Leaders: Send + Sync {
-    /// What the term is made of, in words.
-    const TERM_SOURCE: &'static str;
-    /// The leader now, if any.
-    fn leader(&self) -> BoxFuture<'_, Result<Option<SessionLeader>, BoxError>>;
-}
-
-/// The status of a store with sessions, and its URL for errors.
+/// A store with sessions (etcd, ZooKeeper) as `status` asks it who leads: its election, and its
+/// URL for errors. Its backend implements [`StatusSource`] for it.
 pub struct SessionStatus<L>(pub L, pub String);
-
-impl<L: Leaders> StatusSource for SessionStatus<L> {
-    fn read(&self) -> Fut<'_, Observation> {
-        Box::pin(async move {
-            let leader = self.0.leader().await.map_err(lock_failed("read", &self.1))?;
-            Ok(Observation::Leader(leader, L::TERM_SOURCE))
-        })
-    }
-}
 
 /// The status of a record lock, and its URL for errors.
 struct RecordStatus(Arc<dyn RecordLock>, String);
@@ -319,6 +302,8 @@ pub fn lock_failed<E: Into<BoxError>>(what: &'static str, url: &str) -> impl FnO
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
 
     #[test]
@@ -363,5 +348,69 @@ mod tests {
         assert!(error.contains("--lock <URL>"), "{error}");
         let parsed = Args::try_parse_from(["tenure", "--lock", "etcd://h:1/x"]).unwrap();
         assert_eq!(parsed.lock.map(|url| url.to_string()).as_deref(), Some("etcd://h:1/x"));
+    }
+
+    fn path_of(text: &str) -> PathBuf {
+        let url = parse_lock_url(text).unwrap();
+        url.scope(false, 0).and_then(|scope| scope.lock_file).unwrap()
+    }
+
+    #[test]
+    fn file_url_names_an_absolute_path() {
+        assert_eq!(path_of("file:///run/tenure/x"), PathBuf::from("/run/tenure/x"));
+        assert_eq!(path_of("file://localhost/tmp/a%20b"), PathBuf::from("/tmp/a b"));
+        assert_eq!(parse_lock_url("file:///tmp/a%20b").unwrap().to_string(), "file:///tmp/a%20b");
+    }
+
+    #[test]
+    fn file_url_must_be_local_absolute_and_plain() {
+        for text in ["file:relative", "file:/tmp/x", "file://host/tmp/x", "file:///tmp/x?y", "file:///tmp/"] {
+            assert!(matches!(parse_lock_url(text), Err(LockUrlError::BadFileUrl { .. })), "{text}");
+        }
+    }
+
+    #[test]
+    fn kube_url_names_a_namespace_a_kind_and_a_name() {
+        let url = parse_lock_url("kube://kube-system/endpointsleases/x").unwrap();
+        assert_eq!(url.to_string(), "kube://kube-system/endpointsleases/x");
+        assert_eq!(url.namespace(), Some("kube-system"));
+        assert!(matches!(parse_lock_url("kube://ns/pods/x"), Err(LockUrlError::BadKubeUrl(_))));
+    }
+
+    #[test]
+    fn etcd_url_names_endpoints_and_an_election() {
+        let url = parse_lock_url("etcd://127.0.0.1:2379,127.0.0.2:2379/my-app").unwrap();
+        assert_eq!(url.to_string(), "etcd://127.0.0.1:2379,127.0.0.2:2379/my-app");
+        for bad in ["etcd://h:1", "etcd://h/x", "etcd:x", "etcd://:1/x"] {
+            assert!(matches!(parse_lock_url(bad), Err(LockUrlError::BadClusterUrl { .. })), "{bad}");
+        }
+    }
+
+    #[test]
+    fn cluster_urls_take_a_user_and_tls_files_but_no_password() {
+        let text = "etcd://app@127.0.0.1:2379/my-app?cacert=/etc/ca.pem&cert=/c.pem&key=/k.pem";
+        assert_eq!(parse_lock_url(text).unwrap().to_string(), text);
+        let zk = parse_lock_url("zk://app@h:2181/a/b?password-file=/run/pw").unwrap();
+        assert_eq!(zk.to_string(), "zk://app@h:2181/a/b?password-file=/run/pw");
+        let error = parse_lock_url("etcd://app:hunter2@h:1/x").unwrap_err();
+        assert!(matches!(error, LockUrlError::BadAccess { source: AccessError::PasswordInUrl, .. }));
+        assert!(!error.to_string().contains("hunter2"), "{error}");
+        assert!(matches!(parse_lock_url("zk://h:1/x?tls=1"), Err(LockUrlError::BadAccess { .. })));
+    }
+
+    #[test]
+    fn zk_url_names_servers_and_an_absolute_path() {
+        let url = parse_lock_url("zk://127.0.0.1:2181,[::1]:2182/services/a").unwrap();
+        assert_eq!(url.to_string(), "zk://127.0.0.1:2181,[::1]:2182/services/a");
+        for bad in ["zk:/x", "zk://127.0.0.1:2181", "zk:///x", "zk://h/x", "zk://h:0/x", "zk://h:1/x/", "zk://h:1/a//b"]
+        {
+            assert!(matches!(parse_lock_url(bad), Err(LockUrlError::BadClusterUrl { .. })), "{bad}");
+        }
+    }
+
+    #[test]
+    fn memory_url_has_nothing_after_the_colon() {
+        assert_eq!(parse_lock_url("memory:").unwrap().to_string(), "memory:");
+        assert!(matches!(parse_lock_url("memory://x"), Err(LockUrlError::BadMemoryUrl(_))));
     }
 }

@@ -5,14 +5,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use tenure_group::store::GroupStore;
 use tenure_kube::ClusterOptions;
 use tenure_zk::{ZkElection, ZkGroupStore};
 
 use super::StatusSource;
-use super::{Backend, Campaign, CampaignRequest, Fut, Leaders, LockUrl, LockUrlError, SessionLeader, SessionStatus};
-use crate::error::BoxError;
+use super::{lock_failed, Backend, Campaign, CampaignRequest, Fut, LockUrl, LockUrlError, Observation, SessionStatus};
 use crate::lock_access::{self, ClusterAccess};
 use crate::CliError;
 
@@ -71,26 +69,12 @@ impl Backend for ZkBackend {
     }
 }
 
-impl Leaders for ZkElection {
-    const TERM_SOURCE: &'static str = "creation zxid of the leader's node";
-
-    fn leader(&self) -> BoxFuture<'_, Result<Option<SessionLeader>, BoxError>> {
-        Box::pin(async move { Ok(ZkElection::leader(self).await?.map(|l| (l.identity, l.term, l.node))) })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::parse_lock_url;
-
-    #[test]
-    fn zk_url_names_servers_and_an_absolute_path() {
-        let url = parse_lock_url("zk://127.0.0.1:2181,[::1]:2182/services/a").unwrap();
-        assert_eq!(url.to_string(), "zk://127.0.0.1:2181,[::1]:2182/services/a");
-        for bad in ["zk:/x", "zk://127.0.0.1:2181", "zk:///x", "zk://h/x", "zk://h:0/x", "zk://h:1/x/", "zk://h:1/a//b"]
-        {
-            assert!(matches!(parse_lock_url(bad), Err(LockUrlError::BadClusterUrl { .. })), "{bad}");
-        }
+impl StatusSource for SessionStatus<ZkElection> {
+    fn read(&self) -> Fut<'_, Observation> {
+        Box::pin(async move {
+            let leader = self.0.leader().await.map_err(lock_failed("read", &self.1))?;
+            let leader = leader.map(|l| (l.identity, l.term, l.node));
+            Ok(Observation::Leader(leader, "creation zxid of the leader's node"))
+        })
     }
 }

@@ -92,9 +92,7 @@ impl std::fmt::Debug for ElectionCollector {
 
 impl Collector for ElectionCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(view) = self.view.upgrade() else {
-            return Ok(());
-        };
+        let Some(view) = self.view.upgrade() else { return Ok(()) };
         let stats = view.stats();
         let labels = [("name", self.election.as_str())];
         let mut write = |name: &str, help: &str, metric: &dyn EncodeMetric| -> Result<(), std::fmt::Error> {

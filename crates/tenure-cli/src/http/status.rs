@@ -144,9 +144,7 @@ impl LongPoll {
         let since = query_value(query, "since")
             .map(|text| text.parse::<u64>().map_err(|_| format!("since={text} is not a version number")))
             .transpose()?;
-        let Some(wait) = query_value(query, "wait") else {
-            return Ok(None);
-        };
+        let Some(wait) = query_value(query, "wait") else { return Ok(None) };
         let wait = parse_duration(&wait).map_err(|e| format!("wait={wait}: {e}"))?;
         Ok(Some(LongPoll { since, wait: wait.min(MAX_WAIT) }))
     }

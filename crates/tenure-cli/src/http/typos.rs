@@ -17,11 +17,7 @@ const API_PATHS: &[&str] = &["/isLeader", "/status", "/healthz", "/readyz", "/ev
 /// or one for names shorter than six letters (`/hold`), which two edits would bring too close to
 /// unrelated words.
 fn max_edits(api_path: &str) -> usize {
-    if api_path.len() > 6 {
-        2
-    } else {
-        1
-    }
+    1 + usize::from(api_path.len() > 6)
 }
 
 /// The 404 answer to a mistyped path.

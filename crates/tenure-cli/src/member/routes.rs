@@ -19,6 +19,7 @@ use serde::Serialize;
 use tenure::Term;
 
 use super::Sidecar;
+use crate::http::query_value;
 
 /// How often an idle `/events` stream carries a comment line, so that proxies keep it open.
 const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(15);
@@ -84,11 +85,6 @@ struct OwnsAnswer {
     owns: bool,
     partition: u32,
     term: Option<u64>,
-}
-
-/// The value of `name` in a URL query string, the last one if repeated.
-fn query_value(query: Option<&str>, name: &str) -> Option<String> {
-    url::form_urlencoded::parse(query?.as_bytes()).filter(|(k, _)| k == name).map(|(_, v)| v.into_owned()).last()
 }
 
 async fn owns(State(sidecar): State<Arc<Sidecar>>, RawQuery(query): RawQuery) -> Response {
