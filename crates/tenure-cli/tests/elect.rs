@@ -221,7 +221,7 @@ fn sigusr1_makes_the_leader_step_down_and_stay_a_candidate() {
         .unwrap_or_else(|| panic!("b did not take over; a:\n{}\nb:\n{}", a.log(), b.log()));
     // a sees b's acquisition through its watch, possibly before b has handled its own write's reply.
     let term_of_b = || {
-        let status: serde_json::Value = serde_json::from_str(&get(&b_address, "/status").ok()?.1).ok()?;
+        let status: serde_json::Value = serde_json::from_str(&get(&b_address, "/status")?.1).ok()?;
         (status["isLeader"] == true).then(|| status["term"].clone())
     };
     let term = wait_until(Duration::from_secs(5), term_of_b).expect("b says it leads");
