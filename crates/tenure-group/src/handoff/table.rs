@@ -82,7 +82,7 @@ impl MemberCore {
         if !self.may_write(&Key::Table, now) {
             return None;
         }
-        let Some(table) = &self.table else {
+        let Some(table) = &self.view.table else {
             let value = Value::Table(PartitionTable::new(self.config.partition_count));
             return may_claim.then(|| self.start_write(now, Key::Table, None, value, WriteKind::CreateTable));
         };
@@ -93,7 +93,7 @@ impl MemberCore {
         let me = Owner { member: self.identity.clone(), epoch: membership.epoch };
         let (share, first) = self.share(now, membership.epoch)?;
         self.revoke_and_restore(&share);
-        let table = self.table.as_ref()?;
+        let table = self.view.table.as_ref()?;
         let wanted = |p: u32| may_claim && !self.is_leaving() && share.mine(p);
         let releases = self.releases(&table.value, &me, wanted);
         let claims = self.claims(&table.value, now, wanted);
@@ -119,7 +119,7 @@ impl MemberCore {
     /// and whether we are the first live member.
     fn share(&mut self, now: MonotonicTime, epoch: u64) -> Option<(Share, bool)> {
         let live = self.live_members(now);
-        let table = self.table.as_ref()?;
+        let table = self.view.table.as_ref()?;
         let current = table.value.slots.iter().map(|slot| self.live_owner_index(slot, &live, epoch)).collect();
         let target = self.assignment_cache.target(table, &live, current);
         let me = live.iter().position(|m| m.identity == self.identity);
@@ -130,8 +130,11 @@ impl MemberCore {
     fn live_owner_index(&self, slot: &Slot, live: &[WeightedMember], epoch: u64) -> Option<usize> {
         let owner = slot.owner.as_ref()?;
         let index = live.iter().position(|m| m.identity == owner.member)?;
-        let live_epoch =
-            if owner.member == self.identity { epoch } else { self.members.get(&owner.member)?.stored.value.epoch };
+        let live_epoch = if owner.member == self.identity {
+            epoch
+        } else {
+            self.view.members.get(&owner.member)?.stored.value.epoch
+        };
         (owner.epoch == live_epoch).then_some(index)
     }
 
@@ -205,7 +208,7 @@ impl MemberCore {
     /// After the view changed: a held partition whose slot no longer names us under its term is
     /// released (if drained) or lost.
     pub(super) fn drop_moved_partitions(&mut self) {
-        let (Some(table), Some(membership)) = (&self.table, self.membership()) else { return };
+        let (Some(table), Some(membership)) = (&self.view.table, self.membership()) else { return };
         let me = Owner { member: self.identity.clone(), epoch: membership.epoch };
         let still_ours = |p: u32, h: &Held| {
             table.value.slots.get(p as usize).is_some_and(|s| s.owner.as_ref() == Some(&me) && s.term == h.term)

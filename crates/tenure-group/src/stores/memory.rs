@@ -88,25 +88,8 @@ impl MemoryGroupStore {
 
     /// The records as they are now.
     pub fn snapshot(&self) -> Snapshot {
-        snapshot(&self.state())
+        Snapshot::of_records(&self.state().records)
     }
-}
-
-fn snapshot(state: &State) -> Snapshot {
-    let mut snapshot = Snapshot::default();
-    for (key, (version, value)) in &state.records {
-        match (key, value) {
-            (Key::Table, Value::Table(table)) => {
-                snapshot.table = Some(Stored { version: *version, value: table.clone() });
-            }
-            (Key::Member(id), Value::Member(record)) => {
-                snapshot.members.insert(id.clone(), Stored { version: *version, value: record.clone() });
-            }
-            // A write never pairs a key with the other kind of value (checked in `write`).
-            _ => {}
-        }
-    }
-    snapshot
 }
 
 /// One member's handle on a [`MemoryGroupStore`].
@@ -140,7 +123,7 @@ impl GroupStore for MemoryGroupClient {
     async fn read(&self) -> Result<Snapshot, StoreError> {
         let mut state = self.store.state();
         self.admit(&mut state, false)?;
-        Ok(snapshot(&state))
+        Ok(Snapshot::of_records(&state.records))
     }
 
     async fn write(&self, key: &Key, expected: Option<Version>, value: &Value) -> Result<Version, StoreError> {
