@@ -150,14 +150,13 @@ impl Shared {
                 return;
             }
             let deadline = self.state().valid_until;
-            match deadline {
-                Some(deadline) => {
-                    tokio::select! {
-                        _ = &mut changed => {}
-                        _ = tokio::time::sleep_until(deadline) => {}
-                    }
-                }
-                None => changed.await,
+            let Some(deadline) = deadline else {
+                changed.await;
+                continue;
+            };
+            tokio::select! {
+                _ = &mut changed => {}
+                _ = tokio::time::sleep_until(deadline) => {}
             }
         }
     }
@@ -585,10 +584,8 @@ impl<S: GroupStore> Driver<S> {
                             self.core.on_read(mono, result);
                         }
                         Done::Write(key, result) => {
-                            if let Err(error) = &result {
-                                if !error.is_conflict() {
-                                    tracing::warn!(store = %store_name, %key, %error, "writing to the group failed");
-                                }
+                            if let Some(error) = result.as_ref().err().filter(|e| !e.is_conflict()) {
+                                tracing::warn!(store = %store_name, %key, %error, "writing to the group failed");
                             }
                             self.core.on_write(mono, &key, result);
                         }
@@ -737,12 +734,8 @@ impl<S: GroupStore> Driver<S> {
         let shrunk = {
             let mut state = self.shared.state();
             let valid_until = self.core.valid_until().filter(|_| self.core.is_member(mono)).map(|t| self.instant(t));
-            let shrunk = state.active != owned
-                || match (state.valid_until, valid_until) {
-                    (Some(old), Some(new)) => new < old,
-                    (Some(_), None) => true,
-                    (None, _) => false,
-                };
+            let shrunk =
+                state.active != owned || state.valid_until.is_some_and(|old| valid_until.is_none_or(|new| new < old));
             state.partition_count = count;
             state.active = owned.clone();
             state.working = self.core.working(mono).collect();

@@ -104,7 +104,6 @@ impl MemberCore {
         }
     }
 
-    /// The highest epoch of this identity named anywhere in the view.
     fn highest_own_epoch(&self) -> u64 {
         let in_record = self.view.members.get(&self.identity).map_or(0, |o| o.stored.value.epoch);
         let in_table = self.view.table.as_ref().map_or(0, |t| {
@@ -114,7 +113,6 @@ impl MemberCore {
         in_record.max(in_table)
     }
 
-    /// The write of our own record to make now, if any: a leave, a renew or a join.
     pub(super) fn own_record_action(&mut self, now: MonotonicTime) -> Option<Action> {
         let key = Key::Member(self.identity.clone());
         if !self.may_write(&key, now) {
@@ -178,7 +176,6 @@ impl MemberCore {
         Some(self.start_write(now, key, Some(version), value, WriteKind::Join { epoch }))
     }
 
-    /// True when the table names this epoch of ours in a slot.
     fn names_own_epoch(&self, epoch: u64) -> bool {
         let me = Owner { member: self.identity.clone(), epoch };
         self.view.table.as_ref().is_some_and(|t| t.value.slots.iter().any(|s| s.owner.as_ref() == Some(&me)))
@@ -212,7 +209,6 @@ impl MemberCore {
         }
     }
 
-    /// A renew of `epoch` failed with `error`.
     pub(super) fn renew_failed(&mut self, now: MonotonicTime, epoch: u64, error: &StoreError) {
         self.timers.stop(&Timer::WriteRetry(Key::Member(self.identity.clone())));
         if self.membership_mut(epoch).is_none() {
@@ -227,7 +223,6 @@ impl MemberCore {
         }
     }
 
-    /// A write of our own record (`kind`, started at `started`) is in the store at `version`.
     pub(super) fn on_member_written(
         &mut self,
         now: MonotonicTime,

@@ -21,7 +21,7 @@
 //!
 //! The state is split by concern: `membership` (our record and [`Phase`](membership::Phase)),
 //! `view` (the others' records, the table as seen, and tidying after other members' ends),
-//! `table` (what we hold and the table write); the timers are in [`TimerTable`].
+//! `table` (what we hold and the table write); the timers are in `TimerTable`.
 //!
 //! # The rules (invariant P1 of DESIGN.md)
 //!
@@ -231,8 +231,11 @@ enum WriteKind {
     Tombstone,
     Delete,
     CreateTable,
-    Table { epoch: u64, claims: Vec<(u32, u64)>, releases: Vec<(u32, u64)> },
+    Table { epoch: u64, claims: Moves, releases: Moves },
 }
+
+/// Partitions with a term each: the claims or the releases of a table write.
+type Moves = Vec<(u32, u64)>;
 
 #[derive(Debug, Clone)]
 struct PendingWrite {
@@ -390,7 +393,7 @@ impl MemberCore {
     }
 
     /// The earliest local time at which [`MemberCore::poll_action`] may have something new to do
-    /// without any input: a timer ([`Timer`]), the end of our membership, the lease of a live
+    /// without any input: a timer (`Timer`), the end of our membership, the lease of a live
     /// member's record or of an owner's absence.
     pub fn next_wakeup(&self, now: MonotonicTime) -> Option<MonotonicTime> {
         let lapse = self.membership().map(|m| m.valid_until);
@@ -475,11 +478,7 @@ impl MemberCore {
         self.timers.stop(&Timer::WriteRetry(key.clone()));
         self.mark_changed(key);
         match (pending.kind, pending.value, key) {
-            (
-                kind @ (WriteKind::Join { .. } | WriteKind::Renew { .. } | WriteKind::Leave | WriteKind::Tombstone),
-                Value::Member(record),
-                Key::Member(id),
-            ) => {
+            (kind, Value::Member(record), Key::Member(id)) if !matches!(kind, WriteKind::Delete) => {
                 let renewals = record.renewals;
                 self.observe_member(now, id.clone(), Stored { version, value: record });
                 self.on_member_written(now, kind, pending.started, version, renewals);

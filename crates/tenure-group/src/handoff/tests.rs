@@ -32,7 +32,6 @@ impl Store {
         assert!(self.apply_holding(core, now, false).is_none());
     }
 
-    /// A compare-and-swap of `key` at `expected`.
     fn write(&mut self, key: &Key, expected: Option<Version>, value: Value) -> Result<Version, StoreError> {
         if self.records.get(key).map(|(v, _)| *v) != expected {
             return Err(StoreError::Conflict);
@@ -75,7 +74,6 @@ impl Store {
         None
     }
 
-    /// The table as a watch event.
     fn table_event(&self) -> Change {
         let (version, value) = self.records[&Key::Table].clone();
         Change::Put(Key::Table, Stored { version, value })

@@ -167,7 +167,6 @@ impl MemberCore {
         self.after_view_change(now);
     }
 
-    /// Records that `key` changed in this member's view now (a read issued earlier is older).
     pub(super) fn mark_changed(&mut self, key: &Key) {
         self.view.writes_completed += 1;
         self.view.written_at.insert(key.clone(), self.view.writes_completed);
@@ -192,7 +191,6 @@ impl MemberCore {
         Some(Action::Read)
     }
 
-    /// Reports a table a periodic read found that the watch did not deliver in time.
     pub(super) fn check_missed_change(&mut self, now: MonotonicTime) {
         if let Some(version) = self.view.unconfirmed_table.filter(|_| self.timers.elapsed(&Timer::MissedChange, now)) {
             self.view.unconfirmed_table = None;

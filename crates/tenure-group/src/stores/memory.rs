@@ -170,18 +170,16 @@ impl GroupStore for MemoryGroupClient {
     fn watch_records(&self) -> Option<RecordStream> {
         // Subscribed at once: the stream's first item, `Resync`, comes after the subscription.
         let receiver = self.store.records.subscribe();
-        let stream = futures::stream::unfold((receiver, true), |(mut receiver, first)| async move {
-            if first {
-                return Some((Ok(Change::Resync), (receiver, false)));
-            }
-            match receiver.recv().await {
-                Ok(change) => Some((Ok(change), (receiver, false))),
+        let changes = futures::stream::unfold(receiver, |mut receiver| async move {
+            let change = match receiver.recv().await {
+                Ok(change) => change,
                 // Fell behind: changes were lost, read a snapshot.
-                Err(broadcast::error::RecvError::Lagged(_)) => Some((Ok(Change::Resync), (receiver, false))),
-                Err(broadcast::error::RecvError::Closed) => None,
-            }
+                Err(broadcast::error::RecvError::Lagged(_)) => Change::Resync,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            };
+            Some((Ok(change), receiver))
         });
-        Some(Box::pin(stream))
+        Some(futures::stream::iter([Ok(Change::Resync)]).chain(changes).boxed())
     }
 
     fn watch(&self) -> Option<ChangeStream> {
