@@ -82,6 +82,13 @@ struct SharedState {
     missed_changes: u64,
 }
 
+impl SharedState {
+    /// True while the membership is valid on this host's clock now.
+    fn valid(&self) -> bool {
+        self.valid_until.is_some_and(|until| Instant::now() < until)
+    }
+}
+
 #[derive(Debug, Default)]
 struct Shared {
     state: Mutex<SharedState>,
@@ -100,8 +107,7 @@ impl Shared {
     /// The term of `partition` in `map`, judged with the membership on this host's clock now.
     fn while_member(&self, map: impl Fn(&SharedState) -> &BTreeMap<u32, Term>, partition: u32) -> Option<Term> {
         let state = self.state();
-        let valid = state.valid_until.is_some_and(|until| Instant::now() < until);
-        map(&state).get(&partition).copied().filter(|_| valid)
+        map(&state).get(&partition).copied().filter(|_| state.valid())
     }
 
     fn owns(&self, partition: u32) -> Option<Term> {
@@ -109,7 +115,7 @@ impl Shared {
     }
 
     fn is_member(&self) -> bool {
-        self.state().valid_until.is_some_and(|until| Instant::now() < until)
+        self.state().valid()
     }
 
     fn partition_of(&self, key: &str) -> u32 {
@@ -128,8 +134,7 @@ impl Shared {
     }
 
     fn guard_in(self: &Arc<Self>, state: &mut SharedState, partition: u32) -> Option<PartitionGuard> {
-        let valid = state.valid_until.is_some_and(|until| Instant::now() < until);
-        let term = state.active.get(&partition).copied().filter(|_| valid)?;
+        let term = state.active.get(&partition).copied().filter(|_| state.valid())?;
         *state.guards.entry((partition, term)).or_default() += 1;
         Some(PartitionGuard { shared: self.clone(), partition, term })
     }
@@ -145,14 +150,13 @@ impl Shared {
                 return;
             }
             let deadline = self.state().valid_until;
-            match deadline {
-                Some(deadline) => {
-                    tokio::select! {
-                        _ = &mut changed => {}
-                        _ = tokio::time::sleep_until(deadline) => {}
-                    }
-                }
-                None => changed.await,
+            let Some(deadline) = deadline else {
+                changed.await;
+                continue;
+            };
+            tokio::select! {
+                _ = &mut changed => {}
+                _ = tokio::time::sleep_until(deadline) => {}
             }
         }
     }
@@ -254,8 +258,7 @@ impl GroupHealth {
     /// How many partitions the member owns now, judged on this host's clock.
     pub fn owned_partitions(&self) -> usize {
         let state = self.shared.state();
-        let valid = state.valid_until.is_some_and(|until| Instant::now() < until);
-        if valid {
+        if state.valid() {
             state.active.len()
         } else {
             0
@@ -560,13 +563,15 @@ impl<S: GroupStore> Driver<S> {
                 return;
             }
 
-            let mut wake = self.core.next_wakeup(mono).map(|t| self.instant(t));
-            for (_, deadline) in self.draining.values() {
-                wake = Some(wake.map_or(*deadline, |w| w.min(*deadline)));
-            }
-            if let Some(at) = reopen_watch_at {
-                wake = Some(wake.map_or(at, |w| w.min(at)));
-            }
+            let drains = self.draining.values().map(|(_, deadline)| *deadline);
+            let wake = self
+                .core
+                .next_wakeup(mono)
+                .map(|t| self.instant(t))
+                .into_iter()
+                .chain(drains)
+                .chain(reopen_watch_at)
+                .min();
             let sleep = tokio::time::sleep_until(wake.unwrap_or_else(|| now + self.timing.retry_period));
             tokio::select! {
                 Some(done) = inflight.next(), if !inflight.is_empty() => {
@@ -579,10 +584,8 @@ impl<S: GroupStore> Driver<S> {
                             self.core.on_read(mono, result);
                         }
                         Done::Write(key, result) => {
-                            if let Err(error) = &result {
-                                if !error.is_conflict() {
-                                    tracing::warn!(store = %store_name, %key, %error, "writing to the group failed");
-                                }
+                            if let Some(error) = result.as_ref().err().filter(|e| !e.is_conflict()) {
+                                tracing::warn!(store = %store_name, %key, %error, "writing to the group failed");
                             }
                             self.core.on_write(mono, &key, result);
                         }
@@ -623,24 +626,15 @@ impl<S: GroupStore> Driver<S> {
     }
 
     fn start(&self, action: Action) -> Completion {
-        let store = self.store.clone();
-        let timeout = self.timing.call_timeout;
+        let (store, timeout) = (self.store.clone(), self.timing.call_timeout);
         match action {
-            Action::Read => Box::pin(async move {
-                let result =
-                    tokio::time::timeout(timeout, store.read()).await.unwrap_or(Err(StoreError::Timeout(timeout)));
-                Done::Read(result)
-            }),
+            Action::Read => Box::pin(async move { Done::Read(timed(timeout, store.read()).await) }),
             Action::Write { key, expected, value } => Box::pin(async move {
-                let result = tokio::time::timeout(timeout, store.write(&key, expected, &value))
-                    .await
-                    .unwrap_or(Err(StoreError::Timeout(timeout)));
+                let result = timed(timeout, store.write(&key, expected, &value)).await;
                 Done::Write(key, result)
             }),
             Action::Delete { key, expected } => Box::pin(async move {
-                let result = tokio::time::timeout(timeout, store.delete(&key, expected))
-                    .await
-                    .unwrap_or(Err(StoreError::Timeout(timeout)));
+                let result = timed(timeout, store.delete(&key, expected)).await;
                 Done::Delete(key, result)
             }),
         }
@@ -740,12 +734,8 @@ impl<S: GroupStore> Driver<S> {
         let shrunk = {
             let mut state = self.shared.state();
             let valid_until = self.core.valid_until().filter(|_| self.core.is_member(mono)).map(|t| self.instant(t));
-            let shrunk = state.active != owned
-                || match (state.valid_until, valid_until) {
-                    (Some(old), Some(new)) => new < old,
-                    (Some(_), None) => true,
-                    (None, _) => false,
-                };
+            let shrunk =
+                state.active != owned || state.valid_until.is_some_and(|old| valid_until.is_none_or(|new| new < old));
             state.partition_count = count;
             state.active = owned.clone();
             state.working = self.core.working(mono).collect();
@@ -759,15 +749,13 @@ impl<S: GroupStore> Driver<S> {
             self.shared.ownership_changed.notify_waiters();
         }
         let assignment = Assignment { partition_count: count, members, owned, epoch: self.core.epoch() };
-        self.assignment.send_if_modified(|current| {
-            if *current == assignment {
-                false
-            } else {
-                *current = assignment;
-                true
-            }
-        });
+        self.assignment.send_if_modified(|current| std::mem::replace(current, assignment.clone()) != assignment);
     }
+}
+
+/// `call`, failing with [`StoreError::Timeout`] after `timeout`.
+async fn timed<T>(timeout: Duration, call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    tokio::time::timeout(timeout, call).await.unwrap_or(Err(StoreError::Timeout(timeout)))
 }
 
 async fn next_change(watch: &mut Option<RecordStream>) -> Option<Result<Change, StoreError>> {

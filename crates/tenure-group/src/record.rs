@@ -87,11 +87,7 @@ pub struct PartitionTable {
 impl PartitionTable {
     /// A table with every partition free and never owned.
     pub fn new(partition_count: u32) -> Self {
-        PartitionTable {
-            partition_count,
-            slots: vec![Slot::default(); partition_count as usize],
-            leaving: BTreeSet::new(),
-        }
+        PartitionTable { partition_count, slots: vec![Slot::default(); partition_count as usize], ..Self::default() }
     }
 
     /// The table's slots if it is consistent (as many slots as partitions).

@@ -85,6 +85,23 @@ pub struct Snapshot {
     pub members: BTreeMap<String, Stored<MemberRecord>>,
 }
 
+impl Snapshot {
+    /// The snapshot of records kept by key (a key paired with the other kind of value is left out).
+    pub(crate) fn of_records(records: &BTreeMap<Key, (Version, Value)>) -> Snapshot {
+        let mut snapshot = Snapshot::default();
+        for (key, (version, value)) in records {
+            match (key, value.clone()) {
+                (Key::Table, Value::Table(value)) => snapshot.table = Some(Stored { version: *version, value }),
+                (Key::Member(id), Value::Member(value)) => {
+                    snapshot.members.insert(id.clone(), Stored { version: *version, value });
+                }
+                _ => {}
+            }
+        }
+        snapshot
+    }
+}
+
 /// Why a call to a store failed: the election's [`tenure::LockError`], with the same meaning
 /// (`Conflict`, `AlreadyExists`, `Unavailable`, `Timeout`; `Rejected` also for a record that does
 /// not parse where the table must be: nobody claims anything until an operator repairs it).

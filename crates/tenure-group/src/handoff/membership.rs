@@ -104,17 +104,15 @@ impl MemberCore {
         }
     }
 
-    /// The highest epoch of this identity named anywhere in the view.
     fn highest_own_epoch(&self) -> u64 {
-        let in_record = self.members.get(&self.identity).map_or(0, |o| o.stored.value.epoch);
-        let in_table = self.table.as_ref().map_or(0, |t| {
+        let in_record = self.view.members.get(&self.identity).map_or(0, |o| o.stored.value.epoch);
+        let in_table = self.view.table.as_ref().map_or(0, |t| {
             let named = t.value.slots.iter().filter_map(|s| s.owner.as_ref()).chain(t.value.leaving.iter());
             named.filter(|o| o.member == self.identity).map(|o| o.epoch).max().unwrap_or(0)
         });
         in_record.max(in_table)
     }
 
-    /// The write of our own record to make now, if any: a leave, a renew or a join.
     pub(super) fn own_record_action(&mut self, now: MonotonicTime) -> Option<Action> {
         let key = Key::Member(self.identity.clone());
         if !self.may_write(&key, now) {
@@ -148,11 +146,11 @@ impl MemberCore {
 
     fn join_action(&mut self, now: MonotonicTime, key: Key) -> Option<Action> {
         let epoch = self.highest_own_epoch() + 1;
-        let Some(observed) = self.members.get(&self.identity) else {
+        let Some(observed) = self.view.members.get(&self.identity) else {
             if self.highest_own_epoch() > 0 {
                 // The table names this identity but its record is gone (deleted by hand, or a
                 // store that lost it): a process with it may still believe; wait a lease.
-                let since = *self.absent_since.entry(self.identity.clone()).or_insert(now);
+                let since = *self.view.absent_since.entry(self.identity.clone()).or_insert(now);
                 if now < since + self.absent_lease(&self.identity) {
                     return None;
                 }
@@ -178,10 +176,9 @@ impl MemberCore {
         Some(self.start_write(now, key, Some(version), value, WriteKind::Join { epoch }))
     }
 
-    /// True when the table names this epoch of ours in a slot.
     fn names_own_epoch(&self, epoch: u64) -> bool {
         let me = Owner { member: self.identity.clone(), epoch };
-        self.table.as_ref().is_some_and(|t| t.value.slots.iter().any(|s| s.owner.as_ref() == Some(&me)))
+        self.view.table.as_ref().is_some_and(|t| t.value.slots.iter().any(|s| s.owner.as_ref() == Some(&me)))
     }
 
     /// After our record was read or pushed: is it still ours? A renew whose reply was lost moved
@@ -193,7 +190,7 @@ impl MemberCore {
             return;
         }
         self.renew_after_read = false;
-        match self.members.get(&self.identity).map(|o| (o.stored.version, o.stored.value.clone())) {
+        match self.view.members.get(&self.identity).map(|o| (o.stored.version, o.stored.value.clone())) {
             Some((version, record))
                 if record.incarnation == self.incarnation
                     && record.epoch == membership.epoch
@@ -212,7 +209,6 @@ impl MemberCore {
         }
     }
 
-    /// A renew of `epoch` failed with `error`.
     pub(super) fn renew_failed(&mut self, now: MonotonicTime, epoch: u64, error: &StoreError) {
         self.timers.stop(&Timer::WriteRetry(Key::Member(self.identity.clone())));
         if self.membership_mut(epoch).is_none() {
@@ -227,7 +223,6 @@ impl MemberCore {
         }
     }
 
-    /// A write of our own record (`kind`, started at `started`) is in the store at `version`.
     pub(super) fn on_member_written(
         &mut self,
         now: MonotonicTime,
@@ -239,7 +234,7 @@ impl MemberCore {
         let timing = self.config.timing;
         match kind {
             WriteKind::Join { epoch } => {
-                self.absent_since.remove(&self.identity);
+                self.view.absent_since.remove(&self.identity);
                 self.last_epoch = self.last_epoch.max(epoch);
                 let membership = Membership { epoch, version, valid_until: started + timing.renew_deadline, renewals };
                 self.phase = match self.phase {

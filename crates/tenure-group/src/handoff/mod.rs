@@ -20,8 +20,8 @@
 //! each judges at the time it is given (F1).
 //!
 //! The state is split by concern: `membership` (our record and [`Phase`](membership::Phase)),
-//! `view` (the others' records and the table as seen), `table` (what we hold and the table write),
-//! `cleanup` (other members' ends) and `timers`.
+//! `view` (the others' records, the table as seen, and tidying after other members' ends),
+//! `table` (what we hold and the table write); the timers are in `TimerTable`.
 //!
 //! # The rules (invariant P1 of DESIGN.md)
 //!
@@ -50,26 +50,21 @@
 //! - **Partition count.** The table fixes the group's count; a member configured otherwise adopts
 //!   it and reports [`GroupEvent::PartitionCountMismatch`], so all members map keys alike.
 
-mod cleanup;
 mod membership;
 mod table;
 #[cfg(test)]
 mod tests;
-mod timers;
 mod view;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::time::Duration;
 
 use tenure::{MonotonicTime, Term};
 
 use crate::config::GroupConfig;
-use crate::record::PartitionTable;
 use crate::store::{Key, StoreError, Stored, Value, Version};
 use membership::Phase;
 use table::{AssignmentCache, Held, Holding};
-use timers::{Timer, TimerTable};
-use view::{ObservedMember, PendingRead};
+use view::{ObservedMember, View};
 
 /// What the driver must do next on the store.
 #[derive(Debug, Clone, PartialEq)]
@@ -185,6 +180,48 @@ pub enum CoreError {
     Identity(String),
 }
 
+// The core's timers in one table (as in quinn-proto): what it does later without any input.
+/// What a timer is for.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    /// The next renew of our record (set only while a member).
+    Renew,
+    /// The next read of the snapshot: every retry period without a watch, every lease with one.
+    Poll,
+    /// No read before this: the last one failed.
+    ReadRetry,
+    /// No write of this record before this: the last one failed other than by a conflict.
+    WriteRetry(Key),
+    /// From then a table a periodic read found ahead of the view counts as missed by the watch.
+    /// Only a report: checked at the next poll, it never wakes the core.
+    MissedChange,
+}
+
+/// Every timer of one core; a timer not in the table is not running.
+#[derive(Debug, Default)]
+struct TimerTable(BTreeMap<Timer, MonotonicTime>);
+
+impl TimerTable {
+    fn set(&mut self, timer: Timer, at: MonotonicTime) {
+        self.0.insert(timer, at);
+    }
+
+    fn stop(&mut self, timer: &Timer) {
+        self.0.remove(timer);
+    }
+
+    /// True unless `timer` runs until after `now` (a timer that is not set has elapsed).
+    fn elapsed(&self, timer: &Timer, now: MonotonicTime) -> bool {
+        self.0.get(timer).is_none_or(|at| now >= *at)
+    }
+
+    /// The earliest of the timers and `deadlines` after `now`.
+    fn next_after(&self, now: MonotonicTime, deadlines: impl Iterator<Item = MonotonicTime>) -> Option<MonotonicTime> {
+        let timers = self.0.iter().filter(|(timer, _)| **timer != Timer::MissedChange).map(|(_, at)| *at);
+        timers.chain(deadlines).filter(|at| *at > now).min()
+    }
+}
+
 /// A write in flight, and what it means once it succeeds.
 #[derive(Debug, Clone)]
 enum WriteKind {
@@ -194,8 +231,11 @@ enum WriteKind {
     Tombstone,
     Delete,
     CreateTable,
-    Table { epoch: u64, claims: Vec<(u32, u64)>, releases: Vec<(u32, u64)> },
+    Table { epoch: u64, claims: Moves, releases: Moves },
 }
+
+/// Partitions with a term each: the claims or the releases of a table write.
+type Moves = Vec<(u32, u64)>;
 
 #[derive(Debug, Clone)]
 struct PendingWrite {
@@ -225,26 +265,8 @@ pub struct MemberCore {
     renew_after_read: bool,
     /// The highest epoch this process has joined with.
     last_epoch: u64,
-    table: Option<Stored<PartitionTable>>,
-    members: BTreeMap<String, ObservedMember>,
-    /// Identities named as owners in the table without a record, since when (local time).
-    absent_since: BTreeMap<String, MonotonicTime>,
-    /// The longest lease seen in a record of each identity (to wait out one that disappeared).
-    known_leases: BTreeMap<String, Duration>,
-    pending_read: Option<PendingRead>,
+    view: View,
     read_wanted: bool,
-    /// Counts completed writes and applied pushed changes; `written_at[key]` is the count when
-    /// `key` last changed in this member's view by either (a read issued before is older there).
-    writes_completed: u64,
-    written_at: BTreeMap<Key, u64>,
-    /// Counts [`crate::store::Change::Resync`]s received, and the last one a completed read was
-    /// issued after (`None` before the first read): while they differ nothing is decided.
-    resyncs_requested: u64,
-    resyncs_read: Option<u64>,
-    /// A table version a periodic read found ahead of the view (see [`Timer::MissedChange`]).
-    unconfirmed_table: Option<Version>,
-    /// Changes the watch lost that the periodic read found (see [`GroupEvent::MissedChange`]).
-    missed_changes: u64,
     held: BTreeMap<u32, Held>,
     assignment_cache: AssignmentCache,
     /// False once the store refused a deletion: departed members' records are then kept.
@@ -280,18 +302,8 @@ impl MemberCore {
             phase: Phase::Joining,
             renew_after_read: false,
             last_epoch: 0,
-            table: None,
-            members: BTreeMap::new(),
-            absent_since: BTreeMap::new(),
-            known_leases: BTreeMap::new(),
-            pending_read: None,
+            view: View::default(),
             read_wanted: true,
-            writes_completed: 0,
-            written_at: BTreeMap::new(),
-            resyncs_requested: 0,
-            resyncs_read: None,
-            unconfirmed_table: None,
-            missed_changes: 0,
             held: BTreeMap::new(),
             assignment_cache: AssignmentCache::default(),
             can_delete: true,
@@ -358,7 +370,7 @@ impl MemberCore {
     /// How many changes the watch lost that the once-per-lease read found: 0 unless a store's
     /// watch (or this member's handling of it) loses events. Exported for an alert.
     pub fn missed_changes(&self) -> u64 {
-        self.missed_changes
+        self.view.missed_changes
     }
 
     /// The next event, if any.
@@ -381,12 +393,12 @@ impl MemberCore {
     }
 
     /// The earliest local time at which [`MemberCore::poll_action`] may have something new to do
-    /// without any input: a timer ([`timers`]), the end of our membership, the lease of a live
+    /// without any input: a timer (`Timer`), the end of our membership, the lease of a live
     /// member's record or of an owner's absence.
     pub fn next_wakeup(&self, now: MonotonicTime) -> Option<MonotonicTime> {
         let lapse = self.membership().map(|m| m.valid_until);
-        let expiries = self.members.values().filter_map(ObservedMember::alive_until);
-        let absences = self.absent_since.iter().map(|(id, since)| *since + self.absent_lease(id));
+        let expiries = self.view.members.values().filter_map(ObservedMember::alive_until);
+        let absences = self.view.absent_since.iter().map(|(id, since)| *since + self.absent_lease(id));
         self.timers.next_after(now, lapse.into_iter().chain(expiries).chain(absences))
     }
 
@@ -403,11 +415,11 @@ impl MemberCore {
         if let Some(read) = self.read_action(now) {
             return Some(read);
         }
-        let resyncs_read = self.resyncs_read?;
+        let resyncs_read = self.view.resyncs_read?;
         if let Some(action) = self.own_record_action(now) {
             return Some(action);
         }
-        if resyncs_read < self.resyncs_requested {
+        if resyncs_read < self.view.resyncs_requested {
             // Changes were lost: until the read is in, only release what this member owns.
             return self.table_action(now, false);
         }
@@ -466,11 +478,7 @@ impl MemberCore {
         self.timers.stop(&Timer::WriteRetry(key.clone()));
         self.mark_changed(key);
         match (pending.kind, pending.value, key) {
-            (
-                kind @ (WriteKind::Join { .. } | WriteKind::Renew { .. } | WriteKind::Leave | WriteKind::Tombstone),
-                Value::Member(record),
-                Key::Member(id),
-            ) => {
+            (kind, Value::Member(record), Key::Member(id)) if !matches!(kind, WriteKind::Delete) => {
                 let renewals = record.renewals;
                 self.observe_member(now, id.clone(), Stored { version, value: record });
                 self.on_member_written(now, kind, pending.started, version, renewals);

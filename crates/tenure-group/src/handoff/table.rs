@@ -3,7 +3,7 @@
 
 use tenure::{MonotonicTime, Term};
 
-use super::{Action, GroupEvent, MemberCore, WriteKind};
+use super::{Action, GroupEvent, MemberCore, Moves, WriteKind};
 use crate::assignment::{assign, WeightedMember};
 use crate::record::{Owner, PartitionTable, Slot};
 use crate::store::{Key, Stored, Value};
@@ -31,21 +31,19 @@ pub(super) struct Held {
 struct AssignmentKey {
     table: crate::store::Version,
     members: Vec<(String, u32)>,
-    current: Vec<Option<usize>>,
+    current: Target,
 }
+
+/// An owner of each partition, as an index into the live members.
+type Target = Vec<Option<usize>>;
 
 /// The last assignment computed, and what it was computed from (it is asked for on every poll).
 #[derive(Debug, Default)]
-pub(super) struct AssignmentCache(Option<(AssignmentKey, Vec<Option<usize>>)>);
+pub(super) struct AssignmentCache(Option<(AssignmentKey, Target)>);
 
 impl AssignmentCache {
     /// The target owner of each partition, as an index into `live`.
-    fn target(
-        &mut self,
-        table: &Stored<PartitionTable>,
-        live: &[WeightedMember],
-        current: Vec<Option<usize>>,
-    ) -> Vec<Option<usize>> {
+    fn target(&mut self, table: &Stored<PartitionTable>, live: &[WeightedMember], current: Target) -> Target {
         let members = live.iter().map(|m| (m.identity.clone(), m.weight)).collect();
         let key = AssignmentKey { table: table.version, members, current };
         match &self.0 {
@@ -61,7 +59,7 @@ impl AssignmentCache {
 
 /// Our part of the target assignment.
 struct Share {
-    target: Vec<Option<usize>>,
+    target: Target,
     /// Our index among the live members, while we are one.
     me: Option<usize>,
 }
@@ -82,7 +80,7 @@ impl MemberCore {
         if !self.may_write(&Key::Table, now) {
             return None;
         }
-        let Some(table) = &self.table else {
+        let Some(table) = &self.view.table else {
             let value = Value::Table(PartitionTable::new(self.config.partition_count));
             return may_claim.then(|| self.start_write(now, Key::Table, None, value, WriteKind::CreateTable));
         };
@@ -93,7 +91,7 @@ impl MemberCore {
         let me = Owner { member: self.identity.clone(), epoch: membership.epoch };
         let (share, first) = self.share(now, membership.epoch)?;
         self.revoke_and_restore(&share);
-        let table = self.table.as_ref()?;
+        let table = self.view.table.as_ref()?;
         let wanted = |p: u32| may_claim && !self.is_leaving() && share.mine(p);
         let releases = self.releases(&table.value, &me, wanted);
         let claims = self.claims(&table.value, now, wanted);
@@ -119,7 +117,7 @@ impl MemberCore {
     /// and whether we are the first live member.
     fn share(&mut self, now: MonotonicTime, epoch: u64) -> Option<(Share, bool)> {
         let live = self.live_members(now);
-        let table = self.table.as_ref()?;
+        let table = self.view.table.as_ref()?;
         let current = table.value.slots.iter().map(|slot| self.live_owner_index(slot, &live, epoch)).collect();
         let target = self.assignment_cache.target(table, &live, current);
         let me = live.iter().position(|m| m.identity == self.identity);
@@ -130,8 +128,11 @@ impl MemberCore {
     fn live_owner_index(&self, slot: &Slot, live: &[WeightedMember], epoch: u64) -> Option<usize> {
         let owner = slot.owner.as_ref()?;
         let index = live.iter().position(|m| m.identity == owner.member)?;
-        let live_epoch =
-            if owner.member == self.identity { epoch } else { self.members.get(&owner.member)?.stored.value.epoch };
+        let live_epoch = if owner.member == self.identity {
+            epoch
+        } else {
+            self.view.members.get(&owner.member)?.stored.value.epoch
+        };
         (owner.epoch == live_epoch).then_some(index)
     }
 
@@ -157,7 +158,7 @@ impl MemberCore {
 
     /// Step 4a: drained partitions the table still gives us, then slots naming us that we neither
     /// hold nor want (claims whose reply was lost: nobody works on them).
-    fn releases(&self, table: &PartitionTable, me: &Owner, wanted: impl Fn(u32) -> bool) -> Vec<(u32, u64)> {
+    fn releases(&self, table: &PartitionTable, me: &Owner, wanted: impl Fn(u32) -> bool) -> Moves {
         let names_us = |p: u32, term: u64| {
             table.slots.get(p as usize).is_some_and(|s| s.owner.as_ref() == Some(me) && s.term == term)
         };
@@ -170,7 +171,7 @@ impl MemberCore {
 
     /// Step 4b: the slots of our share we do not hold that are free or whose owner is gone, each
     /// with its next term.
-    fn claims(&self, table: &PartitionTable, now: MonotonicTime, wanted: impl Fn(u32) -> bool) -> Vec<(u32, u64)> {
+    fn claims(&self, table: &PartitionTable, now: MonotonicTime, wanted: impl Fn(u32) -> bool) -> Moves {
         (0..table.partition_count)
             .filter(|p| !self.held.contains_key(p) && wanted(*p))
             .filter_map(|p| {
@@ -181,13 +182,7 @@ impl MemberCore {
     }
 
     /// Our table write of `epoch` is in: releases are done, claims count if the epoch is valid.
-    pub(super) fn on_table_written(
-        &mut self,
-        now: MonotonicTime,
-        epoch: u64,
-        claims: Vec<(u32, u64)>,
-        releases: Vec<(u32, u64)>,
-    ) {
+    pub(super) fn on_table_written(&mut self, now: MonotonicTime, epoch: u64, claims: Moves, releases: Moves) {
         for (partition, term) in releases {
             if self.held.remove(&partition).is_some() {
                 self.events.push_back(GroupEvent::Released { partition, term: Term(term) });
@@ -205,7 +200,7 @@ impl MemberCore {
     /// After the view changed: a held partition whose slot no longer names us under its term is
     /// released (if drained) or lost.
     pub(super) fn drop_moved_partitions(&mut self) {
-        let (Some(table), Some(membership)) = (&self.table, self.membership()) else { return };
+        let (Some(table), Some(membership)) = (&self.view.table, self.membership()) else { return };
         let me = Owner { member: self.identity.clone(), epoch: membership.epoch };
         let still_ours = |p: u32, h: &Held| {
             table.value.slots.get(p as usize).is_some_and(|s| s.owner.as_ref() == Some(&me) && s.term == h.term)

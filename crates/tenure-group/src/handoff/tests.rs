@@ -3,6 +3,7 @@
 use super::*;
 use crate::record::{MemberRecord, MemberState};
 use crate::store::{Change, Snapshot};
+use std::time::Duration;
 
 const PARTITIONS: u32 = 4;
 
@@ -24,25 +25,39 @@ struct Store {
 
 impl Store {
     fn snapshot(&self) -> Snapshot {
-        let mut snapshot = Snapshot::default();
-        for (key, (version, value)) in &self.records {
-            match (key, value) {
-                (Key::Table, Value::Table(t)) => snapshot.table = Some(Stored { version: *version, value: t.clone() }),
-                (Key::Member(id), Value::Member(m)) => {
-                    snapshot.members.insert(id.clone(), Stored { version: *version, value: m.clone() });
-                }
-                _ => unreachable!(),
-            }
-        }
-        snapshot
+        Snapshot::of_records(&self.records)
     }
 
     fn apply(&mut self, core: &mut MemberCore, now: MonotonicTime) {
+        assert!(self.apply_holding(core, now, false).is_none());
+    }
+
+    fn write(&mut self, key: &Key, expected: Option<Version>, value: Value) -> Result<Version, StoreError> {
+        if self.records.get(key).map(|(v, _)| *v) != expected {
+            return Err(StoreError::Conflict);
+        }
+        self.next += 1;
+        self.records.insert(key.clone(), (Version(self.next), value));
+        Ok(Version(self.next))
+    }
+
+    /// Applies every action at once; with `hold`, the first table write is committed but its
+    /// reply is returned instead of handed to the core: a reply still on its way.
+    fn apply_holding(
+        &mut self,
+        core: &mut MemberCore,
+        now: MonotonicTime,
+        hold: bool,
+    ) -> Option<(Key, Result<Version, StoreError>)> {
         while let Some(action) = core.poll_action(now) {
             match action {
                 Action::Read => core.on_read(now, Ok(self.snapshot())),
                 Action::Write { key, expected, value } => {
                     let result = self.write(&key, expected, value);
+                    if hold && key == Key::Table {
+                        assert!(result.is_ok());
+                        return Some((key, result));
+                    }
                     core.on_write(now, &key, result);
                 }
                 Action::Delete { key, expected } => {
@@ -56,43 +71,9 @@ impl Store {
                 }
             }
         }
-    }
-    /// A compare-and-swap of `key` at `expected`.
-    fn write(&mut self, key: &Key, expected: Option<Version>, value: Value) -> Result<Version, StoreError> {
-        if self.records.get(key).map(|(v, _)| *v) != expected {
-            return Err(StoreError::Conflict);
-        }
-        self.next += 1;
-        self.records.insert(key.clone(), (Version(self.next), value));
-        Ok(Version(self.next))
-    }
-
-    /// Like [`Store::apply`], except that the first table write is committed but its reply
-    /// is returned instead of handed to the core: a reply still on its way.
-    fn apply_holding_table_reply(
-        &mut self,
-        core: &mut MemberCore,
-        now: MonotonicTime,
-    ) -> Option<(Key, Result<Version, StoreError>)> {
-        while let Some(action) = core.poll_action(now) {
-            match action {
-                Action::Write { key: Key::Table, expected, value } => {
-                    let result = self.write(&Key::Table, expected, value);
-                    assert!(result.is_ok());
-                    return Some((Key::Table, result));
-                }
-                Action::Read => core.on_read(now, Ok(self.snapshot())),
-                Action::Write { key, expected, value } => {
-                    let result = self.write(&key, expected, value);
-                    core.on_write(now, &key, result);
-                }
-                Action::Delete { .. } => unreachable!("nothing to delete here"),
-            }
-        }
         None
     }
 
-    /// The table as a watch event.
     fn table_event(&self) -> Change {
         let (version, value) = self.records[&Key::Table].clone();
         Change::Put(Key::Table, Stored { version, value })
@@ -123,7 +104,7 @@ fn a_release_seen_before_the_reply_to_an_own_claim_is_claimed_at_once() {
     a.on_drained(at(20), revoked[0]);
     store.apply(&mut a, at(20));
     b.on_change(at(30));
-    let (key, reply) = store.apply_holding_table_reply(&mut b, at(30)).expect("b claims the released partition");
+    let (key, reply) = store.apply_holding(&mut b, at(30), true).expect("b claims the released partition");
     let claim = store.table_event();
     // a's watch brings b's claim; a releases the second partition on top of it.
     a.on_store_change(at(40), claim.clone());

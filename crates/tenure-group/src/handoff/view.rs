@@ -1,12 +1,13 @@
 //! The view: the table and the other members' records as this member knows them, kept from reads
-//! and pushed changes without going back to an older state, and the judgements made on them.
+//! and pushed changes without going back to an older state, the judgements made on them, and the
+//! tidying after other members (ending silent epochs, deleting records, dropping leaving marks).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use tenure::MonotonicTime;
 
-use super::{Action, GroupEvent, MemberCore, Timer};
+use super::{Action, GroupEvent, MemberCore, PendingWrite, Timer, WriteKind};
 use crate::assignment::WeightedMember;
 use crate::config::record_lease;
 use crate::record::{MemberRecord, MemberState, Owner, PartitionTable};
@@ -32,6 +33,30 @@ impl ObservedMember {
     }
 }
 
+/// What this member knows of the group and how it came to know it.
+#[derive(Debug, Default)]
+pub(super) struct View {
+    pub(super) table: Option<Stored<PartitionTable>>,
+    pub(super) members: BTreeMap<String, ObservedMember>,
+    /// Identities named as owners in the table without a record, since when (local time).
+    pub(super) absent_since: BTreeMap<String, MonotonicTime>,
+    /// The longest lease seen in a record of each identity (to wait out one that disappeared).
+    pub(super) known_leases: BTreeMap<String, Duration>,
+    pub(super) pending_read: Option<PendingRead>,
+    /// Counts completed writes and applied pushed changes; `written_at[key]` is the count when
+    /// `key` last changed in this member's view by either (a read issued before is older there).
+    pub(super) writes_completed: u64,
+    pub(super) written_at: BTreeMap<Key, u64>,
+    /// Counts [`Change::Resync`]s received, and the last one a completed read was
+    /// issued after (`None` before the first read): while they differ nothing is decided.
+    pub(super) resyncs_requested: u64,
+    pub(super) resyncs_read: Option<u64>,
+    /// A table version a periodic read found ahead of the view (see [`Timer::MissedChange`]).
+    pub(super) unconfirmed_table: Option<Version>,
+    /// Changes the watch lost that the periodic read found (see [`GroupEvent::MissedChange`]).
+    pub(super) missed_changes: u64,
+}
+
 /// A read of the snapshot and the write counter when it was issued: records written after that
 /// are newer in this member's view than in the read's reply.
 #[derive(Debug, Clone, Copy)]
@@ -39,7 +64,7 @@ pub(super) struct PendingRead {
     issued_at_write: u64,
     /// Issued because the once-per-lease read was due, not because a change asked for it.
     periodic: bool,
-    /// [`MemberCore::resyncs_requested`] when it was issued.
+    /// [`View::resyncs_requested`] when it was issued.
     resyncs: u64,
 }
 
@@ -47,7 +72,8 @@ impl MemberCore {
     /// The group's partition count as this member uses it: the table's once read, else the
     /// configured one.
     pub fn partition_count(&self) -> u32 {
-        self.table
+        self.view
+            .table
             .as_ref()
             .filter(|t| t.value.is_consistent())
             .map_or(self.config.partition_count, |t| t.value.partition_count)
@@ -56,8 +82,9 @@ impl MemberCore {
     /// The live members in this member's view at `now` (records renewed within their lease, not
     /// leaving), this member included while it is one; sorted by identity.
     pub fn live_members(&self, now: MonotonicTime) -> Vec<WeightedMember> {
-        let leaving = self.table.as_ref().map(|t| &t.value.leaving);
+        let leaving = self.view.table.as_ref().map(|t| &t.value.leaving);
         let mut list: Vec<WeightedMember> = self
+            .view
             .members
             .iter()
             .filter(|(id, o)| **id != self.identity && o.stored.value.state == MemberState::Alive && !o.expired(now))
@@ -76,12 +103,12 @@ impl MemberCore {
     /// The owner of `partition` in this member's view: a live member the table names at its
     /// current epoch.
     pub fn owner_of(&self, partition: u32, now: MonotonicTime) -> Option<String> {
-        let table = self.table.as_ref()?;
+        let table = self.view.table.as_ref()?;
         let owner = table.value.slots.get(partition as usize)?.owner.as_ref()?;
         if owner.member == self.identity {
             return self.owns(partition, now).map(|_| self.identity.clone());
         }
-        let observed = self.members.get(&owner.member)?;
+        let observed = self.view.members.get(&owner.member)?;
         let record = &observed.stored.value;
         (record.state == MemberState::Alive && record.epoch == owner.epoch && !observed.expired(now))
             .then(|| owner.member.clone())
@@ -100,15 +127,15 @@ impl MemberCore {
         self.check_lapse(now);
         let key = match change {
             Change::Put(key, Stored { version, value }) => {
-                if key == Key::Table && self.unconfirmed_table.is_some_and(|v| v <= version) {
-                    self.unconfirmed_table = None;
+                if key == Key::Table && self.view.unconfirmed_table.is_some_and(|v| v <= version) {
+                    self.view.unconfirmed_table = None;
                     self.timers.stop(&Timer::MissedChange);
                 }
                 let applied = match (&key, value) {
                     (Key::Table, Value::Table(table)) => self.adopt_table(version, table),
                     (Key::Member(id), Value::Member(record))
                         if record.identity == *id
-                            && self.members.get(id).is_none_or(|o| o.stored.version < version) =>
+                            && self.view.members.get(id).is_none_or(|o| o.stored.version < version) =>
                     {
                         self.observe_member(now, id.clone(), Stored { version, value: record });
                         true
@@ -121,7 +148,7 @@ impl MemberCore {
                 key
             }
             Change::Deleted(Key::Member(id)) => {
-                if self.members.remove(&id).is_none() {
+                if self.view.members.remove(&id).is_none() {
                     return;
                 }
                 Key::Member(id)
@@ -129,7 +156,7 @@ impl MemberCore {
             // `Changed`; `Resync` (the watch lost changes); the table deleted (by hand: see what is left).
             other => {
                 self.read_wanted = true;
-                self.resyncs_requested += u64::from(matches!(other, Change::Resync));
+                self.view.resyncs_requested += u64::from(matches!(other, Change::Resync));
                 return;
             }
         };
@@ -140,16 +167,15 @@ impl MemberCore {
         self.after_view_change(now);
     }
 
-    /// Records that `key` changed in this member's view now (a read issued earlier is older).
     pub(super) fn mark_changed(&mut self, key: &Key) {
-        self.writes_completed += 1;
-        self.written_at.insert(key.clone(), self.writes_completed);
+        self.view.writes_completed += 1;
+        self.view.written_at.insert(key.clone(), self.view.writes_completed);
     }
 
     /// A read, if one is wanted or the poll is due, and none is in flight or waiting for a retry.
     pub(super) fn read_action(&mut self, now: MonotonicTime) -> Option<Action> {
         let poll_due = self.timers.elapsed(&Timer::Poll, now);
-        if self.pending_read.is_some()
+        if self.view.pending_read.is_some()
             || !self.timers.elapsed(&Timer::ReadRetry, now)
             || !(self.read_wanted || poll_due)
         {
@@ -157,17 +183,19 @@ impl MemberCore {
         }
         let periodic = !self.read_wanted;
         self.read_wanted = false;
-        self.pending_read =
-            Some(PendingRead { issued_at_write: self.writes_completed, periodic, resyncs: self.resyncs_requested });
+        self.view.pending_read = Some(PendingRead {
+            issued_at_write: self.view.writes_completed,
+            periodic,
+            resyncs: self.view.resyncs_requested,
+        });
         Some(Action::Read)
     }
 
-    /// Reports a table a periodic read found that the watch did not deliver in time.
     pub(super) fn check_missed_change(&mut self, now: MonotonicTime) {
-        if let Some(version) = self.unconfirmed_table.filter(|_| self.timers.elapsed(&Timer::MissedChange, now)) {
-            self.unconfirmed_table = None;
+        if let Some(version) = self.view.unconfirmed_table.filter(|_| self.timers.elapsed(&Timer::MissedChange, now)) {
+            self.view.unconfirmed_table = None;
             self.timers.stop(&Timer::MissedChange);
-            self.missed_changes += 1;
+            self.view.missed_changes += 1;
             self.events.push_back(GroupEvent::MissedChange { version });
         }
     }
@@ -175,14 +203,14 @@ impl MemberCore {
     /// The reply to [`Action::Read`].
     pub fn on_read(&mut self, now: MonotonicTime, result: Result<Snapshot, StoreError>) {
         self.check_lapse(now);
-        let Some(read) = self.pending_read.take() else { return };
+        let Some(read) = self.view.pending_read.take() else { return };
         let timing = self.config.timing;
         let Ok(snapshot) = result else {
             self.read_wanted = true;
             self.timers.set(Timer::ReadRetry, now + timing.retry_period);
             return;
         };
-        self.resyncs_read = Some(read.resyncs);
+        self.view.resyncs_read = Some(read.resyncs);
         // Without a watch, reading is how changes are seen: every retry period. With one, a read
         // per lease is the safety net for a change the watch lost without saying so (a watch
         // that ends quietly, an event dropped between two connections): such a loss then
@@ -191,27 +219,27 @@ impl MemberCore {
         self.timers.set(Timer::Poll, now + poll_period);
         let newer_here =
             |key: &Key, written_at: &BTreeMap<Key, u64>| written_at.get(key).is_some_and(|w| *w > read.issued_at_write);
-        if !newer_here(&Key::Table, &self.written_at) {
-            let known = self.table.as_ref().map(|t| t.version);
+        if !newer_here(&Key::Table, &self.view.written_at) {
+            let known = self.view.table.as_ref().map(|t| t.version);
             let found = snapshot.table.as_ref().map(|t| t.version);
             if let Some(found) = found.filter(|found| read.periodic && self.has_watch && Some(*found) > known) {
                 // The watch may still bring it (an event on its way, a driver slowed by load):
                 // judged a lease on.
-                self.unconfirmed_table = Some(found);
+                self.view.unconfirmed_table = Some(found);
                 self.timers.set(Timer::MissedChange, now + timing.lease_duration);
             }
-            self.table = snapshot.table;
+            self.view.table = snapshot.table;
         }
         let mut seen = BTreeSet::new();
         for (id, stored) in snapshot.members {
             seen.insert(id.clone());
-            if !newer_here(&Key::Member(id.clone()), &self.written_at) {
+            if !newer_here(&Key::Member(id.clone()), &self.view.written_at) {
                 self.observe_member(now, id, stored);
             }
         }
-        let written_at = &self.written_at;
-        self.members.retain(|id, _| seen.contains(id) || newer_here(&Key::Member(id.clone()), written_at));
-        if !newer_here(&Key::Member(self.identity.clone()), &self.written_at) {
+        let written_at = &self.view.written_at;
+        self.view.members.retain(|id, _| seen.contains(id) || newer_here(&Key::Member(id.clone()), written_at));
+        if !newer_here(&Key::Member(self.identity.clone()), &self.view.written_at) {
             self.check_own_record();
         }
         self.after_view_change(now);
@@ -227,27 +255,27 @@ impl MemberCore {
     /// too, as it was written on top of ours; if not, `after_view_change` reports them lost.
     /// The same rule takes a pushed table. True if taken.
     pub(super) fn adopt_table(&mut self, version: Version, table: PartitionTable) -> bool {
-        let newer = self.table.as_ref().is_none_or(|known| known.version < version);
+        let newer = self.view.table.as_ref().is_none_or(|known| known.version < version);
         if newer {
-            self.table = Some(Stored { version, value: table });
+            self.view.table = Some(Stored { version, value: table });
         }
         newer
     }
 
     pub(super) fn observe_member(&mut self, now: MonotonicTime, id: String, stored: Stored<MemberRecord>) {
-        let known = self.known_leases.entry(id.clone()).or_default();
+        let known = self.view.known_leases.entry(id.clone()).or_default();
         *known = (*known).max(record_lease(stored.value.lease_millis));
-        match self.members.get_mut(&id) {
+        match self.view.members.get_mut(&id) {
             Some(observed) if observed.stored.version == stored.version => observed.stored = stored,
             _ => {
-                self.members.insert(id, ObservedMember { stored, seen_at: now });
+                self.view.members.insert(id, ObservedMember { stored, seen_at: now });
             }
         }
     }
 
     /// Bookkeeping after the view changed: absences, count mismatch, slots that moved under us.
     pub(super) fn after_view_change(&mut self, now: MonotonicTime) {
-        let Some(table) = &self.table else { return };
+        let Some(table) = &self.view.table else { return };
         let table = &table.value;
         // Owners without a record, or with a record older than the ownership: since when.
         let mut named: BTreeMap<String, u64> = BTreeMap::new();
@@ -255,12 +283,12 @@ impl MemberCore {
             let epoch = named.entry(owner.member.clone()).or_default();
             *epoch = (*epoch).max(owner.epoch);
         }
-        let members = &self.members;
+        let members = &self.view.members;
         let behind =
             |id: &String| named.get(id).is_some_and(|e| members.get(id).is_none_or(|o| o.stored.value.epoch < *e));
-        self.absent_since.retain(|id, _| behind(id));
+        self.view.absent_since.retain(|id, _| behind(id));
         for id in named.keys().filter(|id| behind(id)) {
-            self.absent_since.entry(id.clone()).or_insert(now);
+            self.view.absent_since.entry(id.clone()).or_insert(now);
         }
         if table.is_consistent() && table.partition_count != self.config.partition_count {
             let (configured, group) = (self.config.partition_count, table.partition_count);
@@ -271,11 +299,11 @@ impl MemberCore {
 
     /// How long an absent owner is waited out: the longest lease seen in its records, at least ours.
     pub(super) fn absent_lease(&self, identity: &str) -> Duration {
-        self.known_leases.get(identity).copied().unwrap_or_default().max(self.config.timing.lease_duration)
+        self.view.known_leases.get(identity).copied().unwrap_or_default().max(self.config.timing.lease_duration)
     }
 
     fn absent_for_a_lease(&self, identity: &str, now: MonotonicTime) -> bool {
-        self.absent_since.get(identity).is_some_and(|since| now >= *since + self.absent_lease(identity))
+        self.view.absent_since.get(identity).is_some_and(|since| now >= *since + self.absent_lease(identity))
     }
 
     /// May a slot owned by `owner` be claimed now (its owner certainly stopped working on it)?
@@ -285,7 +313,7 @@ impl MemberCore {
             // term) or an earlier one, over since we rejoined.
             return self.membership().is_some_and(|m| owner.epoch <= m.epoch);
         }
-        match self.members.get(&owner.member).map(|o| &o.stored.value) {
+        match self.view.members.get(&owner.member).map(|o| &o.stored.value) {
             Some(record) if record.epoch > owner.epoch => true,
             Some(record) if record.epoch == owner.epoch => record.state != MemberState::Alive,
             // No record, or one older than the ownership (replaced by hand, or a view that has not
@@ -296,8 +324,93 @@ impl MemberCore {
 
     /// True when `owner`'s record shows another epoch, or that epoch not alive (the epoch is over).
     pub(super) fn epoch_over(&self, owner: &Owner) -> bool {
-        self.members.get(&owner.member).is_some_and(|observed| {
+        self.view.members.get(&owner.member).is_some_and(|observed| {
             observed.stored.value.epoch != owner.epoch || observed.stored.value.state != MemberState::Alive
         })
+    }
+
+    /// Ends the epoch of a member whose record was seen unchanged for its whole lease (ours too,
+    /// if another process wrote it), by writing it `Expired` at the version seen.
+    pub(super) fn tombstone_action(&mut self, now: MonotonicTime) -> Option<Action> {
+        let (key, stored) = self.view.members.iter().find_map(|(id, observed)| {
+            let record = &observed.stored.value;
+            let ours = *id == self.identity && record.incarnation == self.incarnation;
+            let key = Key::Member(id.clone());
+            (record.state == MemberState::Alive && !ours && observed.expired(now) && self.may_write(&key, now))
+                .then(|| (key, observed.stored.clone()))
+        })?;
+        let record = MemberRecord { state: MemberState::Expired, ..stored.value };
+        Some(self.start_write(now, key, Some(stored.version), Value::Member(record), WriteKind::Tombstone))
+    }
+
+    /// Deletes the record of a departed member, so that records do not accumulate as members
+    /// come and go. The rule: only a record whose epoch is over (`Left`: it released everything
+    /// itself; `Expired`: another member saw it silent for its whole lease), that the table names
+    /// in no slot and no leaving mark (so no partition can be believed owned under any epoch of
+    /// that identity, and no claim needs the record to decide), and, for an expired one, only
+    /// once it has been seen expired for another lease stretched by the drift bound on this
+    /// member's clock. One member deletes: the live member with the smallest identity, by
+    /// compare-and-swap at the version it saw.
+    pub(super) fn cleanup_action(&mut self, now: MonotonicTime) -> Option<Action> {
+        if !self.can_delete || self.is_leaving() || !self.is_member(now) {
+            return None;
+        }
+        if self.live_members(now).first().is_none_or(|m| m.identity != self.identity) {
+            return None;
+        }
+        let table = &self.view.table.as_ref()?.value;
+        let stretch = 1.0 + self.config.timing.max_clock_drift();
+        let (key, stored) = self.view.members.iter().find_map(|(id, observed)| {
+            let record = &observed.stored.value;
+            if *id == self.identity || record.state == MemberState::Alive {
+                return None;
+            }
+            let named =
+                table.slots.iter().filter_map(|s| s.owner.as_ref()).chain(&table.leaving).any(|o| o.member == *id);
+            let wait = match record.state {
+                MemberState::Left => Duration::ZERO,
+                _ => record_lease(record.lease_millis).mul_f64(stretch),
+            };
+            let key = Key::Member(id.clone());
+            (!named && now >= observed.seen_at + wait && self.may_write(&key, now))
+                .then(|| (key, observed.stored.clone()))
+        })?;
+        let pending = PendingWrite { started: now, kind: WriteKind::Delete, value: Value::Member(stored.value) };
+        self.pending.insert(key.clone(), pending);
+        Some(Action::Delete { key, expected: stored.version })
+    }
+
+    /// The reply to [`Action::Delete`] for `key`.
+    pub fn on_delete(&mut self, now: MonotonicTime, key: &Key, result: Result<(), StoreError>) {
+        self.check_lapse(now);
+        if self.pending.remove(key).is_none() {
+            return;
+        }
+        match result {
+            Ok(()) => {
+                self.timers.stop(&Timer::WriteRetry(key.clone()));
+                if let Key::Member(id) = key {
+                    self.view.members.remove(id);
+                }
+                self.mark_changed(key);
+                self.after_view_change(now);
+            }
+            Err(StoreError::Rejected(_)) => self.can_delete = false,
+            Err(error) => self.write_failed(now, key, &error),
+        }
+    }
+
+    /// Whether the first live member should write the table only to drop leaving marks of epochs
+    /// that are over, so that a member that left is not named forever (and can be deleted).
+    pub(super) fn leaving_marks_to_tidy(&self, table: &PartitionTable, me: &Owner) -> bool {
+        table.leaving.iter().any(|o| o != me && self.epoch_over(o))
+    }
+
+    /// The leaving marks of a table we write: ours added if `mark_ours`, those of epochs over dropped.
+    pub(super) fn leaving_marks(&self, next: &mut PartitionTable, me: &Owner, mark_ours: bool) {
+        if mark_ours {
+            next.leaving.insert(me.clone());
+        }
+        next.leaving.retain(|o| o == me || !self.epoch_over(o));
     }
 }

@@ -124,10 +124,7 @@ impl FileGroupStore {
 fn file_name(key: &Key) -> String {
     match key {
         Key::Table => TABLE_FILE.to_owned(),
-        Key::Member(id) => {
-            let hex: String = id.bytes().map(|b| format!("{b:02x}")).collect();
-            format!("{MEMBER_PREFIX}{hex}.json")
-        }
+        Key::Member(id) => format!("{MEMBER_PREFIX}{}.json", crate::codec::hex(id)),
     }
 }
 
@@ -308,29 +305,25 @@ impl GroupStore for FileGroupStore {
 
     fn watch(&self) -> Option<ChangeStream> {
         let dir = self.dir.clone();
-        let setup = (|| {
+        let events = (|| {
             let inotify = Inotify::init()?;
             let mask = WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE | WatchMask::DELETE | WatchMask::ONLYDIR;
             inotify.watches().add(dir.as_path(), mask)?;
-            Ok::<_, io::Error>(inotify)
+            inotify.into_event_stream([0u8; 4096])
         })();
-        let stream: ChangeStream = match setup {
-            Ok(inotify) => match inotify.into_event_stream([0u8; 4096]) {
-                Ok(events) => Box::pin(events.filter_map(|event| async move {
-                    match event {
-                        Ok(event) => {
-                            let name = event.name.as_ref().and_then(|n| n.to_str()).unwrap_or("");
-                            // Our own sidecar and temporary files are no change.
-                            (!name.starts_with('.')).then_some(Ok(()))
-                        }
-                        Err(error) => Some(Err(StoreError::Unavailable(format!("inotify: {error}")))),
+        Some(match events {
+            Ok(events) => Box::pin(events.filter_map(|event| async move {
+                match event {
+                    Ok(event) => {
+                        let name = event.name.as_ref().and_then(|n| n.to_str()).unwrap_or("");
+                        // Our own sidecar and temporary files are no change.
+                        (!name.starts_with('.')).then_some(Ok(()))
                     }
-                })),
-                Err(error) => Box::pin(futures::stream::iter([Err(io_error("watch", &dir, error))])),
-            },
+                    Err(error) => Some(Err(StoreError::Unavailable(format!("inotify: {error}")))),
+                }
+            })),
             Err(error) => Box::pin(futures::stream::iter([Err(io_error("watch", &dir, error))])),
-        };
-        Some(stream)
+        })
     }
 }
 

@@ -88,25 +88,8 @@ impl MemoryGroupStore {
 
     /// The records as they are now.
     pub fn snapshot(&self) -> Snapshot {
-        snapshot(&self.state())
+        Snapshot::of_records(&self.state().records)
     }
-}
-
-fn snapshot(state: &State) -> Snapshot {
-    let mut snapshot = Snapshot::default();
-    for (key, (version, value)) in &state.records {
-        match (key, value) {
-            (Key::Table, Value::Table(table)) => {
-                snapshot.table = Some(Stored { version: *version, value: table.clone() });
-            }
-            (Key::Member(id), Value::Member(record)) => {
-                snapshot.members.insert(id.clone(), Stored { version: *version, value: record.clone() });
-            }
-            // A write never pairs a key with the other kind of value (checked in `write`).
-            _ => {}
-        }
-    }
-    snapshot
 }
 
 /// One member's handle on a [`MemoryGroupStore`].
@@ -140,7 +123,7 @@ impl GroupStore for MemoryGroupClient {
     async fn read(&self) -> Result<Snapshot, StoreError> {
         let mut state = self.store.state();
         self.admit(&mut state, false)?;
-        Ok(snapshot(&state))
+        Ok(Snapshot::of_records(&state.records))
     }
 
     async fn write(&self, key: &Key, expected: Option<Version>, value: &Value) -> Result<Version, StoreError> {
@@ -187,18 +170,16 @@ impl GroupStore for MemoryGroupClient {
     fn watch_records(&self) -> Option<RecordStream> {
         // Subscribed at once: the stream's first item, `Resync`, comes after the subscription.
         let receiver = self.store.records.subscribe();
-        let stream = futures::stream::unfold((receiver, true), |(mut receiver, first)| async move {
-            if first {
-                return Some((Ok(Change::Resync), (receiver, false)));
-            }
-            match receiver.recv().await {
-                Ok(change) => Some((Ok(change), (receiver, false))),
+        let changes = futures::stream::unfold(receiver, |mut receiver| async move {
+            let change = match receiver.recv().await {
+                Ok(change) => change,
                 // Fell behind: changes were lost, read a snapshot.
-                Err(broadcast::error::RecvError::Lagged(_)) => Some((Ok(Change::Resync), (receiver, false))),
-                Err(broadcast::error::RecvError::Closed) => None,
-            }
+                Err(broadcast::error::RecvError::Lagged(_)) => Change::Resync,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            };
+            Some((Ok(change), receiver))
         });
-        Some(Box::pin(stream))
+        Some(futures::stream::iter([Ok(Change::Resync)]).chain(changes).boxed())
     }
 
     fn watch(&self) -> Option<ChangeStream> {
