@@ -690,8 +690,9 @@ impl ElectionCore for ZkLatch {
             Phase::InSession(s) if s.connected => s.own.clone(),
             _ => None,
         };
-        match (after, own) {
-            (AfterRelease::Campaign, Some(own)) if stepped_from_leading => {
+        // A resign releases only a node it led on; a shutdown deletes its node in any case.
+        match own.filter(|_| after == AfterRelease::Stop || stepped_from_leading) {
+            Some(own) => {
                 self.release = Some(Release::Deleting(after));
                 let Some(s) = self.session() else { return };
                 let limit = s.call_timeout();
@@ -699,16 +700,7 @@ impl ElectionCore for ZkLatch {
                 s.deleting = true;
                 self.queued.push_back(ZkCall::Delete { session: id, node: own.name, limit });
             }
-            (AfterRelease::Campaign, _) => self.finish_release(now, after, Ok(())),
-            (AfterRelease::Stop, Some(own)) => {
-                self.release = Some(Release::Deleting(after));
-                let Some(s) = self.session() else { return };
-                let limit = s.call_timeout();
-                let id = s.id;
-                s.deleting = true;
-                self.queued.push_back(ZkCall::Delete { session: id, node: own.name, limit });
-            }
-            (AfterRelease::Stop, None) => self.finish_release(now, after, Ok(())),
+            None => self.finish_release(now, after, Ok(())),
         }
     }
 
