@@ -1,5 +1,5 @@
-//! The seed's controller loop for sidecar users, in Python with its standard library
-//! (`examples/sidecar-python/leader_worker.py`): the worker starts on gaining leadership, stops on
+//! The seed's controller loop for sidecar users, in Python with the `tenure` package (python/,
+//! standard library only; `examples/sidecar-python/leader_worker.py`): the worker starts on gaining leadership, stops on
 //! losing it, and two workers never run at once, across a kill -9 of the leader's sidecar and a
 //! graceful handover (SIGTERM).
 
@@ -15,6 +15,11 @@ fn example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/sidecar-python/leader_worker.py")
 }
 
+/// The `tenure` Python package, as a checkout has it.
+fn package() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../python")
+}
+
 /// A replica: a `tenure elect` sidecar and the Python worker next to it.
 struct Replica {
     sidecar: Tenure,
@@ -26,6 +31,7 @@ impl Replica {
         let (sidecar, address) = start_elect(id, "py", lock_url, "2s");
         let worker = Command::new("python3")
             .arg(example())
+            .env("PYTHONPATH", package())
             .args(["--sidecar", &format!("http://{address}"), "--name", id, "--item-seconds", "0.05"])
             .arg("--witness")
             .arg(witness)
