@@ -165,15 +165,19 @@ class Tenure:
         self._retry_period = max(retry_period, 0.05)
         self._guard = threading.Lock()
         self._ended = threading.Event()
-        self._connection, self._response = self._open_hold()
+        self._connection, self._socket, self._response = self._open_hold()
         self._follower = threading.Thread(target=self._follow_hold, name=f"tenure-hold-{term}", daemon=True)
         self._follower.start()
         threading.Thread(target=self._refresh, name=f"tenure-refresh-{term}", daemon=True).start()
 
-    def _open_hold(self) -> "tuple[http.client.HTTPConnection, http.client.HTTPResponse]":
+    def _open_hold(self) -> "tuple[http.client.HTTPConnection, socket.socket, http.client.HTTPResponse]":
         endpoint = self._sidecar.endpoint
         connection = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=HOLD_IDLE_TIMEOUT)
         try:
+            connection.connect()
+            # Kept apart: http.client may drop its own reference while the response reads on.
+            sock = connection.sock
+            assert sock is not None
             connection.request("GET", f"/hold?term={self.term}")
             response = connection.getresponse()
             if response.status == 409:
@@ -183,7 +187,7 @@ class Tenure:
             first = response.readline()
             if not first.startswith(b"holding"):
                 raise NotLeading(f"the tenure of term {self.term} ended before it was held")
-            return connection, response
+            return connection, sock, response
         except (OSError, http.client.HTTPException) as error:
             connection.close()
             if isinstance(error, SidecarError):
@@ -249,10 +253,9 @@ class Tenure:
         lock now). Idempotent."""
         self._ended.set()
         try:
-            if self._connection.sock is not None:
-                self._connection.sock.shutdown(socket.SHUT_RDWR)
+            self._socket.shutdown(socket.SHUT_RDWR)
         except OSError:
-            pass
+            pass  # closed already
         # The follower reads the stream until the shutdown above ends it; only then is it closed.
         if threading.current_thread() is not self._follower:
             self._follower.join()
