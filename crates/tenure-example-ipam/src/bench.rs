@@ -15,8 +15,6 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams};
 use kube::Api;
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use tenure_apiserver::{ApiServer, ApiServerConfig};
 use tenure_etcd::{EtcdElection, EtcdGroupStore};
 use tokio::time::Instant;
@@ -144,9 +142,7 @@ async fn one_round(config: &BenchConfig, replicas: usize) -> Result<Round, Check
         .buffer_unordered(PARALLEL_REQUESTS)
         .collect()
         .await;
-    if let Some(Err(error)) = created.into_iter().find(Result::is_err) {
-        return Err(error);
-    }
+    created.into_iter().collect::<Result<Vec<_>, _>>()?;
     wait_until(
         started,
         "every Pod annotated",
@@ -179,9 +175,7 @@ async fn one_round(config: &BenchConfig, replicas: usize) -> Result<Round, Check
         .buffer_unordered(PARALLEL_REQUESTS)
         .collect()
         .await;
-    if let Some(Err(error)) = deleted.into_iter().find(Result::is_err) {
-        return Err(error);
-    }
+    deleted.into_iter().collect::<Result<Vec<_>, _>>()?;
     wait_until(
         started,
         "every address released",
@@ -191,14 +185,7 @@ async fn one_round(config: &BenchConfig, replicas: usize) -> Result<Round, Check
     .await?;
     let released = started.elapsed();
 
-    for replica in &harness.replicas {
-        if let Some(pid) = replica.child.id() {
-            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
-        }
-    }
-    for replica in &mut harness.replicas {
-        let _ = tokio::time::timeout(Duration::from_secs(10), replica.child.wait()).await;
-    }
+    harness.stop().await;
     apiserver.shutdown().await;
     drop(etcd);
     let mut allocated_by: std::collections::HashMap<String, usize> = std::collections::HashMap::new();

@@ -320,14 +320,7 @@ pub async fn run(scenario: &Scenario) -> Result<Report, CheckerError> {
     harness.restart_exited(&mut report)?;
     stop_sampling.cancel();
     let _ = sampler.await;
-    for replica in &harness.replicas {
-        if let Some(pid) = replica.child.id() {
-            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
-        }
-    }
-    for replica in &mut harness.replicas {
-        let _ = tokio::time::timeout(Duration::from_secs(10), replica.child.wait()).await;
-    }
+    harness.stop().await;
     let observations = observer.lock().unwrap_or_else(|e| e.into_inner()).clone();
     observations.finish(&mut report);
     report.failed_resumes = count_lines(&logs, RESUME_FAILED_LINE);
@@ -454,6 +447,18 @@ impl Harness {
         Ok(())
     }
 
+    /// Stops every replica (SIGTERM) and waits up to 10 s for each to exit.
+    pub(crate) async fn stop(&mut self) {
+        for replica in &self.replicas {
+            if let Some(pid) = replica.child.id() {
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+            }
+        }
+        for replica in &mut self.replicas {
+            let _ = tokio::time::timeout(Duration::from_secs(10), replica.child.wait()).await;
+        }
+    }
+
     fn pid(&self, index: usize) -> Result<Pid, CheckerError> {
         let pid =
             self.replicas[index].child.id().ok_or_else(|| CheckerError::Process("the leader has exited".into()))?;
@@ -554,7 +559,7 @@ async fn churn(pods: Api<Pod>, scenario: Scenario, observer: Arc<Mutex<Observati
 }
 
 /// What the sampler has seen so far.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Observations {
     samples: usize,
     created: usize,
@@ -580,22 +585,7 @@ struct Observations {
 
 impl Observations {
     fn new() -> Observations {
-        Observations {
-            samples: 0,
-            created: 0,
-            deleted: HashSet::new(),
-            terms: Vec::new(),
-            takeovers: Vec::new(),
-            annotated: HashMap::new(),
-            allocations: HashMap::new(),
-            orphans: HashMap::new(),
-            collected: HashMap::new(),
-            held_by_deleted: Vec::new(),
-            unannotated: 0,
-            double_allocations: Vec::new(),
-            pods_with_two_ips: Vec::new(),
-            in_use_collected: Vec::new(),
-        }
+        Observations::default()
     }
 
     fn settled(&self) -> bool {

@@ -61,42 +61,68 @@ pub enum Mode {
     ActiveActive,
 }
 
-/// Everything one replica needs.
-#[derive(Debug, Clone)]
+/// Everything one replica needs; also the options of the `controller` subcommand.
+#[derive(Debug, Clone, clap::Args)]
 pub struct ControllerConfig {
-    /// Active/Passive (default) or Active/Active.
-    pub mode: Mode,
     /// This replica's name in the election.
+    #[arg(long)]
     pub identity: String,
-    /// etcd endpoints (`host:port`).
+    /// etcd endpoints, host:port, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:2379")]
     pub etcd: Vec<String>,
-    /// The API server's URL.
+    /// The API server URL (e.g. from `tenure apiserver`).
+    #[arg(long, default_value = "http://127.0.0.1:6443")]
     pub apiserver: String,
     /// The namespace whose Pods get addresses.
+    #[arg(long, default_value = "default")]
     pub namespace: String,
     /// The election lease.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub ttl: Duration,
     /// Resume from the checkpoint (false: Kuryr's behaviour, to show the missed deletions).
+    #[arg(
+        long = "no-resume",
+        action = clap::ArgAction::SetFalse,
+        help = "Do not resume from the checkpoint: watch from now, as Kuryr did (misses deletions)"
+    )]
     pub resume: bool,
     /// How often the orphan collector runs.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub gc_period: Duration,
-    /// The collector's grace period (also the least time between the two passes that must both
-    /// see an allocation unused).
+    /// The orphan collector's grace period.
+    // Also the least time between the two passes that must both see an allocation unused.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub gc_grace: Duration,
-    /// Honour [`CRASH_LABEL`] (tests only).
+    /// Test hook: exit right after allocating for a Pod labelled
+    /// ipam.tenure.dev/crash-after-allocate (before annotating it).
+    #[arg(long)]
     pub crash_after_allocate: bool,
-    /// The pool's first address minus one.
+    /// Exit when the parent process dies (the checker starts replicas with it, so that a
+    /// killed checker leaves no replicas behind).
+    #[arg(long)]
+    pub exit_with_parent: bool,
+    /// The pool: addresses after this one.
+    #[arg(long, default_value = "10.0.0.0")]
     pub pool_base: Ipv4Addr,
     /// The pool's size.
+    #[arg(long, default_value_t = 1000)]
     pub pool_size: u32,
-    /// A delay before every pool call (models a slow external IPAM; benchmarks).
-    pub pool_delay: Duration,
+    /// active-passive (one leader works) or active-active (every replica works on the Pods of
+    /// its partitions).
+    #[arg(long, value_enum, default_value_t = Mode::ActivePassive)]
+    pub mode: Mode,
     /// Active/Active: the group's partition count.
+    #[arg(long, default_value_t = 64)]
     pub partitions: u32,
-    /// Active/Active: the witness file (handler start/end lines for the checker).
+    /// Active/Active: append a line per handler start and end to this file (for the checker).
+    #[arg(long)]
     pub witness: Option<std::path::PathBuf>,
-    /// Active/Active, deliberately broken (the checker's control): keep handling every partition
-    /// this replica ever owned, without holding its guard (no drain on revoke).
+    /// A delay before every call to the pool, modelling a slow external IPAM.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub pool_delay: Duration,
+    /// Deliberately broken Active/Active (the checker's control): keep handling the partitions
+    /// this replica once owned and do not drain them on a handoff.
+    #[arg(long = "unsafe-ignore-revocation")]
     pub ignore_revocation: bool,
 }
 

@@ -2,7 +2,6 @@
 //! check ...` runs the whole scenario (etcd, API server, three replicas, churn and faults) and
 //! prints the checker's numbers.
 
-use std::net::Ipv4Addr;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -21,63 +20,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run one replica until SIGTERM.
-    Controller {
-        /// This replica's name in the election.
-        #[arg(long)]
-        identity: String,
-        /// etcd endpoints, host:port, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:2379")]
-        etcd: Vec<String>,
-        /// The API server URL (e.g. from `tenure apiserver`).
-        #[arg(long, default_value = "http://127.0.0.1:6443")]
-        apiserver: String,
-        /// The namespace whose Pods get addresses.
-        #[arg(long, default_value = "default")]
-        namespace: String,
-        /// The election lease.
-        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-        ttl: Duration,
-        /// Do not resume from the checkpoint: watch from now, as Kuryr did (misses deletions).
-        #[arg(long)]
-        no_resume: bool,
-        /// How often the orphan collector runs.
-        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-        gc_period: Duration,
-        /// The orphan collector's grace period.
-        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
-        gc_grace: Duration,
-        /// Test hook: exit right after allocating for a Pod labelled
-        /// ipam.tenure.dev/crash-after-allocate (before annotating it).
-        #[arg(long)]
-        crash_after_allocate: bool,
-        /// Exit when the parent process dies (the checker starts replicas with it, so that a
-        /// killed checker leaves no replicas behind).
-        #[arg(long)]
-        exit_with_parent: bool,
-        /// The pool: addresses after this one.
-        #[arg(long, default_value = "10.0.0.0")]
-        pool_base: Ipv4Addr,
-        /// The pool's size.
-        #[arg(long, default_value_t = 1000)]
-        pool_size: u32,
-        /// active-passive (one leader works) or active-active (every replica works on the Pods of
-        /// its partitions).
-        #[arg(long, value_enum, default_value_t = Mode::ActivePassive)]
-        mode: Mode,
-        /// Active/Active: the group's partition count.
-        #[arg(long, default_value_t = 64)]
-        partitions: u32,
-        /// Active/Active: append a line per handler start and end to this file (for the checker).
-        #[arg(long)]
-        witness: Option<std::path::PathBuf>,
-        /// A delay before every call to the pool, modelling a slow external IPAM.
-        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
-        pool_delay: Duration,
-        /// Deliberately broken Active/Active (the checker's control): keep handling the partitions
-        /// this replica once owned and do not drain them on a handoff.
-        #[arg(long)]
-        unsafe_ignore_revocation: bool,
-    },
+    Controller(ControllerConfig),
     /// Run the checker's scenario and print its numbers; exits 1 if it found a violation.
     Check {
         /// Controllers watch from now (Kuryr) instead of resuming from the checkpoint.
@@ -135,49 +78,13 @@ fn main() -> ExitCode {
         }
     };
     match Cli::parse().command {
-        Command::Controller {
-            identity,
-            etcd,
-            apiserver,
-            namespace,
-            ttl,
-            no_resume,
-            gc_period,
-            gc_grace,
-            crash_after_allocate,
-            exit_with_parent,
-            pool_base,
-            pool_size,
-            mode,
-            partitions,
-            witness,
-            pool_delay,
-            unsafe_ignore_revocation,
-        } => {
-            if exit_with_parent {
+        Command::Controller(config) => {
+            if config.exit_with_parent {
                 if let Err(error) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL) {
                     eprintln!("cannot follow the parent's exit: {error}");
                     return ExitCode::FAILURE;
                 }
             }
-            let config = ControllerConfig {
-                mode,
-                partitions,
-                witness,
-                pool_delay,
-                ignore_revocation: unsafe_ignore_revocation,
-                identity,
-                etcd,
-                apiserver,
-                namespace,
-                ttl,
-                resume: !no_resume,
-                gc_period,
-                gc_grace,
-                crash_after_allocate,
-                pool_base,
-                pool_size,
-            };
             match runtime.block_on(controller::run(config)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {

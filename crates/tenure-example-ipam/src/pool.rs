@@ -167,29 +167,21 @@ impl IpPool {
                 let leader_key = self.election.leader_key(term).await?.ok_or(PoolError::Fenced(term))?;
                 Ok(leader_compare(&leader_key, term))
             }
-            Fence::Partition { partition, term } => Ok(Compare {
-                result: compare::CompareResult::Equal as i32,
-                target: compare::CompareTarget::Value as i32,
-                key: self.fence_key(partition).into_bytes(),
-                range_end: Vec::new(),
-                target_union: Some(compare::TargetUnion::Value(encode_term(term))),
-            }),
+            Fence::Partition { partition, term } => Ok(equal(
+                &self.fence_key(partition),
+                compare::CompareTarget::Value,
+                compare::TargetUnion::Value(encode_term(term)),
+            )),
         }
     }
 
     /// After a refused transaction: the error if the fence no longer lets `fence` write, `Ok` if
     /// it does (so another comparison failed).
     async fn check_fence(&self, fence: Fence) -> Result<(), PoolError> {
+        self.delay().await;
         match fence {
-            Fence::Leader(term) => {
-                self.delay().await;
-                match self.election.leader_key(term).await? {
-                    Some(_) => Ok(()),
-                    None => Err(PoolError::Fenced(term)),
-                }
-            }
+            Fence::Leader(term) => self.election.leader_key(term).await?.map(|_| ()).ok_or(PoolError::Fenced(term)),
             Fence::Partition { partition, term } => {
-                self.delay().await;
                 let current = self.election.get(&self.fence_key(partition)).await?.map(|kv| kv.value);
                 match current {
                     Some(value) if value == encode_term(term) => Ok(()),
@@ -212,23 +204,13 @@ impl IpPool {
             let condition = match &current {
                 Some(kv) if kv.value == value => return Ok(()),
                 Some(kv) if kv.value > value => return Err(PoolError::Fenced(term)),
-                Some(kv) => Compare {
-                    result: compare::CompareResult::Equal as i32,
-                    target: compare::CompareTarget::Mod as i32,
-                    key: key.as_bytes().to_vec(),
-                    range_end: Vec::new(),
-                    target_union: Some(compare::TargetUnion::ModRevision(kv.mod_revision)),
-                },
+                Some(kv) => {
+                    equal(&key, compare::CompareTarget::Mod, compare::TargetUnion::ModRevision(kv.mod_revision))
+                }
                 None => absent(&key),
             };
-            let put = RequestOp {
-                request: Some(request_op::Request::RequestPut(PutRequest {
-                    key: key.as_bytes().to_vec(),
-                    value: value.clone(),
-                    ..Default::default()
-                })),
-            };
-            let request = TxnRequest { compare: vec![condition], success: vec![put], failure: Vec::new() };
+            let request =
+                TxnRequest { compare: vec![condition], success: vec![put(&key, value.clone())], failure: Vec::new() };
             if self.txn(request).await?.succeeded {
                 return Ok(());
             }
@@ -306,15 +288,8 @@ impl IpPool {
                 return Err(PoolError::Exhausted(self.size));
             };
             let key = self.key(ip);
-            let put = RequestOp {
-                request: Some(request_op::Request::RequestPut(PutRequest {
-                    key: key.as_bytes().to_vec(),
-                    value: value.clone(),
-                    ..Default::default()
-                })),
-            };
-            let request =
-                TxnRequest { compare: vec![condition.clone(), absent(&key)], success: vec![put], failure: Vec::new() };
+            let (compare, success) = (vec![condition.clone(), absent(&key)], vec![put(&key, value.clone())]);
+            let request = TxnRequest { compare, success, failure: Vec::new() };
             let response = self.txn(request).await?;
             if response.succeeded {
                 let create_revision = response.header.map(|h| h.revision).unwrap_or_default();
@@ -342,13 +317,7 @@ impl IpPool {
                 ..Default::default()
             })),
         };
-        let same = Compare {
-            result: compare::CompareResult::Equal as i32,
-            target: compare::CompareTarget::Create as i32,
-            key: key.as_bytes().to_vec(),
-            range_end: Vec::new(),
-            target_union: Some(compare::TargetUnion::CreateRevision(create_revision)),
-        };
+        let same = equal(&key, compare::CompareTarget::Create, compare::TargetUnion::CreateRevision(create_revision));
         let request = TxnRequest { compare: vec![condition, same], success: vec![delete], failure: Vec::new() };
         if self.txn(request).await?.succeeded {
             return Ok(true);
@@ -371,15 +340,26 @@ impl IpPool {
     }
 }
 
-/// `create_revision(key) == 0`: the key does not exist.
-fn absent(key: &str) -> Compare {
+/// The comparison that `key`'s `target` equals `value`.
+fn equal(key: &str, target: compare::CompareTarget, value: compare::TargetUnion) -> Compare {
     Compare {
         result: compare::CompareResult::Equal as i32,
-        target: compare::CompareTarget::Create as i32,
+        target: target as i32,
         key: key.as_bytes().to_vec(),
         range_end: Vec::new(),
-        target_union: Some(compare::TargetUnion::CreateRevision(0)),
+        target_union: Some(value),
     }
+}
+
+/// `create_revision(key) == 0`: the key does not exist.
+fn absent(key: &str) -> Compare {
+    equal(key, compare::CompareTarget::Create, compare::TargetUnion::CreateRevision(0))
+}
+
+/// The operation that writes `value` at `key`.
+fn put(key: &str, value: Vec<u8>) -> RequestOp {
+    let put = PutRequest { key: key.as_bytes().to_vec(), value, ..Default::default() };
+    RequestOp { request: Some(request_op::Request::RequestPut(put)) }
 }
 
 /// The end of etcd's range of keys starting with `prefix`.

@@ -57,26 +57,22 @@ pub enum Outcome {
     Crashed,
 }
 
+/// Every outcome with its word in the witness lines.
+const OUTCOMES: [(Outcome, &str); 5] = [
+    (Outcome::Done, "done"),
+    (Outcome::Fenced, "fenced"),
+    (Outcome::Conflict, "conflict"),
+    (Outcome::Error, "error"),
+    (Outcome::Crashed, "crashed"),
+];
+
 impl Outcome {
     fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Done => "done",
-            Outcome::Fenced => "fenced",
-            Outcome::Conflict => "conflict",
-            Outcome::Error => "error",
-            Outcome::Crashed => "crashed",
-        }
+        OUTCOMES.iter().find(|(outcome, _)| *outcome == self).map_or("", |(_, word)| word)
     }
 
     fn parse(text: &str) -> Option<Outcome> {
-        Some(match text {
-            "done" => Outcome::Done,
-            "fenced" => Outcome::Fenced,
-            "conflict" => Outcome::Conflict,
-            "error" => Outcome::Error,
-            "crashed" => Outcome::Crashed,
-            _ => return None,
-        })
+        OUTCOMES.iter().find(|(_, word)| *word == text).map(|(outcome, _)| *outcome)
     }
 }
 
@@ -104,10 +100,8 @@ pub struct HandlerId {
 impl Witness {
     /// Appends to `path` (created if missing); `None` writes nothing.
     pub fn open(replica: &str, path: Option<&Path>) -> std::io::Result<Witness> {
-        let file = match path {
-            Some(path) => Some(Mutex::new(OpenOptions::new().create(true).append(true).open(path)?)),
-            None => None,
-        };
+        let file =
+            path.map(|path| OpenOptions::new().create(true).append(true).open(path).map(Mutex::new)).transpose()?;
         Ok(Witness { replica: replica.to_owned(), file })
     }
 
@@ -169,16 +163,13 @@ pub struct Handled {
 /// Reads every `*.witness` file in `dir`. Lines that do not parse are skipped (a SIGKILL can cut
 /// the last line).
 pub fn read_dir(dir: &Path) -> Vec<Handled> {
-    let mut text = String::new();
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            if entry.path().extension().is_some_and(|e| e == "witness") {
-                if let Ok(content) = std::fs::read_to_string(entry.path()) {
-                    text.push_str(&content);
-                }
-            }
-        }
-    }
+    let text: String = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|entry| entry.path().extension().is_some_and(|e| e == "witness"))
+        .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
+        .collect();
     parse(&text)
 }
 
