@@ -166,13 +166,8 @@ pub(crate) fn elected_lease(
         lease["spec"] = json!({});
     }
     let spec = &mut lease["spec"];
-    let transitions = match existing {
-        None => 0,
-        Some(_) => {
-            let before = spec["leaseTransitions"].as_i64().unwrap_or(0);
-            before + i64::from(spec["holderIdentity"].as_str() != Some(holder))
-        }
-    };
+    let changed = i64::from(spec["holderIdentity"].as_str() != Some(holder));
+    let transitions = existing.map_or(0, |_| spec["leaseTransitions"].as_i64().unwrap_or(0) + changed);
     spec["holderIdentity"] = json!(holder);
     spec["leaseDurationSeconds"] = json!(duration_seconds);
     spec["acquireTime"] = json!(micro_time(now));

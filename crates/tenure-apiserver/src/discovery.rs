@@ -97,14 +97,10 @@ fn group_version_path(group: &str, version: &str) -> String {
 /// validates fields itself; without it kubectl refuses to send anything unless told `--validate=false`.
 pub fn openapi_v3_index() -> Value {
     let mut paths = serde_json::Map::new();
-    let mut seen = Vec::new();
     for resource in resources::RESOURCE_TYPES {
         let path = group_version_path(resource.group, resource.version);
-        if !seen.contains(&path) {
-            let url = format!("/openapi/v3/{path}?hash=tenure-{}", env!("CARGO_PKG_VERSION"));
-            paths.insert(path.clone(), json!({ "serverRelativeURL": url }));
-            seen.push(path);
-        }
+        let url = format!("/openapi/v3/{path}?hash=tenure-{}", env!("CARGO_PKG_VERSION"));
+        paths.entry(path).or_insert_with(|| json!({ "serverRelativeURL": url }));
     }
     json!({ "paths": paths })
 }

@@ -51,6 +51,11 @@ pub struct Version {
     pre_release: Vec<Identifier>,
 }
 
+/// A dot-separated identifier of a pre-release or build part: alphanumerics and `-`, not empty.
+fn identifier(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
 /// A number of a version: digits without a leading zero.
 fn number(text: &str) -> Option<u64> {
     let valid = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) && (text == "0" || !text.starts_with('0'));
@@ -60,15 +65,9 @@ fn number(text: &str) -> Option<u64> {
 impl Version {
     /// Parses a version, or `None` if it is not one.
     pub fn parse(text: &str) -> Option<Version> {
-        let text = text.split_once('+').map_or(text, |(version, build)| {
-            let valid =
-                build.split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
-            if valid {
-                version
-            } else {
-                ""
-            }
-        });
+        let text = text
+            .split_once('+')
+            .map_or(text, |(version, build)| if build.split('.').all(identifier) { version } else { "" });
         let (core, pre_release) = match text.split_once('-') {
             Some((core, pre)) => (core, Some(pre)),
             None => (text, None),
@@ -86,7 +85,7 @@ impl Version {
             Some(pre) => pre
                 .split('.')
                 .map(|p| {
-                    if p.is_empty() || !p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+                    if !identifier(p) {
                         None
                     } else if p.bytes().all(|b| b.is_ascii_digit()) {
                         number(p).map(Identifier::Numeric)

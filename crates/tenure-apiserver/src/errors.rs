@@ -40,34 +40,26 @@ fn object_details(resource: &ResourceType, name: &str, kind: &str) -> Value {
 }
 
 impl ApiError {
+    /// An error with these parts, for answers that have no constructor of their own.
+    pub(crate) fn new(code: u16, reason: &'static str, message: impl Into<String>, details: Option<Value>) -> Self {
+        ApiError { code, reason, message: message.into(), details }
+    }
+
     /// `404 NotFound` for an absent object.
     pub fn not_found(resource: &ResourceType, name: &str) -> Self {
-        ApiError {
-            code: 404,
-            reason: "NotFound",
-            message: format!("{} \"{}\" not found", resource.qualified_plural(), name),
-            details: Some(object_details(resource, name, resource.plural)),
-        }
+        let message = format!("{} \"{}\" not found", resource.qualified_plural(), name);
+        ApiError::new(404, "NotFound", message, Some(object_details(resource, name, resource.plural)))
     }
 
     /// `404 NotFound` for a path that names no resource.
     pub fn no_such_path() -> Self {
-        ApiError {
-            code: 404,
-            reason: "NotFound",
-            message: "the server could not find the requested resource".to_string(),
-            details: Some(json!({})),
-        }
+        ApiError::new(404, "NotFound", "the server could not find the requested resource", Some(json!({})))
     }
 
     /// `409 AlreadyExists` for a create of a name already taken.
     pub fn already_exists(resource: &ResourceType, name: &str) -> Self {
-        ApiError {
-            code: 409,
-            reason: "AlreadyExists",
-            message: format!("{} \"{}\" already exists", resource.qualified_plural(), name),
-            details: Some(object_details(resource, name, resource.plural)),
-        }
+        let message = format!("{} \"{}\" already exists", resource.qualified_plural(), name);
+        ApiError::new(409, "AlreadyExists", message, Some(object_details(resource, name, resource.plural)))
     }
 
     /// `409 Conflict` for a write with a stale `resourceVersion`.
@@ -81,12 +73,8 @@ impl ApiError {
 
     /// `409 Conflict` with a specific explanation (failed delete preconditions).
     pub fn conflict_because(resource: &ResourceType, name: &str, why: &str) -> Self {
-        ApiError {
-            code: 409,
-            reason: "Conflict",
-            message: format!("Operation cannot be fulfilled on {} \"{}\": {}", resource.qualified_plural(), name, why),
-            details: Some(object_details(resource, name, resource.plural)),
-        }
+        let message = format!("Operation cannot be fulfilled on {} \"{}\": {}", resource.qualified_plural(), name, why);
+        ApiError::new(409, "Conflict", message, Some(object_details(resource, name, resource.plural)))
     }
 
     /// `422 Invalid` listing the fields that failed validation.
@@ -96,77 +84,50 @@ impl ApiError {
         let mut details = object_details(resource, name, resource.kind);
         details["causes"] =
             causes.iter().map(|c| json!({ "reason": c.reason, "message": c.message, "field": c.field })).collect();
-        ApiError {
-            code: 422,
-            reason: "Invalid",
-            message: format!("{} \"{}\" is invalid: {}", resource.qualified_kind(), name, summary),
-            details: Some(details),
-        }
+        let message = format!("{} \"{}\" is invalid: {}", resource.qualified_kind(), name, summary);
+        ApiError::new(422, "Invalid", message, Some(details))
     }
 
     /// `400 BadRequest` for a malformed request.
     pub fn bad_request(message: impl Into<String>) -> Self {
-        ApiError { code: 400, reason: "BadRequest", message: message.into(), details: None }
+        ApiError::new(400, "BadRequest", message, None)
     }
 
     /// `405 MethodNotAllowed` for a verb the path does not support.
     pub fn method_not_allowed(method: &str) -> Self {
-        ApiError {
-            code: 405,
-            reason: "MethodNotAllowed",
-            message: format!("the server does not allow this method on the requested resource ({method})"),
-            details: Some(json!({})),
-        }
+        let message = format!("the server does not allow this method on the requested resource ({method})");
+        ApiError::new(405, "MethodNotAllowed", message, Some(json!({})))
     }
 
     /// `415 UnsupportedMediaType` for a patch type the server does not implement.
     pub fn unsupported_media_type(content_type: &str) -> Self {
-        ApiError {
-            code: 415,
-            reason: "UnsupportedMediaType",
-            message: format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type})"),
-            details: None,
-        }
+        ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type})"),
+            None,
+        )
     }
 
     /// `410 Expired` for a watch from a version older than the event log keeps.
     pub fn expired(requested: u64, oldest_kept: u64) -> Self {
-        ApiError {
-            code: 410,
-            reason: "Expired",
-            message: format!("too old resource version: {requested} ({oldest_kept})"),
-            details: None,
-        }
+        ApiError::new(410, "Expired", format!("too old resource version: {requested} ({oldest_kept})"), None)
     }
 
     /// `504 Timeout`, for a request held by a partition that has healed since.
     pub fn timeout() -> Self {
-        ApiError {
-            code: 504,
-            reason: "Timeout",
-            message: "the request was cut off by a partition and not served".to_string(),
-            details: Some(json!({})),
-        }
+        ApiError::new(504, "Timeout", "the request was cut off by a partition and not served", Some(json!({})))
     }
 
     /// `500 InternalError`, used by fault injection.
     pub fn internal(message: impl Into<String>) -> Self {
-        ApiError {
-            code: 500,
-            reason: "InternalError",
-            message: message.into(),
-            details: Some(json!({ "causes": [{ "message": "injected fault" }] })),
-        }
+        ApiError::new(500, "InternalError", message, Some(json!({ "causes": [{ "message": "injected fault" }] })))
     }
 
     /// `429 TooManyRequests`, used by fault injection (the `Retry-After` header is added by the caller).
     pub fn too_many_requests(retry_after_seconds: u64) -> Self {
-        ApiError {
-            code: 429,
-            reason: "TooManyRequests",
-            message: "the server has received too many requests and has asked us to try again later".to_string(),
-            details: Some(json!({ "retryAfterSeconds": retry_after_seconds })),
-        }
+        let message = "the server has received too many requests and has asked us to try again later";
+        ApiError::new(429, "TooManyRequests", message, Some(json!({ "retryAfterSeconds": retry_after_seconds })))
     }
 
     /// The HTTP status to answer with.

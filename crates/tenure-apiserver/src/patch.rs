@@ -115,9 +115,7 @@ pub fn json_patch(document: &mut Value, operations: &Value) -> Result<(), ApiErr
         let from = operation["from"].as_str().unwrap_or("");
         match op {
             "add" => add_at(document, path, operation["value"].clone())?,
-            "remove" => {
-                remove_at(document, path)?;
-            }
+            "remove" => drop(remove_at(document, path)?),
             "replace" => {
                 remove_at(document, path)?;
                 add_at(document, path, operation["value"].clone())?;
@@ -135,12 +133,10 @@ pub fn json_patch(document: &mut Value, operations: &Value) -> Result<(), ApiErr
             }
             "test" => {
                 if document.pointer(path) != Some(&operation["value"]) {
-                    return Err(ApiError {
-                        code: 422,
-                        reason: "Invalid",
-                        message: format!("the server rejected our request due to an error in our request: testing value {path} failed"),
-                        details: None,
-                    });
+                    let message = format!(
+                        "the server rejected our request due to an error in our request: testing value {path} failed"
+                    );
+                    return Err(ApiError::new(422, "Invalid", message, None));
                 }
             }
             other => return Err(ApiError::bad_request(format!("unknown JSON patch operation {other:?}"))),

@@ -48,162 +48,75 @@ impl ResourceType {
 
     /// `plural.group` as the real server names a resource in error messages (`leases.coordination.k8s.io`).
     pub fn qualified_plural(&self) -> String {
-        if self.group.is_empty() {
-            self.plural.to_string()
-        } else {
-            format!("{}.{}", self.plural, self.group)
-        }
+        self.qualified(self.plural)
     }
 
     /// `Kind.group` as the real server names a kind in validation messages (`Lease.coordination.k8s.io`).
     pub fn qualified_kind(&self) -> String {
+        self.qualified(self.kind)
+    }
+
+    fn qualified(&self, name: &str) -> String {
         if self.group.is_empty() {
-            self.kind.to_string()
+            name.to_string()
         } else {
-            format!("{}.{}", self.kind, self.group)
+            format!("{name}.{}", self.group)
         }
+    }
+
+    /// This type with a PUT to an absent object creating it.
+    const fn created_on_update(mut self) -> Self {
+        self.create_on_update = true;
+        self
+    }
+
+    /// This type with its objects outside any namespace.
+    const fn cluster_scoped(mut self) -> Self {
+        self.namespaced = false;
+        self
     }
 }
 
 const CORE_V1: (&str, &str) = ("", "v1");
+const RBAC_V1: (&str, &str) = ("rbac.authorization.k8s.io", "v1");
+
+/// A namespaced type whose absent objects a PUT does not create: most of them.
+const fn served(
+    (group, version): (&'static str, &'static str),
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    short_names: &'static [&'static str],
+    names: NameRule,
+) -> ResourceType {
+    let (namespaced, create_on_update) = (true, false);
+    ResourceType { group, version, plural, singular, kind, namespaced, short_names, create_on_update, names }
+}
 
 /// Every resource type served. Leader election and controllers need the first seven; service
 /// accounts, deployments and RBAC roles are served (stored, not enforced) so that the manifests in
 /// `deploy/` can be applied with kubectl; LeaseCandidates (`coordination.k8s.io/v1beta1`) are the
 /// candidates of Coordinated Leader Election, which [`crate::coordinator`] elects from.
 pub static RESOURCE_TYPES: &[ResourceType] = &[
-    ResourceType {
-        group: CORE_V1.0,
-        version: CORE_V1.1,
-        plural: "configmaps",
-        singular: "configmap",
-        kind: "ConfigMap",
-        namespaced: true,
-        short_names: &["cm"],
-        create_on_update: false,
-        names: NameRule::Subdomain,
-    },
-    ResourceType {
-        group: CORE_V1.0,
-        version: CORE_V1.1,
-        plural: "endpoints",
-        singular: "endpoints",
-        kind: "Endpoints",
-        namespaced: true,
-        short_names: &["ep"],
-        create_on_update: true,
-        names: NameRule::Subdomain,
-    },
-    ResourceType {
-        group: CORE_V1.0,
-        version: CORE_V1.1,
-        plural: "events",
-        singular: "event",
-        kind: "Event",
-        namespaced: true,
-        short_names: &["ev"],
-        create_on_update: true,
-        names: NameRule::Subdomain,
-    },
-    ResourceType {
-        group: CORE_V1.0,
-        version: CORE_V1.1,
-        plural: "namespaces",
-        singular: "namespace",
-        kind: "Namespace",
-        namespaced: false,
-        short_names: &["ns"],
-        create_on_update: false,
-        names: NameRule::Label,
-    },
-    ResourceType {
-        group: CORE_V1.0,
-        version: CORE_V1.1,
-        plural: "pods",
-        singular: "pod",
-        kind: "Pod",
-        namespaced: true,
-        short_names: &["po"],
-        create_on_update: false,
-        names: NameRule::Subdomain,
-    },
-    ResourceType {
-        group: CORE_V1.0,
-        version: CORE_V1.1,
-        plural: "services",
-        singular: "service",
-        kind: "Service",
-        namespaced: true,
-        short_names: &["svc"],
-        create_on_update: false,
-        names: NameRule::Label,
-    },
-    ResourceType {
-        group: CORE_V1.0,
-        version: CORE_V1.1,
-        plural: "serviceaccounts",
-        singular: "serviceaccount",
-        kind: "ServiceAccount",
-        namespaced: true,
-        short_names: &["sa"],
-        create_on_update: false,
-        names: NameRule::Subdomain,
-    },
-    ResourceType {
-        group: "coordination.k8s.io",
-        version: "v1",
-        plural: "leases",
-        singular: "lease",
-        kind: "Lease",
-        namespaced: true,
-        short_names: &[],
-        create_on_update: true,
-        names: NameRule::Subdomain,
-    },
-    ResourceType {
-        group: "coordination.k8s.io",
-        version: "v1beta1",
-        plural: "leasecandidates",
-        singular: "leasecandidate",
-        kind: "LeaseCandidate",
-        namespaced: true,
-        short_names: &[],
-        create_on_update: false,
-        names: NameRule::ConfigMapKey,
-    },
-    ResourceType {
-        group: "apps",
-        version: "v1",
-        plural: "deployments",
-        singular: "deployment",
-        kind: "Deployment",
-        namespaced: true,
-        short_names: &["deploy"],
-        create_on_update: false,
-        names: NameRule::Label,
-    },
-    ResourceType {
-        group: "rbac.authorization.k8s.io",
-        version: "v1",
-        plural: "roles",
-        singular: "role",
-        kind: "Role",
-        namespaced: true,
-        short_names: &[],
-        create_on_update: true,
-        names: NameRule::Subdomain,
-    },
-    ResourceType {
-        group: "rbac.authorization.k8s.io",
-        version: "v1",
-        plural: "rolebindings",
-        singular: "rolebinding",
-        kind: "RoleBinding",
-        namespaced: true,
-        short_names: &[],
-        create_on_update: true,
-        names: NameRule::Subdomain,
-    },
+    served(CORE_V1, "configmaps", "configmap", "ConfigMap", &["cm"], NameRule::Subdomain),
+    served(CORE_V1, "endpoints", "endpoints", "Endpoints", &["ep"], NameRule::Subdomain).created_on_update(),
+    served(CORE_V1, "events", "event", "Event", &["ev"], NameRule::Subdomain).created_on_update(),
+    served(CORE_V1, "namespaces", "namespace", "Namespace", &["ns"], NameRule::Label).cluster_scoped(),
+    served(CORE_V1, "pods", "pod", "Pod", &["po"], NameRule::Subdomain),
+    served(CORE_V1, "services", "service", "Service", &["svc"], NameRule::Label),
+    served(CORE_V1, "serviceaccounts", "serviceaccount", "ServiceAccount", &["sa"], NameRule::Subdomain),
+    served(("coordination.k8s.io", "v1"), "leases", "lease", "Lease", &[], NameRule::Subdomain).created_on_update(),
+    served(
+        ("coordination.k8s.io", "v1beta1"),
+        "leasecandidates",
+        "leasecandidate",
+        "LeaseCandidate",
+        &[],
+        NameRule::ConfigMapKey,
+    ),
+    served(("apps", "v1"), "deployments", "deployment", "Deployment", &["deploy"], NameRule::Label),
+    served(RBAC_V1, "roles", "role", "Role", &[], NameRule::Subdomain).created_on_update(),
+    served(RBAC_V1, "rolebindings", "rolebinding", "RoleBinding", &[], NameRule::Subdomain).created_on_update(),
 ];
 
 /// Finds the resource type served at `group/version/plural`, if any.

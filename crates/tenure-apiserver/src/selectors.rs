@@ -58,9 +58,7 @@ impl LabelSelector {
                 LabelRequirement::DoesNotExist(key.trim().to_string())
             } else if let Some((key, value)) = part.split_once("!=") {
                 LabelRequirement::NotEquals(key.trim().to_string(), value.trim().to_string())
-            } else if let Some((key, value)) = part.split_once("==") {
-                LabelRequirement::Equals(key.trim().to_string(), value.trim().to_string())
-            } else if let Some((key, value)) = part.split_once('=') {
+            } else if let Some((key, value)) = part.split_once("==").or_else(|| part.split_once('=')) {
                 LabelRequirement::Equals(key.trim().to_string(), value.trim().to_string())
             } else if let Some((key, set)) = part.split_once(" notin ") {
                 LabelRequirement::NotIn(key.trim().to_string(), parse_set(set).ok_or_else(|| bad(part))?)
@@ -104,9 +102,7 @@ impl FieldSelector {
         for part in split_top_level(text) {
             let (path, value, equal) = if let Some((p, v)) = part.split_once("!=") {
                 (p, v, false)
-            } else if let Some((p, v)) = part.split_once("==") {
-                (p, v, true)
-            } else if let Some((p, v)) = part.split_once('=') {
+            } else if let Some((p, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
                 (p, v, true)
             } else {
                 return Err(ApiError::bad_request(format!(

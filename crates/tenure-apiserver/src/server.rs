@@ -184,13 +184,7 @@ impl ApiServer {
     /// open ones to finish.
     pub async fn shutdown(mut self) {
         self.stop();
-        if let Some(coordinator) = self.coordinator.take() {
-            let abort = coordinator.abort_handle();
-            if tokio::time::timeout(Duration::from_secs(2), coordinator).await.is_err() {
-                abort.abort();
-            }
-        }
-        if let Some(task) = self.task.take() {
+        for task in [self.coordinator.take(), self.task.take()].into_iter().flatten() {
             let abort = task.abort_handle();
             if tokio::time::timeout(Duration::from_secs(2), task).await.is_err() {
                 abort.abort();
@@ -220,19 +214,14 @@ impl ApiServer {
 impl Drop for ApiServer {
     fn drop(&mut self) {
         self.stop();
-        if let Some(task) = self.task.take() {
+        for task in [self.task.take(), self.coordinator.take()].into_iter().flatten() {
             task.abort();
-        }
-        if let Some(coordinator) = self.coordinator.take() {
-            coordinator.abort();
         }
     }
 }
 
 fn json_response(status: StatusCode, body: &Value) -> Response {
-    let mut response = (status, serde_json::to_vec(body).unwrap_or_default()).into_response();
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
+    (status, [(header::CONTENT_TYPE, "application/json")], serde_json::to_vec(body).unwrap_or_default()).into_response()
 }
 
 fn error_response(error: &ApiError) -> Response {
@@ -315,27 +304,23 @@ async fn handle(
             }
         }
     }
-    let result = match route {
-        Route::Version => Ok(json_response(StatusCode::OK, &discovery::version())),
-        Route::Health => Ok((StatusCode::OK, "ok").into_response()),
-        Route::CoreVersions => {
-            Ok(json_response(StatusCode::OK, &discovery::core_versions(&shared.address.to_string())))
+    let document = match route {
+        Route::Version => Some(discovery::version()),
+        Route::Health => return (StatusCode::OK, "ok").into_response(),
+        Route::CoreVersions => Some(discovery::core_versions(&shared.address.to_string())),
+        Route::OpenApiIndex => Some(discovery::openapi_v3_index()),
+        Route::OpenApiGroupVersion(path) => discovery::openapi_v3_group_version(&path),
+        Route::GroupList => Some(discovery::group_list()),
+        Route::Group(group) => discovery::group(&group),
+        Route::ResourceList { group, version } => discovery::resource_list(&group, &version),
+        Route::Resource(path) => {
+            let result = serve_resource(&shared, &method, path, &query, &headers, &body, client);
+            return result.unwrap_or_else(|error| error_response(&error));
         }
-        Route::OpenApiIndex => Ok(json_response(StatusCode::OK, &discovery::openapi_v3_index())),
-        Route::OpenApiGroupVersion(path) => discovery::openapi_v3_group_version(&path)
-            .map(|doc| json_response(StatusCode::OK, &doc))
-            .ok_or_else(ApiError::no_such_path),
-        Route::GroupList => Ok(json_response(StatusCode::OK, &discovery::group_list())),
-        Route::Group(group) => {
-            discovery::group(&group).map(|g| json_response(StatusCode::OK, &g)).ok_or_else(ApiError::no_such_path)
-        }
-        Route::ResourceList { group, version } => discovery::resource_list(&group, &version)
-            .map(|list| json_response(StatusCode::OK, &list))
-            .ok_or_else(ApiError::no_such_path),
-        Route::Resource(path) => serve_resource(&shared, &method, path, &query, &headers, &body, client),
-        Route::Unknown => Err(ApiError::no_such_path()),
+        Route::Unknown => None,
     };
-    result.unwrap_or_else(|error| error_response(&error))
+    let Some(document) = document else { return error_response(&ApiError::no_such_path()) };
+    json_response(StatusCode::OK, &document)
 }
 
 /// A `<Kind>List` of `items` at `version`.
@@ -390,13 +375,11 @@ fn serve_resource(
             Ok(json_response(StatusCode::OK, &object))
         }
         (Method::GET, None) if is_true(query.get("watch")) => {
-            let timeout =
-                match query.get("timeoutSeconds") {
-                    Some(seconds) => Duration::from_secs(seconds.parse().map_err(|_| {
-                        ApiError::bad_request(format!("invalid timeoutSeconds {seconds:?}: not a number"))
-                    })?),
-                    None => shared.default_watch_timeout,
-                };
+            let invalid = |seconds| ApiError::bad_request(format!("invalid timeoutSeconds {seconds:?}: not a number"));
+            let timeout = match query.get("timeoutSeconds") {
+                Some(seconds) => Duration::from_secs(seconds.parse().map_err(|_| invalid(seconds))?),
+                None => shared.default_watch_timeout,
+            };
             let timeout = shared.max_watch_duration.map_or(timeout, |longest| timeout.min(longest));
             let request = WatchRequest {
                 resource,
@@ -409,9 +392,7 @@ fn serve_resource(
                 as_table: wants_table(headers),
             };
             let body: Body = watch::serve(store, &shared.faults, &shared.shutdown, request);
-            let mut response = (StatusCode::OK, body).into_response();
-            response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            Ok(response)
+            Ok((StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response())
         }
         (Method::GET, None) => {
             let (items, version) = store.list(resource, path.namespace.as_deref(), &selectors(query)?);

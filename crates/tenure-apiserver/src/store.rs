@@ -47,6 +47,19 @@ pub struct Change {
 }
 
 impl Change {
+    /// The change of `object`, at the `resourceVersion` it carries.
+    fn new(
+        resource: &'static ResourceType,
+        namespace: &str,
+        change_type: ChangeType,
+        object: Arc<Value>,
+        previous: Option<Arc<Value>>,
+    ) -> Change {
+        let resource_version = object["metadata"]["resourceVersion"].as_str().and_then(|v| v.parse().ok()).unwrap_or(0);
+        let (namespace, encoded) = (namespace.to_string(), Default::default());
+        Change { resource_version, resource, namespace, change_type, object, previous, encoded }
+    }
+
     /// [`Change::object`] as JSON.
     pub fn object_json(&self) -> &[u8] {
         self.encoded.get_or_init(|| serde_json::to_vec(&*self.object).unwrap_or_default())
@@ -134,6 +147,17 @@ impl State {
     /// The object at this key, or `404 NotFound`.
     fn existing(&self, resource: &'static ResourceType, namespace: &str, name: &str) -> Result<Arc<Value>, ApiError> {
         self.objects.get(&key(resource, namespace, name)).cloned().ok_or_else(|| ApiError::not_found(resource, name))
+    }
+
+    /// The objects of a type in one namespace (or all, with `None`), by key.
+    fn of_type<'a>(
+        &'a self,
+        resource: &'static ResourceType,
+        namespace: Option<&'a str>,
+    ) -> impl Iterator<Item = (&'a ObjectKey, &'a Arc<Value>)> {
+        self.objects.iter().filter(move |((group, plural, ns, _), _)| {
+            *group == resource.group && *plural == resource.plural && namespace.is_none_or(|n| n == ns)
+        })
     }
 
     /// Forgets the changes beyond the window's count or older than its age at `now`; a watch
@@ -276,16 +300,8 @@ impl Store {
         selectors: &Selectors,
     ) -> (Vec<Arc<Value>>, u64) {
         let state = self.lock();
-        let items = state
-            .objects
-            .iter()
-            .filter(|((group, plural, ns, _), _)| {
-                *group == resource.group && *plural == resource.plural && namespace.is_none_or(|n| n == ns)
-            })
-            .filter(|(_, object)| selectors.matches(object))
-            .map(|(_, object)| object.clone())
-            .collect();
-        (items, state.last_resource_version)
+        let items = state.of_type(resource, namespace).filter(|(_, object)| selectors.matches(object));
+        (items.map(|(_, object)| object.clone()).collect(), state.last_resource_version)
     }
 
     /// Creates an object (POST); `409 AlreadyExists` if the name is taken.
@@ -442,24 +458,17 @@ impl Store {
     ) -> Result<Arc<Value>, ApiError> {
         let mut state = self.lock();
         let existing = state.existing(resource, namespace, name)?;
-        if let Some(wanted) = preconditions.resource_version.as_deref().filter(|v| !v.is_empty()) {
-            let actual = metadata_str(&existing, "resourceVersion");
+        let checks = [
+            ("ResourceVersion", "resourceVersion", &preconditions.resource_version),
+            ("UID", "uid", &preconditions.uid),
+        ];
+        for (what, field, wanted) in checks {
+            let Some(wanted) = wanted.as_deref().filter(|v| !v.is_empty()) else { continue };
+            let actual = metadata_str(&existing, field);
             if wanted != actual {
-                return Err(ApiError::conflict_because(
-                    resource,
-                    name,
-                    &format!("Precondition failed: ResourceVersion in precondition: {wanted}, ResourceVersion in object meta: {actual}"),
-                ));
-            }
-        }
-        if let Some(wanted) = preconditions.uid.as_deref().filter(|v| !v.is_empty()) {
-            let actual = metadata_str(&existing, "uid");
-            if wanted != actual {
-                return Err(ApiError::conflict_because(
-                    resource,
-                    name,
-                    &format!("Precondition failed: UID in precondition: {wanted}, UID in object meta: {actual}"),
-                ));
+                let why =
+                    format!("Precondition failed: {what} in precondition: {wanted}, {what} in object meta: {actual}");
+                return Err(ApiError::conflict_because(resource, name, &why));
             }
         }
         if std::ptr::eq(resource, resources::namespaces()) {
@@ -506,15 +515,7 @@ impl Store {
         } else {
             state.objects.insert(object_key, object.clone());
         }
-        let change = Arc::new(Change {
-            resource_version: version,
-            resource,
-            namespace: namespace.to_string(),
-            change_type,
-            object: object.clone(),
-            previous,
-            encoded: Default::default(),
-        });
+        let change = Arc::new(Change::new(resource, namespace, change_type, object.clone(), previous));
         let now = Instant::now();
         state.log.push_back(LogEntry { committed: now, change: change.clone() });
         state.evict(now);
@@ -545,26 +546,9 @@ impl Store {
         };
         let first = match start {
             WatchStart::CurrentState => state
-                .objects
-                .iter()
-                .filter(|((group, plural, ns, _), _)| {
-                    *group == resource.group
-                        && *plural == resource.plural
-                        && namespace.as_deref().is_none_or(|n| n == ns)
-                })
+                .of_type(resource, namespace.as_deref())
                 .map(|((_, _, ns, _), object)| {
-                    WatchMessage::Change(Arc::new(Change {
-                        resource_version: object["metadata"]["resourceVersion"]
-                            .as_str()
-                            .and_then(|v| v.parse().ok())
-                            .unwrap_or(0),
-                        resource,
-                        namespace: ns.clone(),
-                        change_type: ChangeType::Added,
-                        object: object.clone(),
-                        previous: None,
-                        encoded: Default::default(),
-                    }))
+                    WatchMessage::Change(Arc::new(Change::new(resource, ns, ChangeType::Added, object.clone(), None)))
                 })
                 .collect(),
             WatchStart::After(version) => {

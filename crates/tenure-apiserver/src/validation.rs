@@ -81,13 +81,17 @@ fn qualified_name_errors(text: &str) -> Vec<String> {
     errors
 }
 
+fn cause(field: &str, reason: &'static str, message: String) -> FieldCause {
+    FieldCause { field: field.into(), message, reason }
+}
+
 fn invalid(field: &str, value: &str, why: &str) -> FieldCause {
-    FieldCause { field: field.into(), message: format!("Invalid value: {value:?}: {why}"), reason: "FieldValueInvalid" }
+    cause(field, "FieldValueInvalid", format!("Invalid value: {value:?}: {why}"))
 }
 
 fn required(field: &str, detail: &str) -> FieldCause {
     let message = if detail.is_empty() { "Required value".to_string() } else { format!("Required value: {detail}") };
-    FieldCause { field: field.into(), message, reason: "FieldValueRequired" }
+    cause(field, "FieldValueRequired", message)
 }
 
 /// The checks of a `CoordinatedLeaseStrategy` (a Lease's or a LeaseCandidate's): the built-in
@@ -97,11 +101,8 @@ fn strategy_causes(field: &str, strategy: &str, causes: &mut Vec<FieldCause>) {
     if strategy.contains('/') {
         causes.extend(qualified_name_errors(strategy).iter().map(|why| invalid(field, strategy, why)));
     } else if strategy != OLDEST_EMULATION_VERSION {
-        causes.push(FieldCause {
-            field: field.into(),
-            message: format!("Unsupported value: {strategy:?}: supported values: \"{OLDEST_EMULATION_VERSION}\""),
-            reason: "FieldValueNotSupported",
-        });
+        let message = format!("Unsupported value: {strategy:?}: supported values: \"{OLDEST_EMULATION_VERSION}\"");
+        causes.push(cause(field, "FieldValueNotSupported", message));
     }
 }
 
@@ -114,11 +115,8 @@ fn lease_causes(spec: &Value, causes: &mut Vec<FieldCause>) {
     }
     let preferred = spec.get("preferredHolder").and_then(Value::as_str).unwrap_or("");
     if !preferred.is_empty() && strategy.unwrap_or("").is_empty() {
-        causes.push(FieldCause {
-            field: "spec.preferredHolder".into(),
-            message: "Forbidden: may only be specified if `strategy` is defined".into(),
-            reason: "FieldValueForbidden",
-        });
+        let message = "Forbidden: may only be specified if `strategy` is defined".into();
+        causes.push(cause("spec.preferredHolder", "FieldValueForbidden", message));
     }
 }
 
@@ -282,24 +280,12 @@ pub fn validate(resource: &ResourceType, name: &str, object: &Value, write: Writ
                 "{} in version \"{}\" cannot be handled as a {}: {error}",
                 resource.kind, resource.version, resource.kind
             )),
-            WriteKind::Patch => ApiError::invalid(
-                resource,
-                name,
-                vec![FieldCause {
-                    field: "patch".into(),
-                    message: format!("Invalid value: {:?}: {error}", object.to_string()),
-                    reason: "FieldValueInvalid",
-                }],
-            ),
+            WriteKind::Patch => ApiError::invalid(resource, name, vec![invalid("patch", &object.to_string(), &error)]),
         });
     }
     let mut causes = Vec::new();
     if name.is_empty() {
-        causes.push(FieldCause {
-            field: "metadata.name".into(),
-            message: "Required value: name or generateName is required".into(),
-            reason: "FieldValueRequired",
-        });
+        causes.push(required("metadata.name", "name or generateName is required"));
     } else {
         let errors = match resource.names {
             NameRule::Label if !is_dns_label(name) => vec![LABEL_HELP.to_string()],
@@ -311,22 +297,12 @@ pub fn validate(resource: &ResourceType, name: &str, object: &Value, write: Writ
     }
     if resource.kind == "Lease" {
         let spec = &object["spec"];
-        if let Some(duration) = spec.get("leaseDurationSeconds").and_then(Value::as_i64) {
-            if duration <= 0 {
-                causes.push(FieldCause {
-                    field: "spec.leaseDurationSeconds".into(),
-                    message: format!("Invalid value: {duration}: must be greater than 0"),
-                    reason: "FieldValueInvalid",
-                });
-            }
-        }
-        if let Some(transitions) = spec.get("leaseTransitions").and_then(Value::as_i64) {
-            if transitions < 0 {
-                causes.push(FieldCause {
-                    field: "spec.leaseTransitions".into(),
-                    message: format!("Invalid value: {transitions}: must be greater than or equal to 0"),
-                    reason: "FieldValueInvalid",
-                });
+        let bounds =
+            [("leaseDurationSeconds", 1, "greater than 0"), ("leaseTransitions", 0, "greater than or equal to 0")];
+        for (field, least, rule) in bounds {
+            if let Some(value) = spec.get(field).and_then(Value::as_i64).filter(|value| *value < least) {
+                let message = format!("Invalid value: {value}: must be {rule}");
+                causes.push(cause(&format!("spec.{field}"), "FieldValueInvalid", message));
             }
         }
         lease_causes(spec, &mut causes);
@@ -348,11 +324,8 @@ pub fn validate_update(resource: &ResourceType, name: &str, old: &Value, new: &V
         let (before, after) = (&old["spec"]["leaseName"], &new["spec"]["leaseName"]);
         if before != after {
             let shown = after.as_str().unwrap_or("");
-            return Err(ApiError::invalid(
-                resource,
-                name,
-                vec![invalid("spec.leaseName", shown, "field is immutable")],
-            ));
+            let causes = vec![invalid("spec.leaseName", shown, "field is immutable")];
+            return Err(ApiError::invalid(resource, name, causes));
         }
     }
     Ok(())
