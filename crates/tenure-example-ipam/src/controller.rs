@@ -272,7 +272,7 @@ async fn reconcile(shared: &Shared, term: Term, mut pod: Pod) -> Result<(), Cont
     let (name, uid) = (pod.name_any(), pod.uid().unwrap_or_default());
     let retried = pod.annotations().contains_key(PENDING_ANNOTATION);
     pod.annotations_mut().insert(PENDING_ANNOTATION.into(), term.0.to_string());
-    let Some(mut pod) = replace(shared, &name, &pod).await? else { return Ok(()) };
+    let Some(mut pod) = replace_pod(&shared.pods, &name, &pod).await? else { return Ok(()) };
     let allocation = shared.pool.allocate(term, &uid, &name).await?;
     if shared.config.crash_after_allocate && pod.labels().contains_key(CRASH_LABEL) && !retried {
         println!("injected crash after allocating {} for {name}", allocation.ip);
@@ -281,16 +281,11 @@ async fn reconcile(shared: &Shared, term: Term, mut pod: Pod) -> Result<(), Cont
     let annotations = pod.annotations_mut();
     annotations.remove(PENDING_ANNOTATION);
     annotations.insert(IP_ANNOTATION.into(), allocation.ip.to_string());
-    if replace(shared, &name, &pod).await?.is_none() {
+    if replace_pod(&shared.pods, &name, &pod).await?.is_none() {
         // The Pod changed or went away since the intent: give the address back at once.
         shared.pool.release(term, allocation.ip, allocation.create_revision).await?;
     }
     Ok(())
-}
-
-/// Writes `pod` if it is unchanged since read (its resourceVersion); `None` if it changed or is gone.
-async fn replace(shared: &Shared, name: &str, pod: &Pod) -> Result<Option<Pod>, ControllerError> {
-    replace_pod(&shared.pods, name, pod).await
 }
 
 /// Writes `pod` if it is unchanged since read (its resourceVersion); `None` if it changed or is gone.

@@ -72,35 +72,24 @@ fn main() -> ExitCode {
         .init();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("cannot start the runtime: {error}");
-            return ExitCode::FAILURE;
-        }
+        Err(error) => return fail(format_args!("cannot start the runtime: {error}")),
     };
     match Cli::parse().command {
         Command::Controller(config) => {
             if config.exit_with_parent {
                 if let Err(error) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL) {
-                    eprintln!("cannot follow the parent's exit: {error}");
-                    return ExitCode::FAILURE;
+                    return fail(format_args!("cannot follow the parent's exit: {error}"));
                 }
             }
             match runtime.block_on(controller::run(config)) {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(error) => {
-                    eprintln!("controller failed: {error}");
-                    ExitCode::FAILURE
-                }
+                Err(error) => fail(format_args!("controller failed: {error}")),
             }
         }
         Command::Bench { replicas, pods, rounds, pool_delay } => {
-            let Ok(controller) = std::env::current_exe() else {
-                eprintln!("cannot find this program");
-                return ExitCode::FAILURE;
-            };
+            let Ok(controller) = std::env::current_exe() else { return fail("cannot find this program") };
             if replicas.is_empty() || pods == 0 || rounds == 0 {
-                eprintln!("--replicas, --pods and --rounds must not be empty or zero");
-                return ExitCode::FAILURE;
+                return fail("--replicas, --pods and --rounds must not be empty or zero");
             }
             let config = BenchConfig { controller, replicas: replicas.clone(), pods, rounds, pool_delay };
             match runtime.block_on(bench::run(&config)) {
@@ -121,19 +110,13 @@ fn main() -> ExitCode {
                     }
                     ExitCode::SUCCESS
                 }
-                Err(error) => {
-                    eprintln!("the benchmark failed: {error}");
-                    ExitCode::FAILURE
-                }
+                Err(error) => fail(format_args!("the benchmark failed: {error}")),
             }
         }
         Command::Check { no_resume, faults, seed, event_window, mode, partitions, unsafe_ignore_revocation } => {
             let exe = match std::env::current_exe() {
                 Ok(exe) => exe,
-                Err(error) => {
-                    eprintln!("cannot find this program: {error}");
-                    return ExitCode::FAILURE;
-                }
+                Err(error) => return fail(format_args!("cannot find this program: {error}")),
             };
             let scenario = Scenario {
                 seed,
@@ -160,11 +143,14 @@ fn main() -> ExitCode {
                         ExitCode::FAILURE
                     }
                 }
-                Err(error) => {
-                    eprintln!("the run failed: {error}");
-                    ExitCode::FAILURE
-                }
+                Err(error) => fail(format_args!("the run failed: {error}")),
             }
         }
     }
+}
+
+/// Says on standard error why the program failed; the exit status of a failure.
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("{message}");
+    ExitCode::FAILURE
 }
