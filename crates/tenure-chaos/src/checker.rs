@@ -29,6 +29,8 @@
 //! commands with different terms whose witness lines interleave in time. Error: a command may live
 //! up to one witness period after its last line, so only overlaps proved by lines are counted.
 
+use std::collections::BTreeSet;
+
 use serde::Serialize;
 
 use crate::history::{Answer, FaultSpan, Sample, WitnessKind, WitnessLine};
@@ -146,9 +148,7 @@ impl Verdict {
 /// Splits the samples into tenures (see the module documentation for the spans).
 pub fn tenures(samples: &[Sample], timing: CheckTiming) -> Vec<Tenure> {
     let slack = timing.renew_deadline / (1.0 - timing.drift.clamp(0.0, 0.9));
-    let mut by_candidate: Vec<&str> = samples.iter().map(|s| s.candidate.as_str()).collect();
-    by_candidate.sort_unstable();
-    by_candidate.dedup();
+    let by_candidate: BTreeSet<&str> = samples.iter().map(|s| s.candidate.as_str()).collect();
     let mut found = Vec::new();
     for candidate in by_candidate {
         let mut own: Vec<&Sample> = samples.iter().filter(|s| s.candidate == candidate).collect();
@@ -223,10 +223,7 @@ fn proved_overlap(a: &Tenure, b: &Tenure) -> Option<(f64, f64)> {
 fn check_tenures(tenures: &[Tenure], verdict: &mut Verdict) {
     for (i, a) in tenures.iter().enumerate() {
         for b in &tenures[i + 1..] {
-            if b.possible_start >= a.possible_end && b.first_seen() >= a.possible_end {
-                continue;
-            }
-            if a.candidate == b.candidate {
+            if a.candidate == b.candidate || (b.possible_start >= a.possible_end && b.first_seen() >= a.possible_end) {
                 continue;
             }
             let sides = ((a.candidate.clone(), a.term), (b.candidate.clone(), b.term));
@@ -236,19 +233,13 @@ fn check_tenures(tenures: &[Tenure], verdict: &mut Verdict) {
                 let start = a.possible_start.max(b.possible_start);
                 let end = a.possible_end.min(b.possible_end);
                 if start < end {
-                    verdict.possible_overlaps.push(Overlap {
-                        first: sides.0,
-                        second: sides.1,
-                        at: start,
-                        seconds: end - start,
-                    });
+                    let (first, second, seconds) = (sides.0, sides.1, end - start);
+                    verdict.possible_overlaps.push(Overlap { first, second, at: start, seconds });
                 }
             }
         }
     }
-    let mut elections: Vec<&str> = tenures.iter().map(|t| t.election.as_str()).collect();
-    elections.sort_unstable();
-    elections.dedup();
+    let elections: BTreeSet<&str> = tenures.iter().map(|t| t.election.as_str()).collect();
     for election in elections {
         check_terms(tenures.iter().filter(|t| t.election == election), verdict);
     }

@@ -84,13 +84,8 @@ impl Poller {
                     None => Answer::Unreachable,
                 };
                 let received = now();
-                recorder.push(Sample {
-                    candidate: candidate.clone(),
-                    election: election.clone(),
-                    sent,
-                    received,
-                    answer,
-                });
+                let (candidate, election) = (candidate.clone(), election.clone());
+                recorder.push(Sample { candidate, election, sent, received, answer });
                 let spent = Duration::from_secs_f64((received - sent).max(0.0));
                 std::thread::sleep(POLL_INTERVAL.saturating_sub(spent));
             }
@@ -120,8 +115,6 @@ fn get_status(address: SocketAddr) -> Option<String> {
     write!(stream, "GET /status HTTP/1.1\r\nHost: chaos\r\nConnection: close\r\n\r\n").ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
-    if !response.starts_with("HTTP/1.1 200") {
-        return None;
-    }
+    response.starts_with("HTTP/1.1 200").then_some(())?;
     response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::{getpgid, Pid};
 
-use crate::clock::{now, Deadline};
+use crate::clock::Deadline;
 use crate::ChaosError;
 
 /// The most processes [`Process::signal_all`] walks (a bound on a tree that forks without end).
@@ -143,13 +143,8 @@ fn send(process: Pid, signal: Signal) {
 /// The children of `pid`, from `/proc` (all of its threads).
 pub fn children(pid: i32) -> Vec<i32> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
-    let mut found = Vec::new();
-    for task in tasks.flatten() {
-        if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
-            found.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
-        }
-    }
-    found
+    let texts = tasks.flatten().filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok());
+    texts.flat_map(|text| text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()).collect::<Vec<_>>()).collect()
 }
 
 /// A free TCP port on 127.0.0.1 (the kernel's choice; it may be taken again before use, which
@@ -172,11 +167,6 @@ pub fn wait_for(limit: Duration, mut probe: impl FnMut() -> bool) -> bool {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-/// Seconds since an arbitrary start, for messages.
-pub fn stamp() -> String {
-    format!("{:.3}", now())
 }
 
 #[cfg(test)]

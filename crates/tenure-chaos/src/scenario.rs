@@ -5,6 +5,7 @@
 //! moment is when the holder of the lock dies, freezes, is cut off or runs on a wrong clock, and
 //! another candidate must take over without ever overlapping it.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
@@ -65,14 +66,10 @@ impl Fault {
     /// Its name in tables.
     pub fn name(self) -> String {
         match self {
-            Fault::Sigkill => "sigkill".into(),
-            Fault::Sigstop => "sigstop".into(),
-            Fault::Sigterm => "sigterm".into(),
-            Fault::StoreRestart => "store-restart".into(),
-            Fault::Partition => "partition".into(),
             Fault::ClockInside => format!("clock x{RATE_INSIDE}"),
             Fault::ClockOutside => format!("clock x{RATE_OUTSIDE} (control)"),
             Fault::SplitLock => "split lock (control)".into(),
+            other => other.slug().into(),
         }
     }
 
@@ -225,12 +222,7 @@ pub fn run(settings: &Settings, store: &mut Store, fault: Fault, mode: Mode) -> 
         }
         _ => run.rounds(fault, &mut faults, &mut stuck),
     };
-    let candidates: Vec<String> = {
-        let mut names: Vec<String> = run.candidates.iter().map(|c| c.id.clone()).collect();
-        names.sort();
-        names.dedup();
-        names
-    };
+    let candidates: BTreeSet<String> = run.candidates.iter().map(|c| c.id.clone()).collect();
     run.candidates.clear();
     result?;
     let samples: Vec<Sample> = run.recorder.samples();
@@ -248,18 +240,12 @@ pub fn run(settings: &Settings, store: &mut Store, fault: Fault, mode: Mode) -> 
     let samples_text: String = samples.iter().filter_map(|s| serde_json::to_string(s).ok()).map(|l| l + "\n").collect();
     std::fs::write(run.dir.join("samples.jsonl"), samples_text).map_err(|e| ChaosError::Io(e.to_string()))?;
     let limitation = mode == Mode::Run && fault == Fault::Sigstop;
-    let mut row = Row::from_verdict(
-        run.store.backend.name(),
-        &fault.name(),
-        mode.name(),
-        &verdict,
-        fault.is_control(),
-        limitation,
-    );
+    let (backend, control) = (run.store.backend.name(), fault.is_control());
+    let mut row = Row::from_verdict(backend, &fault.name(), mode.name(), &verdict, control, limitation);
     row.without_takeover += stuck;
     Ok(Outcome {
         row,
-        candidates,
+        candidates: candidates.into_iter().collect(),
         tenures: tenures(&samples, run.timing),
         faults,
         verdict,
@@ -453,23 +439,19 @@ impl Run<'_> {
             }
             Fault::Sigstop | Fault::Partition => {
                 let past_lease = Deadline::after(self.lease.mul_f64(1.5));
-                if fault == Fault::Sigstop {
-                    if let Some(process) = self.candidates[leader].process.as_ref() {
-                        process.signal_all(Signal::SIGSTOP);
+                // Freezes the leader (SIGSTOP) or cuts it from the store; undone with `false`.
+                let hold = |candidate: &Candidate, on: bool| {
+                    if fault == Fault::Partition {
+                        candidate.proxy.iter().for_each(|proxy| proxy.set_cut(on));
+                    } else if let Some(process) = candidate.process.as_ref() {
+                        process.signal_all(if on { Signal::SIGSTOP } else { Signal::SIGCONT });
                     }
-                } else if let Some(proxy) = self.candidates[leader].proxy.as_ref() {
-                    proxy.set_cut(true);
-                }
+                };
+                hold(&self.candidates[leader], true);
                 self.wait_takeover(term, self.takeover_limit());
                 wait_for(self.lease * 2, || past_lease.passed());
                 undone = Some(now());
-                if fault == Fault::Sigstop {
-                    if let Some(process) = self.candidates[leader].process.as_ref() {
-                        process.signal_all(Signal::SIGCONT);
-                    }
-                } else if let Some(proxy) = self.candidates[leader].proxy.as_ref() {
-                    proxy.set_cut(false);
-                }
+                hold(&self.candidates[leader], false);
             }
             Fault::StoreRestart => {
                 takeover_expected = false;
@@ -498,7 +480,7 @@ impl Run<'_> {
             }
             let election = format!("{}-{round}", self.election_name());
             let first = self.candidates.len();
-            if fault == Fault::SplitLock {
+            let (target, start, takeover_expected) = if fault == Fault::SplitLock {
                 for i in 0..2 {
                     let id = format!("r{round}-c{}", i + 1);
                     self.add(&id, &election, &format!("{election}-lock{i}"), None)?;
@@ -515,13 +497,7 @@ impl Run<'_> {
                 // Let several answers of both be recorded.
                 let seen = Deadline::after(POLL_INTERVAL * 8);
                 wait_for(POLL_INTERVAL * 10, || seen.passed());
-                faults.push(FaultSpan {
-                    kind: fault.name(),
-                    target: String::new(),
-                    start,
-                    end: now(),
-                    takeover_expected: false,
-                });
+                (String::new(), start, false)
             } else {
                 let rate = if fault == Fault::ClockInside { RATE_INSIDE } else { RATE_OUTSIDE };
                 self.add(&format!("r{round}-slow"), &election, &election, Some(rate))?;
@@ -559,14 +535,9 @@ impl Run<'_> {
                 if let Some(proxy) = self.candidates[first].proxy.as_ref() {
                     proxy.set_cut(false);
                 }
-                faults.push(FaultSpan {
-                    kind: fault.name(),
-                    target: slow,
-                    start,
-                    end: now(),
-                    takeover_expected: expected,
-                });
-            }
+                (slow, start, expected)
+            };
+            faults.push(FaultSpan { kind: fault.name(), target, start, end: now(), takeover_expected });
             self.stop_from(first);
         }
         Ok(())

@@ -68,7 +68,7 @@ impl Store {
         let mut store =
             Store { backend, dir: dir.to_owned(), process: None, address: String::new(), port: 0, restarts: 0 };
         match backend {
-            Backend::File => {}
+            Backend::File | Backend::Apiserver => {}
             Backend::Etcd => {
                 Command::new("etcd").arg("--version").output().map_err(|_| {
                     ChaosError::Missing("etcd is not installed (Debian package etcd-server)".to_owned())
@@ -92,7 +92,6 @@ impl Store {
                 );
                 std::fs::write(dir.join("zoo.cfg"), config).map_err(|e| ChaosError::Io(e.to_string()))?;
             }
-            Backend::Apiserver => {}
         }
         store.launch(tenure)?;
         Ok(store)
