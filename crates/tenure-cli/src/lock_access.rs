@@ -214,12 +214,8 @@ fn read_bytes(path: &Path, what: &'static str) -> Result<Vec<u8>, AccessError> {
 }
 
 fn read_text(path: &Path, what: &'static str) -> Result<String, AccessError> {
-    let bytes = read_bytes(path, what)?;
-    String::from_utf8(bytes).map_err(|_| AccessError::File {
-        what,
-        path: path.to_owned(),
-        reason: "it is not UTF-8 text".into(),
-    })
+    let reason = "it is not UTF-8 text".into();
+    String::from_utf8(read_bytes(path, what)?).map_err(|_| AccessError::File { what, path: path.to_owned(), reason })
 }
 
 /// Parses `//[USER@]host:port[,host:port...]/path[?query]`, what follows `scheme:` in `text`:
@@ -273,10 +269,7 @@ pub fn write_cluster_url(
 /// Splits `//[userinfo@]servers/path[?query]` (after the scheme) into `//servers/path`, the
 /// userinfo and the query.
 fn split_url(rest: &str) -> (String, Option<&str>, Option<&str>) {
-    let (before_query, query) = match rest.split_once('?') {
-        Some((before, query)) => (before, Some(query)),
-        None => (rest, None),
-    };
+    let (before_query, query) = rest.split_once('?').map_or((rest, None), |(before, query)| (before, Some(query)));
     let Some(authority_and_path) = before_query.strip_prefix("//") else {
         return (before_query.to_owned(), None, query);
     };

@@ -59,11 +59,8 @@ impl Backend for EtcdBackend {
     fn group_store<'a>(&'a self, group: &'a str, _: &'a str, _: &'a ClusterOptions) -> Fut<'a, Arc<dyn GroupStore>> {
         Box::pin(async move {
             let options = self.access.etcd_options()?;
-            super::group_store(
-                "etcd",
-                group,
-                EtcdGroupStore::connect_with(&self.endpoints, &self.election, &options).await,
-            )
+            let connected = EtcdGroupStore::connect_with(&self.endpoints, &self.election, &options).await;
+            super::group_store("etcd", group, connected)
         })
     }
 }
