@@ -133,6 +133,7 @@ struct LogEntry {
     change: Arc<Change>,
 }
 
+#[derive(Default)]
 struct State {
     objects: BTreeMap<ObjectKey, Arc<Value>>,
     last_resource_version: u64,
@@ -258,13 +259,8 @@ impl Store {
     pub fn new(window: EventWindow) -> Self {
         let store = Store {
             state: Mutex::new(State {
-                objects: BTreeMap::new(),
-                last_resource_version: 0,
-                log: VecDeque::new(),
                 window: EventWindow { capacity: window.capacity.max(1), ..window },
-                compacted_through: 0,
-                subscribers: Vec::new(),
-                closed: false,
+                ..State::default()
             }),
         };
         for name in ["default", "kube-system", "kube-public", "kube-node-lease"] {
