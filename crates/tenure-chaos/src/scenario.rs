@@ -266,15 +266,8 @@ impl Run<'_> {
             Mode::Elect => Some(SocketAddr::from(([127, 0, 0, 1], 0))),
             Mode::Run => None,
         };
-        self.candidates.push(Candidate {
-            id: id.to_owned(),
-            lock: lock.to_owned(),
-            http,
-            proxy,
-            clock_rate,
-            process: None,
-            poller: None,
-        });
+        let (name, lock) = (id.to_owned(), lock.to_owned());
+        self.candidates.push(Candidate { id: name, lock, http, proxy, clock_rate, process: None, poller: None });
         let index = self.candidates.len() - 1;
         self.spawn(index)?;
         if let Some(address) = self.candidates[index].http {
