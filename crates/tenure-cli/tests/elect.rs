@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{file_url, get, http_get, http_leader, run_to_end, start_elect, wait_until, TempDir, Tenure};
+use common::{file_url, get, http_get, http_leader, start_elect, wait_until, TempDir, Tenure};
 
 const LEASE: Duration = Duration::from_secs(2);
 const RETRY: Duration = Duration::from_millis(500);
@@ -22,13 +22,6 @@ fn agreed_leader(addresses: &[&str], limit: Duration) -> Option<String> {
         let all_agree = addresses.iter().all(|a| http_leader(a).as_deref() == Some(first.as_str()));
         (all_agree && !first.is_empty()).then_some(first)
     })
-}
-
-/// The term recorded in the lock, read with `tenure status --output json`.
-fn recorded(lock_url: &str) -> serde_json::Value {
-    let (code, stdout, stderr) = run_to_end(&["status", "--election", "test", "--lock", lock_url, "--output", "json"]);
-    assert_eq!(code, 0, "{stderr}");
-    serde_json::from_str(&stdout).unwrap()
 }
 
 #[test]
@@ -54,7 +47,7 @@ fn three_candidates_agree_and_fail_over_within_the_lease_after_sigkill() {
     .expect("the survivors agree on a new leader");
     let failover = killed_at.elapsed();
     assert!(failover <= LEASE + Duration::from_secs(1), "failover took {failover:?}");
-    let record = recorded(&lock_url);
+    let record = common::status_json("test", &lock_url);
     assert_eq!(record["leader"], successor.as_str());
     assert_eq!(record["term"], 2);
 }
@@ -95,8 +88,7 @@ fn a_paused_leader_is_replaced_and_never_claims_to_lead_after_resuming() {
 
     paused.signal(libc::SIGSTOP);
     let stopped_at = Instant::now();
-    wait_until(LEASE + Duration::from_secs(3), || (http_leader(&other_address)? == "b").then_some(()))
-        .expect("b takes over from the paused leader");
+    common::wait_for_leader(&other_address, "b", LEASE + Duration::from_secs(3), "b takes over from the paused leader");
     // a renewed at most one retry period (500 ms) before it was stopped; b counts the lease from
     // when it saw that renew.
     let taken_over_after = stopped_at.elapsed();
@@ -120,7 +112,7 @@ fn a_paused_leader_is_replaced_and_never_claims_to_lead_after_resuming() {
     let log = paused.log();
     let stopped = log.rfind("stopped leading").expect("a logged that it stopped leading");
     assert!(!log[stopped..].contains("started leading"), "a claimed leadership again:\n{log}");
-    let record = recorded(&lock_url);
+    let record = common::status_json("test", &lock_url);
     assert_eq!((record["leader"].as_str(), record["term"].as_i64()), (Some("b"), Some(2)));
 
     for tenure in [&mut paused, &mut other] {
