@@ -4,30 +4,28 @@
 //! same API server; a crash is the replica's runtime vanishing without a release.
 #![cfg(feature = "kube")]
 
+mod common;
+
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::{replica_runtime, until, TestServer as Cluster};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
 use tenure::{Elector, Term, Timing};
 use tenure_apiserver::resources::find_resource_type;
 use tenure_apiserver::store::DeletePreconditions;
-use tenure_apiserver::{ApiServer, ApiServerConfig, Verb};
+use tenure_apiserver::{ApiServerConfig, Verb};
 use tenure_ha::checkpoint::kube::{KubeCheckpointStore, CHECKPOINT_ANNOTATION};
 use tenure_ha::checkpoint::{Checkpoint, CheckpointError, CheckpointStore};
 use tenure_ha::gc::{ExternalResource, ExternalResources, GarbageCollector, GcTrigger};
 use tenure_ha::kube_watch::{Change, GatedWatch, GatedWatchHandle, Standby, WatchMetrics};
 use tenure_kube::resume::{Backoff, ResumeConfig};
-use tenure_kube::KubeLockConfig;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// How long any single expected event may take before a test fails instead of hanging.
-const PATIENCE: Duration = Duration::from_secs(20);
 const CONTROLLER: &str = "ipam";
 const CHECKPOINT: &str = "ipam-checkpoint";
 
@@ -36,29 +34,9 @@ fn timing() -> Timing {
     Timing::new(Duration::from_secs(4), Duration::from_secs(3), Duration::from_millis(200)).unwrap()
 }
 
-struct Cluster {
-    server: ApiServer,
-    kubeconfig: PathBuf,
-}
-
 impl Cluster {
-    async fn start(config: ApiServerConfig) -> Cluster {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-        let server = ApiServer::start(config).await.unwrap();
-        let kubeconfig = std::env::temp_dir().join(format!("tenure-ha-kube-{}.kubeconfig", server.address().port()));
-        server.write_kubeconfig(&kubeconfig).unwrap();
-        Cluster { server, kubeconfig }
-    }
-
-    fn lock_config(&self) -> KubeLockConfig {
-        KubeLockConfig::from_url("kube://default/leases/ipam").unwrap().kubeconfig(&self.kubeconfig)
-    }
-
     async fn client(&self, identity: &str) -> kube::Client {
-        self.lock_config().cluster.client(identity).await.unwrap()
+        self.lock_config("ipam").cluster.client(identity).await.unwrap()
     }
 
     fn create_pod(&self, name: &str) {
@@ -93,12 +71,6 @@ impl Cluster {
     }
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.kubeconfig);
-    }
-}
-
 async fn store(cluster: &Cluster, identity: &str) -> Arc<KubeCheckpointStore> {
     Arc::new(KubeCheckpointStore::new(cluster.client(identity).await, "default", CHECKPOINT, CONTROLLER))
 }
@@ -107,14 +79,6 @@ fn checkpoint_at(version: &str) -> Checkpoint {
     let mut checkpoint = Checkpoint::new(CONTROLLER);
     checkpoint.resource_versions.insert("pods".into(), version.into());
     checkpoint
-}
-
-async fn until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test]
@@ -246,8 +210,8 @@ impl Replica {
         gc: Option<GcTrigger>,
         metrics: WatchMetrics,
     ) -> Replica {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        let config = cluster.lock_config();
+        let runtime = replica_runtime();
+        let config = cluster.lock_config("ipam");
         let id = identity.to_owned();
         let (elector, watch) = runtime
             .spawn(async move {
@@ -347,16 +311,6 @@ async fn a_deletion_while_nobody_led_reaches_the_new_leader(standby: Standby) {
     b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cold_standby_new_leader_sees_a_deletion_made_while_nobody_led() {
-    a_deletion_while_nobody_led_reaches_the_new_leader(Standby::Cold).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn warm_standby_new_leader_sees_a_deletion_made_while_nobody_led() {
-    a_deletion_while_nobody_led_reaches_the_new_leader(Standby::Warm).await;
-}
-
 /// A graceful handover: the old leader writes its last checkpoint and releases; the standby
 /// continues from there, handling nothing twice.
 async fn a_graceful_handover_hands_nothing_twice(standby: Standby) {
@@ -378,15 +332,10 @@ async fn a_graceful_handover_hands_nothing_twice(standby: Standby) {
     b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cold_standby_graceful_handover_hands_nothing_twice() {
-    a_graceful_handover_hands_nothing_twice(Standby::Cold).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn warm_standby_graceful_handover_hands_nothing_twice() {
-    a_graceful_handover_hands_nothing_twice(Standby::Warm).await;
-}
+crate::in_both_standby_modes!(
+    a_deletion_while_nobody_led_reaches_the_new_leader,
+    a_graceful_handover_hands_nothing_twice,
+);
 
 /// External resources that count how often the collector listed them (one list per pass).
 #[derive(Clone, Default)]
