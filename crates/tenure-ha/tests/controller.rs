@@ -18,8 +18,7 @@ use kube::runtime::{watcher, Controller};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use tenure::{Elector, Leadership, NotLeader, Role, Timing};
-use tenure_apiserver::resources::find_resource_type;
-use tenure_apiserver::{ApiServerConfig, FaultScope, InjectedFault, Verb};
+use tenure_apiserver::{FaultScope, InjectedFault, Verb};
 use tenure_ha::kube_controller::Leading;
 use tenure_ha::{Gate, GateHandle};
 use tenure_kube::{user_agent, RefusalReason, WriteGate, WriteRefused};
@@ -79,7 +78,7 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
-        let server = TestServer::start(ApiServerConfig::default()).await;
+        let server = TestServer::start().await;
         Cluster { server, journal: Journal::default(), open: watch::channel(false).0, writes: Arc::default() }
     }
 
@@ -96,13 +95,12 @@ impl Cluster {
             "metadata": {"name": name, "labels": labels},
             "spec": {"containers": [{"name": "main", "image": "registry.example/web:1"}]},
         });
-        self.server.store().create(find_resource_type("", "v1", "pods").unwrap(), "default", pod).unwrap();
+        self.server.create("pods", pod);
     }
 
     /// The holder the Lease names on the server.
     fn lease_holder(&self) -> Option<String> {
-        let leases = find_resource_type("coordination.k8s.io", "v1", "leases").unwrap();
-        let lease = self.server.store().get(leases, "default", LEASE).ok()?;
+        let lease = self.server.object("leases", LEASE)?;
         lease["spec"]["holderIdentity"].as_str().map(str::to_owned)
     }
 
@@ -110,7 +108,7 @@ impl Cluster {
     /// `elector_drain` before releasing the lock.
     async fn replica(&self, identity: &str, drain: Duration, elector_drain: Duration) -> Replica {
         let runtime = replica_runtime();
-        let config = self.server.lock_config(LEASE);
+        let config = self.server.lock_config("leases", LEASE);
         let (journal, open, writes) = (self.journal.clone(), self.open.subscribe(), self.writes.clone());
         let id = identity.to_owned();
         let (elector, gate) = runtime
@@ -339,8 +337,7 @@ async fn a_write_in_flight_when_leadership_ends_is_cancelled_and_the_next_leader
     };
     assert_eq!(writes_of(&writer_a), 1, "replica-a sent only the write it made while leading");
     assert_eq!(writes_of(&b.writer()), 1);
-    let configmaps = find_resource_type("", "v1", "configmaps").unwrap();
-    assert!(cluster.server.store().get(configmaps, "default", "written-p1-replica-a").is_err());
-    assert!(cluster.server.store().get(configmaps, "default", "written-p1-replica-b").is_ok());
+    assert!(cluster.server.object("configmaps", "written-p1-replica-a").is_none());
+    assert!(cluster.server.object("configmaps", "written-p1-replica-b").is_some());
     assert_terms_never_overlap(&cluster.journal.spans());
 }

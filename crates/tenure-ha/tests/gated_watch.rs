@@ -36,10 +36,10 @@ impl Cluster {
     /// move, so each one may (deliberately) advance a quiet checkpoint; these tests count the
     /// writes that changes cause.
     async fn without_bookmarks() -> Cluster {
-        Cluster::start(ApiServerConfig { bookmark_interval: Duration::ZERO, ..ApiServerConfig::default() }).await
+        Cluster::start_with(ApiServerConfig { bookmark_interval: Duration::ZERO, ..ApiServerConfig::default() }).await
     }
 
-    fn create(&self, name: &str) -> u64 {
+    fn create_configmap(&self, name: &str) -> u64 {
         let object = json!({"metadata": {"name": name}, "data": {"key": "value"}});
         let created = self.server.store().create(configmaps(), "default", object).unwrap();
         created["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap()
@@ -47,15 +47,11 @@ impl Cluster {
 
     /// The ConfigMaps' version in the stored checkpoint.
     fn checkpointed(&self) -> Option<u64> {
-        let object = self.server.store().get(configmaps(), "default", CHECKPOINT).ok()?;
+        let object = self.object("configmaps", CHECKPOINT)?;
         let document =
             object["metadata"]["annotations"][tenure_ha::checkpoint::kube::CHECKPOINT_ANNOTATION].as_str()?;
         let document: Value = serde_json::from_str(document).ok()?;
         document["resourceVersions"]["configmaps"].as_str()?.parse().ok()
-    }
-
-    fn requests(&self, identity: &str, verb: Verb) -> u64 {
-        self.server.faults().request_count(&tenure_ha::tenure_kube::user_agent(identity), verb)
     }
 
     /// Writes of the checkpoint store of `replica` (it has a client of its own).
@@ -143,7 +139,7 @@ impl Replica {
         script: &Script,
         metrics: WatchMetrics,
     ) -> Replica {
-        let config = cluster.lock_config("controller");
+        let config = cluster.lock_config("leases", "controller");
         let lock = config.connect(identity).await.unwrap();
         let elector = Elector::builder(identity, lock).timing(timing()).spawn().unwrap();
         let watch_client = config.cluster.client(&format!("{identity}-watch")).await.unwrap();
@@ -179,7 +175,7 @@ async fn a_watch_that_includes_its_checkpoint_writes_nothing_while_nothing_chang
     let script = Script::default();
     let a = Replica::start(&cluster, "replica-a", standby, &script, WatchMetrics::default()).await;
     until("replica-a leads", || a.is_leader()).await;
-    let version = cluster.create("cm-1");
+    let version = cluster.create_configmap("cm-1");
     until("the leader handled cm-1", || script.handled_by("replica-a").contains(&"applied cm-1".to_owned())).await;
     until("the leader checkpointed past cm-1", || cluster.checkpointed() >= Some(version)).await;
 
@@ -200,12 +196,12 @@ async fn a_failing_change_is_retried_and_holds_the_checkpoint_while_others_proce
     let metrics = WatchMetrics::default();
     let a = Replica::start(&cluster, "replica-a", standby, &script, metrics.clone()).await;
     until("replica-a leads", || a.is_leader()).await;
-    let before = cluster.create("cm-0");
+    let before = cluster.create_configmap("cm-0");
     until("the leader checkpointed past cm-0", || cluster.checkpointed() >= Some(before)).await;
 
     script.fail("replica-a", "cm-bad");
-    let bad = cluster.create("cm-bad");
-    let good = cluster.create("cm-good");
+    let bad = cluster.create_configmap("cm-bad");
+    let good = cluster.create_configmap("cm-good");
     until("cm-good was handled", || script.handled_by("replica-a").contains(&"applied cm-good".to_owned())).await;
     until("cm-bad failed three times", || script.failures("replica-a", "applied cm-bad") >= 3).await;
     // Several flush periods pass while cm-bad keeps failing: the checkpoint stays before it.
@@ -235,11 +231,11 @@ async fn a_change_still_failing_when_leadership_ends_reaches_the_next_leader(sta
     let a = Replica::start(&cluster, "replica-a", standby, &script, WatchMetrics::default()).await;
     until("replica-a leads", || a.is_leader()).await;
     let b = Replica::start(&cluster, "replica-b", standby, &script, WatchMetrics::default()).await;
-    let before = cluster.create("cm-0");
+    let before = cluster.create_configmap("cm-0");
     until("the leader checkpointed past cm-0", || cluster.checkpointed() >= Some(before)).await;
 
     script.fail("replica-a", "cm-bad");
-    let bad = cluster.create("cm-bad");
+    let bad = cluster.create_configmap("cm-bad");
     until("cm-bad failed twice on replica-a", || script.failures("replica-a", "applied cm-bad") >= 2).await;
     a.stop().await;
     let calls_of_a = script.calls_by("replica-a");

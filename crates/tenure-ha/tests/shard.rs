@@ -22,8 +22,7 @@ use kube::runtime::{watcher, Controller};
 use kube::Api;
 use serde_json::json;
 use tenure::Timing;
-use tenure_apiserver::resources::find_resource_type;
-use tenure_apiserver::{ApiServerConfig, Verb};
+use tenure_apiserver::Verb;
 use tenure_group::{Group, GroupConfig, NotOwner};
 use tenure_ha::kube_shard::{object_key, shard_controller, Owning, ShardController};
 use tenure_kube::write_gate::object_key as key_of;
@@ -131,47 +130,30 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
-        let server = TestServer::start(ApiServerConfig::default()).await;
+        let server = TestServer::start().await;
         let cluster =
             Cluster { server, journal: Journal::default(), policy_calls: Arc::default(), writes: Arc::default() };
         for name in names() {
             let cm = json!({"metadata": {"name": name, "labels": {"app": "shard"}}, "data": {"generation": "0"}});
-            cluster.server.store().create(find_resource_type("", "v1", "configmaps").unwrap(), "default", cm).unwrap();
+            cluster.server.create("configmaps", cm);
         }
         cluster
     }
 
-    /// Sets whether a ConfigMap's reconciles fail.
-    fn set_failing(&self, name: &str, failing: bool) {
-        let configmaps = find_resource_type("", "v1", "configmaps").unwrap();
-        self.server
-            .store()
-            .patch(configmaps, "default", name, |cm| {
-                let mut cm = cm.clone();
-                cm["data"]["fail"] = json!(failing.to_string());
-                Ok(cm)
-            })
-            .unwrap();
+    /// Sets `key` in the data of the ConfigMap `name`: a change its owner reconciles.
+    fn set_data(&self, name: &str, key: &str, value: impl ToString) {
+        self.server.overwrite("configmaps", name, |cm| cm["data"][key] = json!(value.to_string()));
     }
 
-    /// A stored ConfigMap, if it exists.
-    fn object(&self, name: &str) -> Option<serde_json::Value> {
-        let configmaps = find_resource_type("", "v1", "configmaps").unwrap();
-        self.server.store().get(configmaps, "default", name).ok().map(|cm| (*cm).clone())
+    /// Sets whether a ConfigMap's reconciles fail.
+    fn set_failing(&self, name: &str, failing: bool) {
+        self.set_data(name, "fail", failing);
     }
 
     /// Changes every ConfigMap, so that every one is reconciled again by its owner.
     fn touch_all(&self, generation: u32) {
-        let configmaps = find_resource_type("", "v1", "configmaps").unwrap();
         for name in names() {
-            self.server
-                .store()
-                .patch(configmaps, "default", &name, |cm| {
-                    let mut cm = cm.clone();
-                    cm["data"]["generation"] = json!(generation.to_string());
-                    Ok(cm)
-                })
-                .unwrap();
+            self.set_data(&name, "generation", generation);
         }
     }
 
@@ -186,7 +168,7 @@ impl Cluster {
 
     async fn start_replica(&self, identity: &str, requeue: Option<Duration>, writing: bool) -> Replica {
         let runtime = replica_runtime();
-        let config = self.server.lock_config("unused");
+        let config = self.server.lock_config("leases", "unused");
         let (hold, hold_rx) = watch::channel(false);
         let (journal, policy_calls, writes) = (self.journal.clone(), self.policy_calls.clone(), self.writes.clone());
         let id = identity.to_owned();
@@ -594,7 +576,7 @@ async fn a_reconcile_that_outlives_its_partition_sends_no_write_and_the_new_owne
     for name in &moving {
         assert_eq!(outcome("replica-a", name), Err(Some(RefusalReason::NotOwner)), "{name} moved away from replica-a");
         assert_eq!(outcome("replica-c", name), Ok(()), "{name} is replica-c's now");
-        assert!(cluster.object(&format!("written-{name}-g1-replica-a")).is_none());
+        assert!(cluster.server.object("configmaps", &format!("written-{name}-g1-replica-a")).is_none());
     }
     for name in &staying {
         assert_eq!(outcome("replica-a", name), Ok(()), "{name} stayed with replica-a");

@@ -2,53 +2,24 @@
 //! it, a journal of reconciles, runtimes for replicas, and bounded waits.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-use tenure_apiserver::{ApiServer, ApiServerConfig};
-use tenure_kube::KubeLockConfig;
 
 /// How long any single expected event may take before a test fails instead of hanging.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
-/// The project's API server on a free loopback port, and a kubeconfig file for it (removed when
-/// dropped). Derefs to the server.
-pub struct TestServer {
-    pub server: ApiServer,
-    pub kubeconfig: PathBuf,
-}
+// The API server harness of the tenure-kube tests, shared rather than copied.
+#[path = "../../../tenure-kube/tests/common/mod.rs"]
+mod kube_harness;
 
-impl TestServer {
-    pub async fn start(config: ApiServerConfig) -> TestServer {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-        let server = ApiServer::start(config).await.unwrap();
-        let name = format!("tenure-ha-{}-{}.kubeconfig", std::process::id(), server.address().port());
-        let kubeconfig = std::env::temp_dir().join(name);
-        server.write_kubeconfig(&kubeconfig).unwrap();
-        TestServer { server, kubeconfig }
-    }
-
-    /// The lock on the Lease `lease` of the default namespace, reached through the kubeconfig.
-    pub fn lock_config(&self, lease: &str) -> KubeLockConfig {
-        KubeLockConfig::from_url(&format!("kube://default/leases/{lease}")).unwrap().kubeconfig(&self.kubeconfig)
-    }
-}
+/// The project's API server on a free loopback port, and a kubeconfig for it.
+pub use kube_harness::Cluster as TestServer;
 
 impl std::ops::Deref for TestServer {
-    type Target = ApiServer;
+    type Target = tenure_apiserver::ApiServer;
 
-    fn deref(&self) -> &ApiServer {
+    fn deref(&self) -> &tenure_apiserver::ApiServer {
         &self.server
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.kubeconfig);
     }
 }
 
