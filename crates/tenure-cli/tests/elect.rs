@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{file_url, get, http_get, http_leader, start_elect, wait_until, TempDir, Tenure};
+use common::{file_url, get, http_get, http_leader, start_elect, wait_until, words, TempDir, Tenure};
 
 const LEASE: Duration = Duration::from_secs(2);
 const RETRY: Duration = Duration::from_millis(500);
@@ -123,24 +123,8 @@ fn a_paused_leader_is_replaced_and_never_claims_to_lead_after_resuming() {
 
 #[test]
 fn a_single_candidate_answers_its_name_on_any_path_and_releases_on_sigterm() {
-    let mut tenure = Tenure::start(
-        "solo",
-        &[
-            "elect",
-            "--election",
-            "solo",
-            "--id",
-            "solo-1",
-            "--lock",
-            "memory:",
-            "--ttl",
-            "2s",
-            "--http",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-        ],
-    );
+    let command = "elect --election solo --id solo-1 --lock memory: --ttl 2s --http 127.0.0.1:0 --log-format json";
+    let mut tenure = Tenure::start("solo", &words(command));
     let address = tenure.http_address();
     wait_until(Duration::from_secs(5), || (http_leader(&address)? == "solo-1").then_some(())).expect("solo-1 leads");
     assert_eq!(http_get(&address, "/any/path?x=1").as_deref(), Some(r#"{"name":"solo-1"}"#));
@@ -157,22 +141,8 @@ fn a_single_candidate_answers_its_name_on_any_path_and_releases_on_sigterm() {
 
 #[test]
 fn election_namespace_is_accepted_and_ignored_with_a_note() {
-    let mut tenure = Tenure::start(
-        "ns",
-        &[
-            "elect",
-            "--election",
-            "ns",
-            "--id",
-            "x",
-            "--lock",
-            "memory:",
-            "--ttl",
-            "2s",
-            "--election-namespace",
-            "kube-system",
-        ],
-    );
+    let command = "elect --election ns --id x --lock memory: --ttl 2s --election-namespace kube-system";
+    let mut tenure = Tenure::start("ns", &words(command));
     tenure.wait_for_log("only applies to Kubernetes locks", Duration::from_secs(5));
     tenure.wait_for_log("started leading", Duration::from_secs(5));
     tenure.signal(libc::SIGTERM);
@@ -182,18 +152,8 @@ fn election_namespace_is_accepted_and_ignored_with_a_note() {
 #[test]
 fn the_leader_elector_sidecar_command_line_of_the_kuryr_manifest_is_accepted() {
     // The flags of the seed's manifest, in its `--flag=value` form (HTTP on loopback here).
-    let mut tenure = Tenure::start(
-        "sidecar",
-        &[
-            "elect",
-            "--election=kuryr-controller",
-            "--http=127.0.0.1:0",
-            "--election-namespace=kube-system",
-            "--ttl=5s",
-            "--id=kuryr-0",
-            "--lock=memory:",
-        ],
-    );
+    let command = "elect --election=kuryr-controller --http=127.0.0.1:0 --election-namespace=kube-system --ttl=5s";
+    let mut tenure = Tenure::start("sidecar", &words(&format!("{command} --id=kuryr-0 --lock=memory:")));
     let address = tenure.http_address();
     wait_until(Duration::from_secs(5), || (http_leader(&address)? == "kuryr-0").then_some(())).expect("kuryr-0 leads");
     tenure.signal(libc::SIGTERM);

@@ -32,21 +32,9 @@ fn command_gets_the_term_election_identity_and_lock_in_its_environment() {
     let dir = TempDir::new("run-env");
     let out = dir.join("env");
     let script = format!("echo \"$TENURE_TERM $TENURE_ELECTION $TENURE_IDENTITY $TENURE_LOCK\" > {}", out.display());
-    let (code, _, stderr) = run_to_end(&[
-        "run",
-        "--election",
-        "nightly",
-        "--lock",
-        "memory:",
-        "--id",
-        "host-a",
-        "--ttl",
-        "2s",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
+    let mut args = common::words("run --election nightly --lock memory: --id host-a --ttl 2s -- sh -c");
+    args.push(&script);
+    let (code, _, stderr) = run_to_end(&args);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(std::fs::read_to_string(out).unwrap(), "1 nightly host-a memory:\n");
 }

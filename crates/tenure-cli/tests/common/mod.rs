@@ -199,6 +199,11 @@ pub fn file_url(path: &Path) -> String {
     format!("file://{}", path.display())
 }
 
+/// A command line's words, for arguments without spaces.
+pub fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
 /// Runs `tenure ARGS...` to completion; returns (exit code, stdout, stderr).
 pub fn run_to_end(args: &[&str]) -> (i32, String, String) {
     let output = without_cluster(Command::new(TENURE).args(args)).stdin(Stdio::null()).output().expect("run tenure");
