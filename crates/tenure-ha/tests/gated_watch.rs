@@ -18,7 +18,9 @@ use tenure::{Elector, Timing};
 use tenure_apiserver::resources::{find_resource_type, ResourceType};
 use tenure_apiserver::{ApiServerConfig, Verb};
 use tenure_ha::tenure_kube::resume::Backoff;
-use tenure_ha::{Change, GatedWatch, GatedWatchHandle, KubeCheckpointStore, ResumeConfig, Standby, WatchMetrics};
+use tenure_ha::{
+    Change, GatedWatch, GatedWatchHandle, KubeCheckpointStore, KubeLockConfig, ResumeConfig, Standby, WatchMetrics,
+};
 
 const CHECKPOINT: &str = "controller-checkpoint";
 
@@ -139,7 +141,7 @@ impl Replica {
         script: &Script,
         metrics: WatchMetrics,
     ) -> Replica {
-        let config = cluster.lock_config("leases", "controller");
+        let config: KubeLockConfig = cluster.lock_config("leases", "controller");
         let lock = config.connect(identity).await.unwrap();
         let elector = Elector::builder(identity, lock).timing(timing()).spawn().unwrap();
         let watch_client = config.cluster.client(&format!("{identity}-watch")).await.unwrap();
