@@ -13,13 +13,9 @@ use serde_json::json;
 use tenure_apiserver::{ApiServer, ApiServerConfig, FaultScope, InjectedFault, Verb, CLIENT_HEADER};
 
 mod common;
-use common::kubectl;
+use common::{kubectl, server};
 
 const WAIT: Duration = Duration::from_secs(10);
-
-async fn server(config: ApiServerConfig) -> ApiServer {
-    ApiServer::start(config).await.expect("the server starts")
-}
 
 /// A kube-rs client that names itself `name` to the server's request counts and faults.
 fn client(server: &ApiServer, name: &str) -> Client {
@@ -34,17 +30,7 @@ fn client(server: &ApiServer, name: &str) -> Client {
 
 /// One HTTP/1.1 request on its own connection: the status code and the body.
 async fn raw(server: &ApiServer, method: &str, path: &str, body: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(server.address()).await.unwrap();
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let code = response[9..12].parse().unwrap();
-    (code, response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+    common::raw(server.address(), method, path, body).await
 }
 
 fn lease(name: &str, holder: &str, duration: i32) -> Lease {

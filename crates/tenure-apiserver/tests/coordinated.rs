@@ -12,7 +12,7 @@ use tenure_apiserver::store::{WatchMessage, WatchStart};
 use tenure_apiserver::{ApiServer, ApiServerConfig, CoordinatorConfig};
 
 mod common;
-use common::kubectl;
+use common::{kubectl, server};
 
 const CANDIDATES: &str = "/apis/coordination.k8s.io/v1beta1/namespaces/default/leasecandidates";
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/default/leases";
@@ -35,24 +35,10 @@ fn quick() -> CoordinatorConfig {
     }
 }
 
-async fn server(config: ApiServerConfig) -> ApiServer {
-    ApiServer::start(config).await.expect("the server starts")
-}
-
 /// One HTTP/1.1 request on its own connection: the status code and the body as JSON (`null` if none).
 async fn raw(address: SocketAddr, method: &str, path: &str, body: &Value) -> (u16, Value) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let body = if body.is_null() { String::new() } else { body.to_string() };
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let code = response[9..12].parse().unwrap();
-    let text = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    let (code, text) = common::raw(address, method, path, &body).await;
     (code, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 

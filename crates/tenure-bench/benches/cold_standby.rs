@@ -160,56 +160,32 @@ async fn run(report: &mut Report) {
     let received = Arc::new(AtomicU64::new(0));
     let url = counting_relay(server.address(), received.clone()).await;
 
-    let mut relist = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..rounds {
-        let target = miss_changes(&store, &mut live, &mut next, 2);
-        let (time, bytes, objects) = take_over(&url, &received, None, target).await;
-        relist.0.push(time);
-        relist.1.push(bytes);
-        relist.2.push(objects);
-    }
+    // `rounds` takeovers after `k` missed changes each: (time, bytes, objects) per round.
+    let mut takeovers = async |k: usize, resume: bool| {
+        let mut samples: (Vec<f64>, Vec<f64>, Vec<f64>) = Default::default();
+        for _ in 0..rounds {
+            let checkpoint = resume.then(|| store.current_resource_version().to_string());
+            let target = miss_changes(&store, &mut live, &mut next, k);
+            samples.extend([take_over(&url, &received, checkpoint, target).await]);
+        }
+        samples
+    };
+    let relist = takeovers(2, false).await;
     let relist_time = Summary::of(&relist.0).expect("samples");
     report.distribution("relist_ms", &format!("relist of {pod_count} Pods -> caught up"), &relist_time, "ms", None);
     report.info("relist_kb", "relist: received (median)", median(&relist.1) / 1e3, "KB");
     report.info("relist_objects", "relist: objects received (median)", median(&relist.2), "objects");
 
     for &k in &missed {
-        let mut samples = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..rounds {
-            let checkpoint = store.current_resource_version().to_string();
-            let target = miss_changes(&store, &mut live, &mut next, k);
-            let (time, bytes, objects) = take_over(&url, &received, Some(checkpoint), target).await;
-            samples.0.push(time);
-            samples.1.push(bytes);
-            samples.2.push(objects);
-        }
+        let samples = takeovers(k, true).await;
         let time = Summary::of(&samples.0).expect("samples");
-        let key = format!("resume_{k}");
-        report.distribution(
-            &format!("{key}_ms"),
-            &format!("resume after {k} missed changes -> caught up"),
-            &time,
-            "ms",
-            None,
-        );
-        report.info(
-            &format!("{key}_kb"),
-            &format!("resume after {k}: received (median)"),
-            median(&samples.1) / 1e3,
-            "KB",
-        );
-        report.info(
-            &format!("{key}_objects"),
-            &format!("resume after {k}: objects received (median)"),
-            median(&samples.2),
-            "objects",
-        );
-        report.info(
-            &format!("{key}_time_ratio"),
-            &format!("resume after {k} / relist, median time"),
-            time.p50 / relist_time.p50,
-            "x",
-        );
+        let (key, after) = (format!("resume_{k}"), format!("resume after {k}"));
+        report.distribution(&format!("{key}_ms"), &format!("{after} missed changes -> caught up"), &time, "ms", None);
+        report.info(&format!("{key}_kb"), &format!("{after}: received (median)"), median(&samples.1) / 1e3, "KB");
+        let objects = format!("{after}: objects received (median)");
+        report.info(&format!("{key}_objects"), &objects, median(&samples.2), "objects");
+        let ratio = time.p50 / relist_time.p50;
+        report.info(&format!("{key}_time_ratio"), &format!("{after} / relist, median time"), ratio, "x");
     }
     report.extra("pods", json!(pod_count));
     report.extra("rounds", json!(rounds));

@@ -160,7 +160,7 @@ async fn reconciled_by_other(
     }
 }
 
-async fn leader_of(replicas: &[Replica; 2]) -> usize {
+async fn leader_of(replicas: &[Replica]) -> usize {
     let deadline = Instant::now() + PATIENCE;
     loop {
         if let Some(i) = replicas.iter().position(Replica::is_leader) {
@@ -189,11 +189,7 @@ async fn run(report: &mut Report) {
         format!("replica-{n}")
     };
     let first = Replica::start(&url, &replica(&mut next), timing, sink.clone()).await;
-    let deadline = Instant::now() + PATIENCE;
-    while !first.is_leader() {
-        assert!(Instant::now() < deadline, "the first replica leads");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    leader_of(std::slice::from_ref(&first)).await;
     let second = Replica::start(&url, &replica(&mut next), timing, sink.clone()).await;
     let mut replicas = [first, second];
 
@@ -245,20 +241,10 @@ async fn run(report: &mut Report) {
         from_renew.push(ms(at - crashed_at + renewed_ago));
     }
     let lease_ms = ms(lease);
-    report.distribution(
-        "crash_from_renew_ms",
-        "crash -> first reconcile, from last renew",
-        &Summary::of(&from_renew).expect("samples"),
-        "ms",
-        Some(lease_ms + 50.0),
-    );
-    report.distribution(
-        "crash_ms",
-        "crash -> first reconcile, from the crash",
-        &Summary::of(&from_crash).expect("samples"),
-        "ms",
-        None,
-    );
+    let summary = |samples: &[f64]| Summary::of(samples).expect("samples");
+    let label = "crash -> first reconcile, from last renew";
+    report.distribution("crash_from_renew_ms", label, &summary(&from_renew), "ms", Some(lease_ms + 50.0));
+    report.distribution("crash_ms", "crash -> first reconcile, from the crash", &summary(&from_crash), "ms", None);
 
     // Graceful handover -> first reconcile, and where the time goes.
     let mut handover = Vec::new();
@@ -289,20 +275,14 @@ async fn run(report: &mut Report) {
             phase.push(ms(to.saturating_duration_since(from)));
         }
     }
-    report.distribution(
-        "handover_ms",
-        "graceful handover -> first reconcile",
-        &Summary::of(&handover).expect("samples"),
-        "ms",
-        Some(50.0),
-    );
+    report.distribution("handover_ms", "graceful handover -> first reconcile", &summary(&handover), "ms", Some(50.0));
     for (phase, (key, label)) in phases.iter().zip([
         ("handover_stop_ms", "  old leader's work stopped (drain)"),
         ("handover_release_ms", "  -> Lease released (last checkpoint, release)"),
         ("handover_elect_ms", "  -> new leader elected"),
         ("handover_first_reconcile_ms", "  -> first reconcile (claim checkpoint, reconcile)"),
     ]) {
-        report.distribution(key, label, &Summary::of(phase).expect("samples"), "ms", None);
+        report.distribution(key, label, &summary(phase), "ms", None);
     }
     report.extra("lease_ms", json!(lease_ms));
     report.extra("retry_ms", json!(ms(retry)));

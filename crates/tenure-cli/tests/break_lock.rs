@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{file_url, http_get, http_leader, run_to_end, start_elect, wait_until, TempDir};
+use common::{file_url, http_get, http_leader, run_to_end, start_elect, wait_for_leader, wait_until, TempDir};
 
 #[test]
 fn a_corrupt_lock_that_candidates_wait_on_is_broken_and_taken_over_at_once() {
@@ -27,8 +27,8 @@ fn a_corrupt_lock_that_candidates_wait_on_is_broken_and_taken_over_at_once() {
     let (code, stdout, stderr) = run_to_end(&["break-lock", "--election", "e", "--lock", &lock_url, "--observe", "1s"]);
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(stdout.contains("broke the lock: overrode unreadable record"), "{stdout}");
-    wait_until(Duration::from_secs(5), || (http_leader(&address)? == "replica-a").then_some(()))
-        .expect("the candidate takes the broken lock at once, long before its 30 s lease");
+    let why = "the candidate takes the broken lock at once, long before its 30 s lease";
+    wait_for_leader(&address, "replica-a", Duration::from_secs(5), why);
 }
 
 #[test]
@@ -36,8 +36,7 @@ fn a_lock_renewed_by_a_live_holder_is_never_broken() {
     let dir = TempDir::new("break-live");
     let lock_url = file_url(&dir.join("lock"));
     let (_holder, address) = start_elect("replica-a", "e", &lock_url, "2s");
-    wait_until(Duration::from_secs(5), || (http_leader(&address)? == "replica-a").then_some(()))
-        .expect("replica-a leads");
+    wait_for_leader(&address, "replica-a", Duration::from_secs(5), "replica-a leads");
     let (code, stdout, stderr) = run_to_end(&["break-lock", "--election", "e", "--lock", &lock_url, "--observe", "3s"]);
     assert_eq!(code, 1, "{stdout}{stderr}");
     assert!(stdout.contains("held by \"replica-a\" with term 1"), "{stdout}");

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{file_url, get, http_get, http_leader, run_to_end, start_elect, wait_until, TempDir, Tenure};
+use common::{file_url, get, http_get, http_leader, start_elect, wait_until, words, TempDir, Tenure};
 
 const LEASE: Duration = Duration::from_secs(2);
 const RETRY: Duration = Duration::from_millis(500);
@@ -22,13 +22,6 @@ fn agreed_leader(addresses: &[&str], limit: Duration) -> Option<String> {
         let all_agree = addresses.iter().all(|a| http_leader(a).as_deref() == Some(first.as_str()));
         (all_agree && !first.is_empty()).then_some(first)
     })
-}
-
-/// The term recorded in the lock, read with `tenure status --output json`.
-fn recorded(lock_url: &str) -> serde_json::Value {
-    let (code, stdout, stderr) = run_to_end(&["status", "--election", "test", "--lock", lock_url, "--output", "json"]);
-    assert_eq!(code, 0, "{stderr}");
-    serde_json::from_str(&stdout).unwrap()
 }
 
 #[test]
@@ -54,7 +47,7 @@ fn three_candidates_agree_and_fail_over_within_the_lease_after_sigkill() {
     .expect("the survivors agree on a new leader");
     let failover = killed_at.elapsed();
     assert!(failover <= LEASE + Duration::from_secs(1), "failover took {failover:?}");
-    let record = recorded(&lock_url);
+    let record = common::status_json("test", &lock_url);
     assert_eq!(record["leader"], successor.as_str());
     assert_eq!(record["term"], 2);
 }
@@ -95,8 +88,7 @@ fn a_paused_leader_is_replaced_and_never_claims_to_lead_after_resuming() {
 
     paused.signal(libc::SIGSTOP);
     let stopped_at = Instant::now();
-    wait_until(LEASE + Duration::from_secs(3), || (http_leader(&other_address)? == "b").then_some(()))
-        .expect("b takes over from the paused leader");
+    common::wait_for_leader(&other_address, "b", LEASE + Duration::from_secs(3), "b takes over from the paused leader");
     // a renewed at most one retry period (500 ms) before it was stopped; b counts the lease from
     // when it saw that renew.
     let taken_over_after = stopped_at.elapsed();
@@ -120,7 +112,7 @@ fn a_paused_leader_is_replaced_and_never_claims_to_lead_after_resuming() {
     let log = paused.log();
     let stopped = log.rfind("stopped leading").expect("a logged that it stopped leading");
     assert!(!log[stopped..].contains("started leading"), "a claimed leadership again:\n{log}");
-    let record = recorded(&lock_url);
+    let record = common::status_json("test", &lock_url);
     assert_eq!((record["leader"].as_str(), record["term"].as_i64()), (Some("b"), Some(2)));
 
     for tenure in [&mut paused, &mut other] {
@@ -131,24 +123,8 @@ fn a_paused_leader_is_replaced_and_never_claims_to_lead_after_resuming() {
 
 #[test]
 fn a_single_candidate_answers_its_name_on_any_path_and_releases_on_sigterm() {
-    let mut tenure = Tenure::start(
-        "solo",
-        &[
-            "elect",
-            "--election",
-            "solo",
-            "--id",
-            "solo-1",
-            "--lock",
-            "memory:",
-            "--ttl",
-            "2s",
-            "--http",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-        ],
-    );
+    let command = "elect --election solo --id solo-1 --lock memory: --ttl 2s --http 127.0.0.1:0 --log-format json";
+    let mut tenure = Tenure::start("solo", &words(command));
     let address = tenure.http_address();
     wait_until(Duration::from_secs(5), || (http_leader(&address)? == "solo-1").then_some(())).expect("solo-1 leads");
     assert_eq!(http_get(&address, "/any/path?x=1").as_deref(), Some(r#"{"name":"solo-1"}"#));
@@ -165,22 +141,8 @@ fn a_single_candidate_answers_its_name_on_any_path_and_releases_on_sigterm() {
 
 #[test]
 fn election_namespace_is_accepted_and_ignored_with_a_note() {
-    let mut tenure = Tenure::start(
-        "ns",
-        &[
-            "elect",
-            "--election",
-            "ns",
-            "--id",
-            "x",
-            "--lock",
-            "memory:",
-            "--ttl",
-            "2s",
-            "--election-namespace",
-            "kube-system",
-        ],
-    );
+    let command = "elect --election ns --id x --lock memory: --ttl 2s --election-namespace kube-system";
+    let mut tenure = Tenure::start("ns", &words(command));
     tenure.wait_for_log("only applies to Kubernetes locks", Duration::from_secs(5));
     tenure.wait_for_log("started leading", Duration::from_secs(5));
     tenure.signal(libc::SIGTERM);
@@ -190,18 +152,8 @@ fn election_namespace_is_accepted_and_ignored_with_a_note() {
 #[test]
 fn the_leader_elector_sidecar_command_line_of_the_kuryr_manifest_is_accepted() {
     // The flags of the seed's manifest, in its `--flag=value` form (HTTP on loopback here).
-    let mut tenure = Tenure::start(
-        "sidecar",
-        &[
-            "elect",
-            "--election=kuryr-controller",
-            "--http=127.0.0.1:0",
-            "--election-namespace=kube-system",
-            "--ttl=5s",
-            "--id=kuryr-0",
-            "--lock=memory:",
-        ],
-    );
+    let command = "elect --election=kuryr-controller --http=127.0.0.1:0 --election-namespace=kube-system --ttl=5s";
+    let mut tenure = Tenure::start("sidecar", &words(&format!("{command} --id=kuryr-0 --lock=memory:")));
     let address = tenure.http_address();
     wait_until(Duration::from_secs(5), || (http_leader(&address)? == "kuryr-0").then_some(())).expect("kuryr-0 leads");
     tenure.signal(libc::SIGTERM);

@@ -269,17 +269,9 @@ fn run_and_status_use_the_same_kubernetes_lock() {
         let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
         (output.status.code().unwrap_or(-1), text(&output.stdout), text(&output.stderr))
     };
-    let (code, stdout, stderr) = tenure(&[
-        "run",
-        "--election=job",
-        "--lock-type=leases",
-        "--id=runner",
-        "--ttl=2s",
-        "--",
-        "sh",
-        "-c",
-        "echo term=$TENURE_TERM; exit 3",
-    ]);
+    let mut args = common::words("run --election=job --lock-type=leases --id=runner --ttl=2s -- sh -c");
+    args.push("echo term=$TENURE_TERM; exit 3");
+    let (code, stdout, stderr) = tenure(&args);
     assert_eq!(code, 3, "{stderr}");
     assert_eq!(stdout.trim(), "term=1");
 
@@ -318,15 +310,8 @@ fn the_deploy_manifests_apply_and_the_example_sidecar_args_elect() {
     let example = deploy_dir().join("example-deployment.yaml");
     let (ok, out) = cluster.kubectl(&["apply", "-f", example.to_str().unwrap()]);
     assert!(ok, "{out}");
-    let (ok, args) = cluster.kubectl(&[
-        "get",
-        "deployment",
-        "kuryr-controller",
-        "-n",
-        "kube-system",
-        "-o",
-        "jsonpath={.spec.template.spec.initContainers[?(@.name==\"leader-elector\")].args}",
-    ]);
+    let jsonpath = "jsonpath={.spec.template.spec.initContainers[?(@.name==\"leader-elector\")].args}";
+    let (ok, args) = cluster.kubectl(&["get", "deployment", "kuryr-controller", "-n", "kube-system", "-o", jsonpath]);
     assert!(ok, "{args}");
     let args: Vec<String> = serde_json::from_str(&args).unwrap_or_else(|e| panic!("{e}: {args}"));
     assert!(args.iter().any(|a| a == "--election=kuryr-controller"), "{args:?}");

@@ -121,30 +121,8 @@ fn as_prometheus_receives_it(query: &str) -> String {
 /// aggregations, keywords, label names, strings, durations or Grafana variables.
 fn metric_names(expr: &str) -> BTreeSet<String> {
     const GROUPING: &[&str] = &["by", "without", "on", "ignoring", "group_left", "group_right"];
-    const OPERATORS: &[&str] = &[
-        "and",
-        "or",
-        "unless",
-        "bool",
-        "offset",
-        "atan2",
-        "inf",
-        "nan",
-        "sum",
-        "min",
-        "max",
-        "avg",
-        "group",
-        "stddev",
-        "stdvar",
-        "count",
-        "count_values",
-        "bottomk",
-        "topk",
-        "quantile",
-        "limitk",
-        "limit_ratio",
-    ];
+    const OPERATORS: &str = "and or unless bool offset atan2 inf nan sum min max avg group stddev stdvar count \
+                             count_values bottomk topk quantile limitk limit_ratio";
     let chars: Vec<char> = expr.chars().collect();
     let is_word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
     let next_visible = |from: usize| chars[from..].iter().copied().find(|c| !c.is_whitespace());
@@ -197,7 +175,7 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
                     let open = i + chars[i..].iter().position(|&c| c == '(').unwrap_or(0);
                     i = skip_group(open, ')');
                 }
-            } else if !OPERATORS.contains(&word.as_str()) && next != Some('(') {
+            } else if !OPERATORS.split_whitespace().any(|op| op == word) && next != Some('(') {
                 names.insert(word);
             }
         } else {

@@ -12,13 +12,18 @@ use tenure::RecordLock;
 
 const EXIT_LOST_LEADERSHIP: i32 = 75;
 
+/// `tenure run` on a memory lock with `--ttl 2s`, then `rest`: more flags, `--` and the command.
+fn on_memory<'a>(rest: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["run", "--election", "e", "--lock", "memory:", "--ttl", "2s"];
+    args.extend(rest);
+    args
+}
+
 #[test]
 fn exit_status_of_the_command_is_passed_on() {
-    let (code, _, stderr) =
-        run_to_end(&["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", "exit 7"]);
+    let (code, _, stderr) = run_to_end(&on_memory(&["--", "sh", "-c", "exit 7"]));
     assert_eq!(code, 7, "{stderr}");
-    let (code, _, stderr) =
-        run_to_end(&["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", "kill -KILL $$"]);
+    let (code, _, stderr) = run_to_end(&on_memory(&["--", "sh", "-c", "kill -KILL $$"]));
     assert_eq!(code, 128 + libc::SIGKILL, "{stderr}");
 }
 
@@ -27,29 +32,16 @@ fn command_gets_the_term_election_identity_and_lock_in_its_environment() {
     let dir = TempDir::new("run-env");
     let out = dir.join("env");
     let script = format!("echo \"$TENURE_TERM $TENURE_ELECTION $TENURE_IDENTITY $TENURE_LOCK\" > {}", out.display());
-    let (code, _, stderr) = run_to_end(&[
-        "run",
-        "--election",
-        "nightly",
-        "--lock",
-        "memory:",
-        "--id",
-        "host-a",
-        "--ttl",
-        "2s",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
+    let mut args = common::words("run --election nightly --lock memory: --id host-a --ttl 2s -- sh -c");
+    args.push(&script);
+    let (code, _, stderr) = run_to_end(&args);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(std::fs::read_to_string(out).unwrap(), "1 nightly host-a memory:\n");
 }
 
 #[test]
 fn a_command_that_cannot_be_found_exits_127() {
-    let (code, _, stderr) =
-        run_to_end(&["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "/nonexistent/command"]);
+    let (code, _, stderr) = run_to_end(&on_memory(&["--", "/nonexistent/command"]));
     assert_eq!(code, 127, "{stderr}");
     assert!(stderr.contains("cannot start the command"), "{stderr}");
 }
@@ -59,10 +51,7 @@ fn sigterm_is_forwarded_and_the_commands_status_is_passed_on() {
     let dir = TempDir::new("run-sigterm");
     let ready = dir.join("ready");
     let script = format!("trap 'exit 3' TERM; touch {}; while :; do sleep 0.05; done", ready.display());
-    let mut tenure = Tenure::start(
-        "runner",
-        &["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", &script],
-    );
+    let mut tenure = Tenure::start("runner", &on_memory(&["--", "sh", "-c", &script]));
     common::wait_until(Duration::from_secs(10), || ready.exists().then_some(())).expect("the command started");
     tenure.signal(libc::SIGTERM);
     assert_eq!(tenure.exit_code(Duration::from_secs(5)), 3, "{}", tenure.log());
@@ -74,10 +63,7 @@ fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
     let dir = TempDir::new("run-grace");
     let ready = dir.join("ready");
     let script = format!("trap '' TERM; touch {}; while :; do sleep 0.05; done", ready.display());
-    let mut tenure = Tenure::start(
-        "runner",
-        &["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--grace", "200ms", "--", "sh", "-c", &script],
-    );
+    let mut tenure = Tenure::start("runner", &on_memory(&["--grace", "200ms", "--", "sh", "-c", &script]));
     common::wait_until(Duration::from_secs(10), || ready.exists().then_some(())).expect("the command started");
     tenure.signal(libc::SIGINT);
     assert_eq!(tenure.exit_code(Duration::from_secs(5)), 128 + libc::SIGKILL, "{}", tenure.log());
@@ -90,15 +76,10 @@ fn nothing_the_command_started_survives_it() {
     let pid_file = dir.join("pid");
     // The shell leaves a background sleep behind and exits.
     let script = format!("sleep 30 & echo $! > {}", pid_file.display());
-    let (code, _, stderr) =
-        run_to_end(&["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", &script]);
+    let (code, _, stderr) = run_to_end(&on_memory(&["--", "sh", "-c", &script]));
     assert_eq!(code, 0, "{stderr}");
     let pid: i32 = std::fs::read_to_string(pid_file).unwrap().trim().parse().unwrap();
-    let gone = common::wait_until(Duration::from_secs(5), || {
-        // SAFETY: signal 0 only checks for existence.
-        let alive = unsafe { libc::kill(pid, 0) } == 0 && !is_zombie(pid);
-        (!alive).then_some(())
-    });
+    let gone = common::wait_until(Duration::from_secs(5), || (!is_alive(pid)).then_some(()));
     assert!(gone.is_some(), "the background sleep {pid} outlived the command");
 }
 
@@ -108,8 +89,7 @@ fn tenure_exits_only_once_what_the_command_left_behind_is_dead_even_after_setsid
     let pid_file = dir.join("pid");
     // A daemon-like leftover: a new session, re-parented when the shell exits.
     let script = format!("setsid sleep 30 & echo $! > {}", pid_file.display());
-    let (code, _, stderr) =
-        run_to_end(&["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", &script]);
+    let (code, _, stderr) = run_to_end(&on_memory(&["--", "sh", "-c", &script]));
     assert_eq!(code, 0, "{stderr}");
     let pid: i32 = std::fs::read_to_string(pid_file).unwrap().trim().parse().unwrap();
     assert!(!is_alive(pid), "the detached sleep {pid} outlived tenure");
@@ -176,21 +156,7 @@ fn is_zombie(pid: i32) -> bool {
 
 #[test]
 fn a_command_killed_by_the_forwarded_sigterm_exits_143() {
-    let mut tenure = Tenure::start_with(
-        "runner",
-        Command::new(common::TENURE).args([
-            "run",
-            "--election",
-            "e",
-            "--lock",
-            "memory:",
-            "--ttl",
-            "2s",
-            "--",
-            "sleep",
-            "30",
-        ]),
-    );
+    let mut tenure = Tenure::start("runner", &on_memory(&["--", "sleep", "30"]));
     tenure.wait_for_log("leading; started the command", Duration::from_secs(10));
     tenure.signal(libc::SIGTERM);
     assert_eq!(tenure.exit_code(Duration::from_secs(5)), 128 + libc::SIGTERM, "{}", tenure.log());
@@ -389,18 +355,12 @@ fn sigterm_to_every_process_at_once_as_systemd_sends_it_still_gives_the_command_
     let dir = TempDir::new("run-systemd-stop");
     let ready = dir.join("ready");
     let script = format!("trap 'exit 3' TERM; touch {}; while :; do sleep 0.05; done", ready.display());
-    let mut runner = Tenure::start(
-        "runner",
-        &["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", &script],
-    );
+    let mut runner = Tenure::start("runner", &on_memory(&["--", "sh", "-c", &script]));
     wait_until(Duration::from_secs(10), || ready.exists().then_some(())).expect("the command started");
     let supervisor = children_of(runner.pid());
     assert_eq!(supervisor.len(), 1, "one supervisor under tenure");
     let command = children_of(supervisor[0]);
-    for pid in [runner.pid(), supervisor[0]].into_iter().chain(command) {
-        // SAFETY: kill has no memory-safety preconditions.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-    }
+    signal_each(&[&[runner.pid(), supervisor[0]], &command[..]].concat(), libc::SIGTERM);
     assert_eq!(runner.exit_code(Duration::from_secs(5)), 3, "{}", runner.log());
 }
 
@@ -413,16 +373,12 @@ fn if_the_supervisor_is_killed_tenure_kills_the_tree_itself_and_exits_1() {
         p = pids.display(),
         r = ready.display()
     );
-    let mut runner = Tenure::start(
-        "runner",
-        &["run", "--election", "e", "--lock", "memory:", "--ttl", "2s", "--", "sh", "-c", &script],
-    );
+    let mut runner = Tenure::start("runner", &on_memory(&["--", "sh", "-c", &script]));
     wait_until(Duration::from_secs(10), || ready.exists().then_some(())).expect("the command tree started");
     let pids: Vec<i32> = std::fs::read_to_string(&pids).unwrap().lines().map(|l| l.parse().unwrap()).collect();
     let supervisor = children_of(runner.pid());
     assert_eq!(supervisor.len(), 1, "one supervisor under tenure");
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe { libc::kill(supervisor[0], libc::SIGKILL) };
+    signal_each(&supervisor, libc::SIGKILL);
     assert_eq!(runner.exit_code(Duration::from_secs(5)), 1, "{}", runner.log());
     assert!(runner.log().contains("the supervisor process died"), "{}", runner.log());
     let log = runner.log();

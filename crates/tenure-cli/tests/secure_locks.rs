@@ -10,7 +10,7 @@ mod etcd_server;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{http_leader, run_to_end, wait_until};
+use common::{run_to_end, wait_for_leader};
 use etcd_server::EtcdCluster;
 
 /// A lock URL for `election` on `cluster` as user `tenure` with the password in `password_file`.
@@ -40,8 +40,7 @@ async fn elect_and_status_reach_an_etcd_with_tls_client_certificates_and_users()
     let url = secure_url(&cluster, "secure-cli", &write_password(&cluster, "pw", "s3cret"));
 
     let (_one, one_http) = common::start_elect("one", "e", &url, "3s");
-    wait_until(Duration::from_secs(15), || (http_leader(&one_http)? == "one").then_some(()))
-        .expect("the candidate leads");
+    wait_for_leader(&one_http, "one", Duration::from_secs(15), "the candidate leads");
     let (code, stdout, stderr) = run_to_end(&["status", "--election", "e", "--lock", &url, "--output", "json"]);
     assert_eq!(code, 0, "{stderr}");
     let status: serde_json::Value = serde_json::from_str(&stdout).unwrap();

@@ -9,7 +9,7 @@ mod zk_server;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{http_leader, run_to_end, wait_until};
+use common::{run_to_end, wait_for_leader};
 
 /// A directory of password files, removed when dropped.
 struct PasswordFiles(std::path::PathBuf);
@@ -42,11 +42,8 @@ fn elect_and_status_on_zookeeper_with_a_digest_user_and_a_wrong_password_refused
     let files = PasswordFiles::new("digest");
     let right = url(&files.write("zk-pw", "s3cret"));
     let (_one, one_http) = common::start_elect("one", "z", &right, "3s");
-    wait_until(Duration::from_secs(15), || (http_leader(&one_http)? == "one").then_some(()))
-        .expect("the candidate leads");
-    let (code, stdout, stderr) = run_to_end(&["status", "--election", "z", "--lock", &right, "--output", "json"]);
-    assert_eq!(code, 0, "{stderr}");
-    assert_eq!(serde_json::from_str::<serde_json::Value>(&stdout).unwrap()["leader"], "one");
+    wait_for_leader(&one_http, "one", Duration::from_secs(15), "the candidate leads");
+    assert_eq!(common::status_json("z", &right)["leader"], "one");
 
     let wrong = url(&files.write("zk-wrong-pw", "guess"));
     let (code, _, stderr) = run_to_end(&["status", "--election", "z", "--lock", &wrong]);
@@ -61,8 +58,7 @@ fn elect_on_zookeeper_over_tls() {
     let Some((server, pki)) = zk_server::tls_server(false) else { return };
     let url = format!("zk://{}{}?cacert={}", server.servers, zk_server::unique_path("cli-tls"), pki.ca.display());
     let (_one, one_http) = common::start_elect("one", "z", &url, "3s");
-    wait_until(Duration::from_secs(15), || (http_leader(&one_http)? == "one").then_some(()))
-        .expect("the candidate leads over TLS");
+    wait_for_leader(&one_http, "one", Duration::from_secs(15), "the candidate leads over TLS");
     let other_ca = format!("zk://{}/x?cacert={}", server.servers, pki.other_ca.display());
     let (code, _, stderr) = run_to_end(&["status", "--election", "z", "--lock", &other_ca]);
     assert_eq!(code, 1, "{stderr}");

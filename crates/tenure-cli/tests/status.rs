@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    file_url, http_leader, run_to_end, start_elect, wait_for_watched_leaders, wait_until, watch_election, watched,
+    file_url, run_to_end, start_elect, wait_for_leader, wait_for_watched_leaders, wait_until, watch_election, watched,
     TempDir, Tenure,
 };
 
@@ -16,9 +16,7 @@ fn a_lock_nobody_took_says_so_and_exits_zero() {
     let (code, stdout, stderr) = run_to_end(&["status", "--election", "e", "--lock", &lock_url]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("nobody holds it"), "{stdout}");
-    let (code, stdout, _) = run_to_end(&["status", "--election", "e", "--lock", &lock_url, "--output", "json"]);
-    assert_eq!(code, 0);
-    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let json = common::status_json("e", &lock_url);
     assert_eq!(json["state"], "absent");
     assert_eq!(json["leader"], serde_json::Value::Null);
 }
@@ -32,8 +30,7 @@ fn a_held_lock_shows_leader_term_times_and_lease_and_a_released_one_is_free() {
         &["elect", "--election", "e", "--id", "replica-a", "--lock", &lock_url, "--ttl", "4s", "--http", "127.0.0.1:0"],
     );
     let address = holder.http_address();
-    wait_until(Duration::from_secs(5), || (http_leader(&address)? == "replica-a").then_some(()))
-        .expect("replica-a leads");
+    wait_for_leader(&address, "replica-a", Duration::from_secs(5), "replica-a leads");
 
     let (code, stdout, stderr) = run_to_end(&["status", "--election", "e", "--lock", &lock_url]);
     assert_eq!(code, 0, "{stderr}");

@@ -57,6 +57,12 @@ async fn campaign(election: &EtcdElection, names: &[&str]) -> Vec<Elector> {
     names.iter().map(|n| election.campaign(*n, TTL).expect("campaign")).collect()
 }
 
+async fn shutdown_all(electors: Vec<Elector>) {
+    for elector in electors {
+        elector.shutdown().await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn three_candidates_agree_on_exactly_one_leader() {
     let Some(cluster) = EtcdCluster::start(1).await else { return };
@@ -68,9 +74,7 @@ async fn three_candidates_agree_on_exactly_one_leader() {
     assert_eq!(Some(stored.term), electors[leader].is_leader());
     assert!(stored.key.starts_with("three/"));
     assert_eq!(stored.key, format!("three/{:x}", stored.lease));
-    for elector in electors {
-        elector.shutdown().await.unwrap();
-    }
+    shutdown_all(electors).await;
     assert_eq!(election.leader().await.unwrap(), None, "shutdown deletes the keys");
 }
 
@@ -103,9 +107,7 @@ async fn resign_hands_over_within_a_round_trip_and_terms_grow() {
     let took = start.elapsed();
     println!("handover after shutdown: {took:?}");
     assert!(took < Duration::from_millis(500), "handover took {took:?}");
-    for elector in electors {
-        elector.shutdown().await.unwrap();
-    }
+    shutdown_all(electors).await;
 }
 
 #[tokio::test]
@@ -118,9 +120,7 @@ async fn dropping_the_handle_is_a_shutdown() {
     drop(electors.remove(leader));
     agreed_leader(&electors, Duration::from_secs(1)).await;
     println!("handover after dropping the handle: {:?}", start.elapsed());
-    for elector in electors {
-        elector.shutdown().await.unwrap();
-    }
+    shutdown_all(electors).await;
 }
 
 #[tokio::test]
@@ -171,9 +171,7 @@ async fn own_key_deleted_externally_stops_leading_at_once_and_recampaigns() {
     assert_ne!(next, leader);
     // The old leader is a candidate again, queued with a new key.
     wait_for(&electors[leader], Duration::from_secs(2), "follows", |l| l.role == Role::Follower).await;
-    for elector in electors {
-        elector.shutdown().await.unwrap();
-    }
+    shutdown_all(electors).await;
 }
 
 #[test]
@@ -409,9 +407,7 @@ async fn tenure_and_etcdctl_elect_agree_on_one_leader() {
     // both leave.
     let (_late, mut late_elected) = etcdctl(&endpoint, &["elect", "interop", "late-etcdctl"]);
     wait_for(&electors[leader], Duration::from_secs(1), "still leads", |l| l.role == Role::Leader).await;
-    for elector in electors {
-        elector.shutdown().await.unwrap();
-    }
+    shutdown_all(electors).await;
     wait_line(&mut late_elected, "late-etcdctl", Duration::from_secs(5)).await;
 }
 
@@ -529,9 +525,7 @@ async fn three_member_cluster_member_loss_raft_leader_loss_and_full_restart() {
     let stored = election.leader().await.unwrap().expect("a leader key");
     assert_eq!(stored.identity, electors[back].identity());
     handover_works(&electors, back).await;
-    for elector in electors {
-        elector.shutdown().await.unwrap();
-    }
+    shutdown_all(electors).await;
 }
 
 #[tokio::test]
@@ -539,28 +533,8 @@ async fn followers_log_each_leader_they_observe_like_the_record_lock_elector() {
     let lines = common::log_capture::capture();
     let Some(cluster) = EtcdCluster::start(1).await else { return };
     let election = EtcdElection::connect(&cluster.endpoints(), "observed").await.unwrap();
-    let a = election.campaign("a", TTL).unwrap();
-    let first = a.acquired().await.unwrap();
-    let b = election.campaign("b", TTL).unwrap();
-    wait_for(&b, Duration::from_secs(5), "sees a lead", |l| l.leader.as_deref() == Some("a")).await;
-    let seen = common::log_capture::lines_of(&lines, "b", "leader observed");
-    let line = seen.iter().find(|l| l.fields.get("leader").map(String::as_str) == Some("a")).expect("b logged a");
-    assert_eq!(line.level, tracing::Level::INFO);
-    assert_eq!(line.fields.get("term"), Some(&first.term().0.to_string()));
-
-    drop(first);
-    a.shutdown().await.unwrap();
-    let second = b.acquired().await.unwrap();
-    // The line is written before the snapshot that names b goes out.
-    wait_for(&b, Duration::from_secs(5), "names itself", |l| l.leader.as_deref() == Some("b")).await;
-    let seen = common::log_capture::lines_of(&lines, "b", "leader observed");
-    assert!(
-        seen.iter().any(|l| l.fields.get("leader").map(String::as_str) == Some("b")
-            && l.fields.get("term") == Some(&second.term().0.to_string())),
-        "{seen:?}"
-    );
-    drop(second);
-    b.shutdown().await.unwrap();
+    let (a, b) = (election.campaign("a", TTL).unwrap(), || election.campaign("b", TTL).unwrap());
+    common::log_capture::assert_each_observed_leader_is_logged(&lines, a, b).await;
 }
 
 #[tokio::test]

@@ -7,11 +7,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::stall_proxy::StallProxy;
+use common::stall_proxy::{ended_despite_the_stall, leads_again_only_under_a_greater_term, next_renewal};
+use common::stall_proxy::{next_leader_waits_for_the_work, StallProxy};
 use common::EtcdCluster;
-use tenure::{Role, Term};
+use tenure::Term;
 use tenure_etcd::EtcdElection;
-use tokio::time::{sleep_until, timeout, Instant};
+use tokio::time::{timeout, Instant};
 
 /// TTL 3 s: deadline 2 s after the start of the last keep-alive, call timeout 1 s, keep-alive
 /// every 750 ms.
@@ -20,16 +21,6 @@ const TTL: Duration = Duration::from_secs(3);
 /// on a loaded 2-core machine, far below the call timeout (1 s) that a late fence used to add.
 const TOLERANCE: Duration = Duration::from_millis(50);
 
-/// Waits until `tenure`'s deadline moves: a keep-alive has just been answered.
-async fn next_keep_alive(tenure: &tenure::Tenure) {
-    let before = tenure.valid_until();
-    let bound = Instant::now() + Duration::from_secs(5);
-    while tenure.valid_until() == before {
-        assert!(Instant::now() < bound, "no keep-alive within 5 s");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_whose_store_hangs_during_a_reload_ends_its_tenure_at_the_deadline_and_never_revives_it() {
     let Some(cluster) = EtcdCluster::start(1).await else { return };
@@ -37,50 +28,23 @@ async fn leader_whose_store_hangs_during_a_reload_ends_its_tenure_at_the_deadlin
     let election = EtcdElection::connect(&[proxy.address().to_owned()], "stall").await.expect("connect");
     let elector = election.campaign("a", TTL).expect("campaign");
     let first = timeout(Duration::from_secs(10), elector.acquired()).await.expect("leads").expect("tenure");
-    let mut leadership = elector.subscribe();
 
     // Right after a keep-alive, cut every connection and let new ones hang: the watch fails at
-    // once, and the reload it triggers (and the one after it) hangs across the deadline.
-    next_keep_alive(&first).await;
+    // once, and the reload it triggers (and the one after it) hangs across the deadline. The
+    // network comes back just after the deadline, while the server still keeps the lease (until
+    // TTL after the last keep-alive it received, a second after the deadline).
+    next_renewal(&first).await;
     proxy.stall();
     proxy.close_all();
     let deadline = first.valid_until();
-
-    // The network comes back just after the deadline, while the server still keeps the lease
-    // (until TTL after the last keep-alive it received, a second after the deadline): the
-    // hanging calls and a keep-alive then succeed, which must not revive the tenure.
-    let resume_at = deadline + Duration::from_millis(150);
-    let stall_ends = async {
-        sleep_until(resume_at).await;
-        proxy.resume();
-    };
-    let (ended, ()) = tokio::join!(
-        async {
-            let bound = deadline.saturating_duration_since(Instant::now()) + TOLERANCE;
-            timeout(bound, first.ended()).await.map(|()| Instant::now())
-        },
-        stall_ends
-    );
-    let ended = ended.expect("the tenure did not end by its deadline + the tolerance");
+    let ended = ended_despite_the_stall(&proxy, &first, TOLERANCE).await;
     println!("the tenure ended {:?} after its deadline", ended.saturating_duration_since(deadline));
     assert!(ended <= deadline + TOLERANCE, "ended {:?} after the deadline", ended - deadline);
     assert!(!first.is_valid());
     assert!(elector.is_leader().is_none() || elector.is_leader() > Some(first.term()));
 
     // Leads again, only under a new term; the ended tenure stays ended.
-    let again = timeout(
-        Duration::from_secs(15),
-        leadership.wait_for(|l| l.role == Role::Leader && l.term.is_some_and(|t| t > first.term())),
-    )
-    .await
-    .expect("leads again with a greater term")
-    .expect("elector running")
-    .clone();
-    let second = elector.acquired().await.expect("tenure");
-    assert!(second.term() > first.term(), "term {} after term {}", second.term(), first.term());
-    assert_eq!(again.term, Some(second.term()));
-    assert!(!first.is_valid(), "the ended tenure came back");
-    assert_eq!(first.valid_until(), deadline, "the ended tenure's deadline moved");
+    let second = leads_again_only_under_a_greater_term(&elector, &first, deadline).await;
     assert_ne!(second.term(), Term(0));
     drop((first, second));
     elector.shutdown().await.expect("shutdown");
@@ -106,28 +70,15 @@ async fn a_lost_tenure_keeps_its_key_until_its_work_is_over() {
         .expect("b sees a lead")
         .expect("b running");
 
-    // a loses the store right after a keep-alive, and gets it back just after its deadline, while
-    // the work of its tenure (`first`, held like `tenure run` holds it until its command exits)
-    // still runs.
-    next_keep_alive(&first).await;
+    // a loses the store right after a keep-alive and gets it back just after its deadline, while
+    // the work of its tenure still runs; the server keeps the lease until TTL - 2/3 TTL = 1 s after
+    // the deadline. Once the work is over, the lease is revoked: b leads within a few round trips,
+    // well before the server would have expired the lease on its own... or at that instant at the
+    // latest.
+    next_renewal(&first).await;
     proxy.stall();
     proxy.close_all();
-    let deadline = first.valid_until();
-    sleep_until(deadline + Duration::from_millis(150)).await;
-    proxy.resume();
-    timeout(Duration::from_secs(1), first.ended()).await.expect("the tenure ended at its deadline");
-
-    // The work takes 600 ms more (the server keeps the lease until TTL - 2/3 TTL = 1 s after the
-    // deadline): b must not lead before it is over.
-    let work_over = deadline + Duration::from_millis(600);
-    let early = timeout(work_over.saturating_duration_since(Instant::now()), b.acquired()).await;
-    assert!(early.is_err(), "b led while the lost tenure's work still ran");
-    drop(first);
-    let dropped = Instant::now();
-
-    // Once it is over, the lease is revoked: b leads within a few round trips, well before the
-    // server would have expired the lease on its own... or at that instant at the latest.
-    let second = timeout(Duration::from_secs(5), b.acquired()).await.expect("b leads").expect("tenure");
+    let (deadline, dropped, second) = next_leader_waits_for_the_work(&proxy, first, &b, Duration::from_secs(5)).await;
     let led = Instant::now();
     println!("b led {:?} after the work was over", led - dropped);
     assert!(led <= deadline + TTL / 3 + Duration::from_millis(500), "b led {:?} after a's deadline", led - deadline);

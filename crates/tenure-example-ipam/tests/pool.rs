@@ -1,10 +1,13 @@
 //! The pool's fencing on a real etcd: a deposed term can neither allocate nor release.
 
+mod common;
+
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use tenure_etcd::EtcdElection;
-use tenure_example_ipam::etcd_server::{etcd_installed, EtcdServer};
+use common::etcd_or_skip;
+use tenure_example_ipam::etcd_server::EtcdServer;
 use tenure_example_ipam::pool::{IpPool, PoolError};
 use tokio::time::timeout;
 
@@ -13,8 +16,7 @@ const BOUND: Duration = Duration::from_secs(20);
 
 #[tokio::test]
 async fn a_deposed_leader_can_neither_allocate_nor_release_and_the_new_one_gets_the_next_free_address() {
-    if !etcd_installed() {
-        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "etcd is not installed and CI=true");
+    if !etcd_or_skip() {
         return;
     }
     let etcd = EtcdServer::start().await.expect("etcd starts");
@@ -52,8 +54,7 @@ async fn a_deposed_leader_can_neither_allocate_nor_release_and_the_new_one_gets_
 async fn a_partition_write_under_an_older_term_is_refused_once_the_next_owner_opened_the_partition() {
     use tenure::Term;
     use tenure_example_ipam::pool::Fence;
-    if !etcd_installed() {
-        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "etcd is not installed and CI=true");
+    if !etcd_or_skip() {
         return;
     }
     let etcd = EtcdServer::start().await.expect("etcd starts");

@@ -5,10 +5,12 @@
 //! reconciled, under which term, and whether two leaders' reconciles ever overlapped.
 #![cfg(feature = "kube")]
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{replica_runtime, until, Journal, Span, TestServer, PATIENCE};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
@@ -16,15 +18,12 @@ use kube::runtime::{watcher, Controller};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use tenure::{Elector, Leadership, NotLeader, Role, Timing};
-use tenure_apiserver::resources::find_resource_type;
-use tenure_apiserver::{ApiServer, ApiServerConfig, FaultScope, InjectedFault, Verb};
+use tenure_apiserver::{FaultScope, InjectedFault, Verb};
 use tenure_ha::kube_controller::Leading;
 use tenure_ha::{Gate, GateHandle};
-use tenure_kube::{user_agent, KubeLockConfig, RefusalReason, WriteGate, WriteRefused};
+use tenure_kube::{user_agent, RefusalReason, WriteGate, WriteRefused};
 use tokio::sync::watch;
 
-/// How long any single expected event may take before a test fails instead of hanging.
-const PATIENCE: Duration = Duration::from_secs(20);
 const LEASE: &str = "pods-controller";
 /// A drain timeout no test reaches: a stop that depends on it hangs, and the test fails after
 /// `PATIENCE` instead of passing slowly.
@@ -32,64 +31,6 @@ const FOREVER: Duration = Duration::from_secs(3600);
 
 fn timing() -> Timing {
     Timing::new(Duration::from_secs(4), Duration::from_secs(3), Duration::from_millis(200)).unwrap()
-}
-
-/// One reconcile as the reconciler saw it.
-#[derive(Debug, Clone)]
-struct Span {
-    replica: String,
-    term: u64,
-    pod: String,
-    started: Instant,
-    /// When it ended, and whether it ran to completion (false: aborted, its future dropped).
-    ended: Option<(Instant, bool)>,
-}
-
-#[derive(Clone, Default)]
-struct Journal(Arc<Mutex<Vec<Span>>>);
-
-impl Journal {
-    fn spans(&self) -> Vec<Span> {
-        self.0.lock().unwrap().clone()
-    }
-
-    fn by(&self, replica: &str) -> Vec<Span> {
-        self.spans().into_iter().filter(|s| s.replica == replica).collect()
-    }
-
-    /// The Pods `replica` reconciled to completion, sorted.
-    fn completed_by(&self, replica: &str) -> Vec<String> {
-        let mut pods: Vec<String> =
-            self.by(replica).into_iter().filter(|s| matches!(s.ended, Some((_, true)))).map(|s| s.pod).collect();
-        pods.sort();
-        pods.dedup();
-        pods
-    }
-
-    fn start(&self, replica: &str, term: u64, pod: String) -> SpanGuard {
-        let mut spans = self.0.lock().unwrap();
-        spans.push(Span { replica: replica.to_owned(), term, pod, started: Instant::now(), ended: None });
-        SpanGuard { journal: self.clone(), index: spans.len() - 1, completed: false }
-    }
-}
-
-/// Ends its span when dropped: completed if `complete` was called, aborted otherwise.
-struct SpanGuard {
-    journal: Journal,
-    index: usize,
-    completed: bool,
-}
-
-impl SpanGuard {
-    fn complete(mut self) {
-        self.completed = true;
-    }
-}
-
-impl Drop for SpanGuard {
-    fn drop(&mut self) {
-        self.journal.0.lock().unwrap()[self.index].ended = Some((Instant::now(), self.completed));
-    }
 }
 
 /// One write a reconcile made through its gated client: by which replica, for which Pod, and
@@ -110,7 +51,7 @@ struct Probe {
 
 async fn reconcile(pod: Arc<Pod>, ctx: Arc<Leading<Probe>>) -> Result<Action, NotLeader> {
     let term = ctx.check()?;
-    let span = ctx.journal.start(&ctx.replica, term.0, pod.name_any());
+    let span = ctx.journal.start(&ctx.replica, pod.name_any(), 0, term.0);
     if pod.labels().get("hold") == Some(&ctx.replica) {
         let mut open = ctx.open.clone();
         let _ = open.wait_for(|open| *open).await;
@@ -129,8 +70,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Leading<Probe>>) -> Result<Action, No
 }
 
 struct Cluster {
-    server: ApiServer,
-    kubeconfig: PathBuf,
+    server: TestServer,
     journal: Journal,
     open: watch::Sender<bool>,
     writes: Arc<Mutex<Vec<Write>>>,
@@ -138,21 +78,8 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-        let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-        let kubeconfig =
-            std::env::temp_dir().join(format!("tenure-ha-controller-{}.kubeconfig", server.address().port()));
-        server.write_kubeconfig(&kubeconfig).unwrap();
-        Cluster {
-            server,
-            kubeconfig,
-            journal: Journal::default(),
-            open: watch::channel(false).0,
-            writes: Arc::default(),
-        }
+        let server = TestServer::start().await;
+        Cluster { server, journal: Journal::default(), open: watch::channel(false).0, writes: Arc::default() }
     }
 
     fn create_pod(&self, name: &str, hold: Option<&str>) {
@@ -168,22 +95,20 @@ impl Cluster {
             "metadata": {"name": name, "labels": labels},
             "spec": {"containers": [{"name": "main", "image": "registry.example/web:1"}]},
         });
-        self.server.store().create(find_resource_type("", "v1", "pods").unwrap(), "default", pod).unwrap();
+        self.server.create("pods", pod);
     }
 
     /// The holder the Lease names on the server.
     fn lease_holder(&self) -> Option<String> {
-        let leases = find_resource_type("coordination.k8s.io", "v1", "leases").unwrap();
-        let lease = self.server.store().get(leases, "default", LEASE).ok()?;
+        let lease = self.server.object("leases", LEASE)?;
         lease["spec"]["holderIdentity"].as_str().map(str::to_owned)
     }
 
     /// Starts a replica whose gate drains for `drain` and whose elector waits for its work up to
     /// `elector_drain` before releasing the lock.
     async fn replica(&self, identity: &str, drain: Duration, elector_drain: Duration) -> Replica {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        let config =
-            KubeLockConfig::from_url(&format!("kube://default/leases/{LEASE}")).unwrap().kubeconfig(&self.kubeconfig);
+        let runtime = replica_runtime();
+        let config = self.server.lock_config("leases", LEASE);
         let (journal, open, writes) = (self.journal.clone(), self.open.subscribe(), self.writes.clone());
         let id = identity.to_owned();
         let (elector, gate) = runtime
@@ -209,12 +134,6 @@ impl Cluster {
             .await
             .unwrap();
         Replica { identity: identity.to_owned(), runtime: Some(runtime), elector: Some(elector), gate: Some(gate) }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.kubeconfig);
     }
 }
 
@@ -259,14 +178,6 @@ impl Drop for Replica {
     }
 }
 
-async fn until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !condition() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Waits for a replica's graceful stop (its lock released), failing the test if it hangs.
 async fn stopped_in_time(stop: tokio::task::JoinHandle<()>) {
     tokio::time::timeout(PATIENCE, stop)
@@ -292,7 +203,7 @@ fn assert_terms_never_overlap(spans: &[Span]) -> Vec<u64> {
         let last_end = spans
             .iter()
             .filter(|s| s.term == older)
-            .map(|s| s.ended.expect("every reconcile of an older term has ended").0)
+            .map(|s| s.ended.expect("every reconcile of an older term has ended"))
             .max()
             .unwrap();
         let first_start = spans.iter().filter(|s| s.term == newer).map(|s| s.started).min().unwrap();
@@ -327,7 +238,7 @@ async fn only_the_leader_reconciles_and_each_next_leader_starts_after_the_last_o
     }
 
     let spans = cluster.journal.spans();
-    assert!(spans.iter().all(|s| matches!(s.ended, Some((_, true)))), "no reconcile was aborted: {spans:#?}");
+    assert!(spans.iter().all(|s| s.completed), "no reconcile was aborted: {spans:#?}");
     let terms = assert_terms_never_overlap(&spans);
     assert_eq!(terms.len(), 3, "one term per leader: {spans:#?}");
     // Each term's reconciles were all made by one replica, the leaders in the order they led.
@@ -356,7 +267,7 @@ async fn a_reconcile_in_flight_when_leadership_ends_finishes_before_the_lock_is_
     leadership.wait_for(|l| l.role != Role::Leader).await.unwrap();
     let ended = Instant::now();
     // Leadership has ended, but the reconcile is still running: the Lease stays with replica-a.
-    assert_eq!(cluster.journal.by("replica-a")[0].ended.map(|e| e.1), None, "the reconcile is in flight");
+    assert_eq!(cluster.journal.by("replica-a")[0].ended, None, "the reconcile is in flight");
     assert_eq!(cluster.lease_holder().as_deref(), Some("replica-a"));
     assert!(!b.is_leader());
 
@@ -365,7 +276,7 @@ async fn a_reconcile_in_flight_when_leadership_ends_finishes_before_the_lock_is_
     until("replica-b reconciled p1", || cluster.journal.completed_by("replica-b") == ["p1"]).await;
 
     let old = &cluster.journal.by("replica-a")[0];
-    let (finished_at, completed) = old.ended.unwrap();
+    let (finished_at, completed) = (old.ended.unwrap(), old.completed);
     assert!(completed, "the in-flight reconcile ran to completion within the drain");
     assert!(finished_at > ended, "it finished after leadership had ended");
     assert_terms_never_overlap(&cluster.journal.spans());
@@ -375,8 +286,8 @@ async fn a_reconcile_in_flight_when_leadership_ends_finishes_before_the_lock_is_
 async fn a_reconcile_outlasting_the_drain_timeout_is_aborted_before_the_lock_is_released() {
     let cluster = Cluster::start().await;
     cluster.create_pod("p1", Some("replica-a")); // never finishes in replica-a
-                                                 // The gate gives up after 300 ms; the elector would wait for the work's guards forever, so
-                                                 // the release shows that the aborted reconcile dropped its context.
+    // The gate gives up after 300 ms; the elector would wait for the work's guards forever, so
+    // the release shows that the aborted reconcile dropped its context.
     let mut a = cluster.replica("replica-a", Duration::from_millis(300), FOREVER).await;
     until("replica-a leads", || a.is_leader()).await;
     let b = cluster.replica("replica-b", FOREVER, FOREVER).await;
@@ -386,7 +297,7 @@ async fn a_reconcile_outlasting_the_drain_timeout_is_aborted_before_the_lock_is_
     until("replica-b reconciled p1", || cluster.journal.completed_by("replica-b") == ["p1"]).await;
     assert!(b.is_leader());
     let old = &cluster.journal.by("replica-a")[0];
-    assert_eq!(old.ended.map(|e| e.1), Some(false), "the reconcile was aborted, not completed: {old:?}");
+    assert!(old.ended.is_some() && !old.completed, "the reconcile was aborted, not completed: {old:?}");
     assert_terms_never_overlap(&cluster.journal.spans());
 }
 
@@ -426,8 +337,7 @@ async fn a_write_in_flight_when_leadership_ends_is_cancelled_and_the_next_leader
     };
     assert_eq!(writes_of(&writer_a), 1, "replica-a sent only the write it made while leading");
     assert_eq!(writes_of(&b.writer()), 1);
-    let configmaps = find_resource_type("", "v1", "configmaps").unwrap();
-    assert!(cluster.server.store().get(configmaps, "default", "written-p1-replica-a").is_err());
-    assert!(cluster.server.store().get(configmaps, "default", "written-p1-replica-b").is_ok());
+    assert!(cluster.server.object("configmaps", "written-p1-replica-a").is_none());
+    assert!(cluster.server.object("configmaps", "written-p1-replica-b").is_some());
     assert_terms_never_overlap(&cluster.journal.spans());
 }

@@ -5,24 +5,23 @@
 //! server, with a Lease lock on the same server; requests are counted per client (user agent).
 #![cfg(feature = "kube")]
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::{until, TestServer as Cluster};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
 use tenure::{Elector, Timing};
 use tenure_apiserver::resources::{find_resource_type, ResourceType};
-use tenure_apiserver::{ApiServer, ApiServerConfig, Verb};
+use tenure_apiserver::{ApiServerConfig, Verb};
 use tenure_ha::tenure_kube::resume::Backoff;
 use tenure_ha::{
     Change, GatedWatch, GatedWatchHandle, KubeCheckpointStore, KubeLockConfig, ResumeConfig, Standby, WatchMetrics,
 };
-use tokio::time::Instant;
 
-/// How long any single expected event may take before a test fails instead of hanging.
-const PATIENCE: Duration = Duration::from_secs(20);
 const CHECKPOINT: &str = "controller-checkpoint";
 
 /// Renews every 100 ms: the checkpoint's flush period too.
@@ -34,33 +33,15 @@ fn configmaps() -> &'static ResourceType {
     find_resource_type("", "v1", "configmaps").unwrap()
 }
 
-struct Cluster {
-    server: ApiServer,
-    kubeconfig: PathBuf,
-}
-
 impl Cluster {
     /// Without bookmarks: a bookmark carries the server's newest version, which the Lease renews
     /// move, so each one may (deliberately) advance a quiet checkpoint; these tests count the
     /// writes that changes cause.
-    async fn start() -> Cluster {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-        let config = ApiServerConfig { bookmark_interval: Duration::ZERO, ..ApiServerConfig::default() };
-        let server = ApiServer::start(config).await.unwrap();
-        let kubeconfig =
-            std::env::temp_dir().join(format!("tenure-ha-gated-watch-{}.kubeconfig", server.address().port()));
-        server.write_kubeconfig(&kubeconfig).unwrap();
-        Cluster { server, kubeconfig }
+    async fn without_bookmarks() -> Cluster {
+        Cluster::start_with(ApiServerConfig { bookmark_interval: Duration::ZERO, ..ApiServerConfig::default() }).await
     }
 
-    fn lock_config(&self) -> KubeLockConfig {
-        KubeLockConfig::from_url("kube://default/leases/controller").unwrap().kubeconfig(&self.kubeconfig)
-    }
-
-    fn create(&self, name: &str) -> u64 {
+    fn create_configmap(&self, name: &str) -> u64 {
         let object = json!({"metadata": {"name": name}, "data": {"key": "value"}});
         let created = self.server.store().create(configmaps(), "default", object).unwrap();
         created["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap()
@@ -68,15 +49,11 @@ impl Cluster {
 
     /// The ConfigMaps' version in the stored checkpoint.
     fn checkpointed(&self) -> Option<u64> {
-        let object = self.server.store().get(configmaps(), "default", CHECKPOINT).ok()?;
+        let object = self.object("configmaps", CHECKPOINT)?;
         let document =
             object["metadata"]["annotations"][tenure_ha::checkpoint::kube::CHECKPOINT_ANNOTATION].as_str()?;
         let document: Value = serde_json::from_str(document).ok()?;
         document["resourceVersions"]["configmaps"].as_str()?.parse().ok()
-    }
-
-    fn requests(&self, identity: &str, verb: Verb) -> u64 {
-        self.server.faults().request_count(&tenure_ha::tenure_kube::user_agent(identity), verb)
     }
 
     /// Writes of the checkpoint store of `replica` (it has a client of its own).
@@ -88,20 +65,6 @@ impl Cluster {
     /// Lease renews of `replica`'s elector (each one an update of the Lease).
     fn renews(&self, replica: &str) -> u64 {
         self.requests(replica, Verb::Update)
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.kubeconfig);
-    }
-}
-
-async fn until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -178,7 +141,7 @@ impl Replica {
         script: &Script,
         metrics: WatchMetrics,
     ) -> Replica {
-        let config = cluster.lock_config();
+        let config: KubeLockConfig = cluster.lock_config("leases", "controller");
         let lock = config.connect(identity).await.unwrap();
         let elector = Elector::builder(identity, lock).timing(timing()).spawn().unwrap();
         let watch_client = config.cluster.client(&format!("{identity}-watch")).await.unwrap();
@@ -210,11 +173,11 @@ impl Replica {
 /// Issue 18.2: with the checkpoint among the watched objects, each checkpoint write came back as a
 /// change that moved the checkpoint: one write per renew period forever.
 async fn a_watch_that_includes_its_checkpoint_writes_nothing_while_nothing_changes(standby: Standby) {
-    let cluster = Cluster::start().await;
+    let cluster = Cluster::without_bookmarks().await;
     let script = Script::default();
     let a = Replica::start(&cluster, "replica-a", standby, &script, WatchMetrics::default()).await;
     until("replica-a leads", || a.is_leader()).await;
-    let version = cluster.create("cm-1");
+    let version = cluster.create_configmap("cm-1");
     until("the leader handled cm-1", || script.handled_by("replica-a").contains(&"applied cm-1".to_owned())).await;
     until("the leader checkpointed past cm-1", || cluster.checkpointed() >= Some(version)).await;
 
@@ -227,30 +190,20 @@ async fn a_watch_that_includes_its_checkpoint_writes_nothing_while_nothing_chang
     a.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cold_standby_watch_that_includes_its_checkpoint_writes_nothing_while_nothing_changes() {
-    a_watch_that_includes_its_checkpoint_writes_nothing_while_nothing_changes(Standby::Cold).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn warm_standby_watch_that_includes_its_checkpoint_writes_nothing_while_nothing_changes() {
-    a_watch_that_includes_its_checkpoint_writes_nothing_while_nothing_changes(Standby::Warm).await;
-}
-
 /// Issue 18.1: a failing change is retried with back-off, changes of other objects go on, and the
 /// checkpoint stays before the failing change until it succeeds.
 async fn a_failing_change_is_retried_and_holds_the_checkpoint_while_others_proceed(standby: Standby) {
-    let cluster = Cluster::start().await;
+    let cluster = Cluster::without_bookmarks().await;
     let script = Script::default();
     let metrics = WatchMetrics::default();
     let a = Replica::start(&cluster, "replica-a", standby, &script, metrics.clone()).await;
     until("replica-a leads", || a.is_leader()).await;
-    let before = cluster.create("cm-0");
+    let before = cluster.create_configmap("cm-0");
     until("the leader checkpointed past cm-0", || cluster.checkpointed() >= Some(before)).await;
 
     script.fail("replica-a", "cm-bad");
-    let bad = cluster.create("cm-bad");
-    let good = cluster.create("cm-good");
+    let bad = cluster.create_configmap("cm-bad");
+    let good = cluster.create_configmap("cm-good");
     until("cm-good was handled", || script.handled_by("replica-a").contains(&"applied cm-good".to_owned())).await;
     until("cm-bad failed three times", || script.failures("replica-a", "applied cm-bad") >= 3).await;
     // Several flush periods pass while cm-bad keeps failing: the checkpoint stays before it.
@@ -273,28 +226,18 @@ async fn a_failing_change_is_retried_and_holds_the_checkpoint_while_others_proce
     a.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cold_standby_failing_change_is_retried_and_holds_the_checkpoint_while_others_proceed() {
-    a_failing_change_is_retried_and_holds_the_checkpoint_while_others_proceed(Standby::Cold).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn warm_standby_failing_change_is_retried_and_holds_the_checkpoint_while_others_proceed() {
-    a_failing_change_is_retried_and_holds_the_checkpoint_while_others_proceed(Standby::Warm).await;
-}
-
 /// Retries stop with the tenure; the next leader resumes before the failing change and handles it.
 async fn a_change_still_failing_when_leadership_ends_reaches_the_next_leader(standby: Standby) {
-    let cluster = Cluster::start().await;
+    let cluster = Cluster::without_bookmarks().await;
     let script = Script::default();
     let a = Replica::start(&cluster, "replica-a", standby, &script, WatchMetrics::default()).await;
     until("replica-a leads", || a.is_leader()).await;
     let b = Replica::start(&cluster, "replica-b", standby, &script, WatchMetrics::default()).await;
-    let before = cluster.create("cm-0");
+    let before = cluster.create_configmap("cm-0");
     until("the leader checkpointed past cm-0", || cluster.checkpointed() >= Some(before)).await;
 
     script.fail("replica-a", "cm-bad");
-    let bad = cluster.create("cm-bad");
+    let bad = cluster.create_configmap("cm-bad");
     until("cm-bad failed twice on replica-a", || script.failures("replica-a", "applied cm-bad") >= 2).await;
     a.stop().await;
     let calls_of_a = script.calls_by("replica-a");
@@ -308,12 +251,8 @@ async fn a_change_still_failing_when_leadership_ends_reaches_the_next_leader(sta
     b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cold_standby_change_still_failing_when_leadership_ends_reaches_the_next_leader() {
-    a_change_still_failing_when_leadership_ends_reaches_the_next_leader(Standby::Cold).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn warm_standby_change_still_failing_when_leadership_ends_reaches_the_next_leader() {
-    a_change_still_failing_when_leadership_ends_reaches_the_next_leader(Standby::Warm).await;
-}
+crate::in_both_standby_modes!(
+    a_watch_that_includes_its_checkpoint_writes_nothing_while_nothing_changes,
+    a_failing_change_is_retried_and_holds_the_checkpoint_while_others_proceed,
+    a_change_still_failing_when_leadership_ends_reaches_the_next_leader,
+);

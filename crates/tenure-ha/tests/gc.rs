@@ -72,16 +72,17 @@ fn collector(cloud: &Arc<Cloud>, references: &References) -> GcBuilder {
         .confirm_after(Duration::ZERO)
 }
 
-async fn leader(store: &MemoryStore) -> (Elector, Tenure) {
+/// A memory lock and its leader "a", with its tenure.
+async fn leader() -> (MemoryStore, Elector, Tenure) {
+    let store = MemoryStore::new();
     let elector = Elector::builder("a", store.client("a")).seed(7).spawn().expect("valid config");
     let tenure = elector.acquired().await.expect("leads");
-    (elector, tenure)
+    (store, elector, tenure)
 }
 
 #[tokio::test(start_paused = true)]
 async fn gc_never_deletes_a_resource_younger_than_grace() {
-    let store = MemoryStore::new();
-    let (_elector, tenure) = leader(&store).await;
+    let (_store, _elector, tenure) = leader().await;
     let cloud = Cloud::with(&["port-1"]);
     let gc = collector(&cloud, &References::default()).grace(Duration::from_secs(300)).build();
     let first_seen = Instant::now();
@@ -99,8 +100,7 @@ async fn gc_never_deletes_a_resource_younger_than_grace() {
 
 #[tokio::test(start_paused = true)]
 async fn a_remote_creation_time_can_only_delay_deletion() {
-    let store = MemoryStore::new();
-    let (_elector, tenure) = leader(&store).await;
+    let (_store, _elector, tenure) = leader().await;
     let cloud = Cloud::with(&[]);
     let hour_ago = SystemTime::now() - Duration::from_secs(3600);
     *cloud.resources.lock().unwrap() = vec![
@@ -118,8 +118,7 @@ async fn a_remote_creation_time_can_only_delay_deletion() {
 
 #[tokio::test(start_paused = true)]
 async fn gc_deletes_only_after_two_unreferenced_passes() {
-    let store = MemoryStore::new();
-    let (_elector, tenure) = leader(&store).await;
+    let (_store, _elector, tenure) = leader().await;
     let cloud = Cloud::with(&["port-1", "port-2", "port-3"]);
     let references = References::default();
     references.set(&["port-3"]);
@@ -144,8 +143,7 @@ async fn gc_deletes_only_after_two_unreferenced_passes() {
 
 #[tokio::test(start_paused = true)]
 async fn gc_stops_deleting_when_the_tenure_ends() {
-    let store = MemoryStore::new();
-    let (elector, tenure) = leader(&store).await;
+    let (store, elector, tenure) = leader().await;
     let cloud = Cloud::with(&["port-1", "port-2", "port-3"]);
     *cloud.delete_takes.lock().unwrap() = Duration::from_secs(6);
     let gc = collector(&cloud, &References::default()).build();
@@ -166,8 +164,7 @@ async fn gc_stops_deleting_when_the_tenure_ends() {
 
 #[tokio::test(start_paused = true)]
 async fn gc_skips_a_pass_whose_lister_fails_and_deletes_nothing() {
-    let store = MemoryStore::new();
-    let (_elector, tenure) = leader(&store).await;
+    let (_store, _elector, tenure) = leader().await;
     let cloud = Cloud::with(&["port-1"]);
     let gc = collector(&cloud, &References::default()).build();
     gc.pass(&tenure).await;
@@ -182,8 +179,7 @@ async fn gc_skips_a_pass_whose_lister_fails_and_deletes_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn gc_in_dry_run_reports_orphans_and_deletes_nothing() {
-    let store = MemoryStore::new();
-    let (_elector, tenure) = leader(&store).await;
+    let (_store, _elector, tenure) = leader().await;
     let cloud = Cloud::with(&["port-1"]);
     let gc = collector(&cloud, &References::default()).dry_run(true).build();
     gc.pass(&tenure).await;
@@ -195,8 +191,7 @@ async fn gc_in_dry_run_reports_orphans_and_deletes_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn gc_deletes_at_most_the_limit_per_pass() {
-    let store = MemoryStore::new();
-    let (_elector, tenure) = leader(&store).await;
+    let (_store, _elector, tenure) = leader().await;
     let cloud = Cloud::with(&["p1", "p2", "p3", "p4", "p5"]);
     let gc = collector(&cloud, &References::default()).max_deletions_per_pass(2).build();
     gc.pass(&tenure).await;
@@ -208,8 +203,7 @@ async fn gc_deletes_at_most_the_limit_per_pass() {
 
 #[tokio::test(start_paused = true)]
 async fn gc_leaves_untagged_and_foreign_resources_alone() {
-    let store = MemoryStore::new();
-    let (_elector, tenure) = leader(&store).await;
+    let (_store, _elector, tenure) = leader().await;
     let cloud = Cloud::with(&[]);
     let tagged = |id: &str, owner: Option<&str>| ExternalResource {
         id: id.into(),
@@ -226,8 +220,7 @@ async fn gc_leaves_untagged_and_foreign_resources_alone() {
 
 #[tokio::test(start_paused = true)]
 async fn gc_runs_a_pass_at_once_when_asked_after_a_relist() {
-    let store = MemoryStore::new();
-    let (_elector, tenure) = leader(&store).await;
+    let (_store, _elector, tenure) = leader().await;
     let cloud = Cloud::with(&["port-1"]);
     let gc = collector(&cloud, &References::default()).build();
     let trigger = gc.trigger();

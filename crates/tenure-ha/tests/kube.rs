@@ -4,30 +4,26 @@
 //! same API server; a crash is the replica's runtime vanishing without a release.
 #![cfg(feature = "kube")]
 
+mod common;
+
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::{replica_runtime, until, TestServer as Cluster};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
 use tenure::{Elector, Term, Timing};
-use tenure_apiserver::resources::find_resource_type;
-use tenure_apiserver::store::DeletePreconditions;
-use tenure_apiserver::{ApiServer, ApiServerConfig, Verb};
+use tenure_apiserver::{ApiServerConfig, Verb};
 use tenure_ha::checkpoint::kube::{KubeCheckpointStore, CHECKPOINT_ANNOTATION};
 use tenure_ha::checkpoint::{Checkpoint, CheckpointError, CheckpointStore};
 use tenure_ha::gc::{ExternalResource, ExternalResources, GarbageCollector, GcTrigger};
 use tenure_ha::kube_watch::{Change, GatedWatch, GatedWatchHandle, Standby, WatchMetrics};
 use tenure_kube::resume::{Backoff, ResumeConfig};
-use tenure_kube::KubeLockConfig;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// How long any single expected event may take before a test fails instead of hanging.
-const PATIENCE: Duration = Duration::from_secs(20);
 const CONTROLLER: &str = "ipam";
 const CHECKPOINT: &str = "ipam-checkpoint";
 
@@ -36,53 +32,18 @@ fn timing() -> Timing {
     Timing::new(Duration::from_secs(4), Duration::from_secs(3), Duration::from_millis(200)).unwrap()
 }
 
-struct Cluster {
-    server: ApiServer,
-    kubeconfig: PathBuf,
-}
-
 impl Cluster {
-    async fn start(config: ApiServerConfig) -> Cluster {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-        let server = ApiServer::start(config).await.unwrap();
-        let kubeconfig = std::env::temp_dir().join(format!("tenure-ha-kube-{}.kubeconfig", server.address().port()));
-        server.write_kubeconfig(&kubeconfig).unwrap();
-        Cluster { server, kubeconfig }
-    }
-
-    fn lock_config(&self) -> KubeLockConfig {
-        KubeLockConfig::from_url("kube://default/leases/ipam").unwrap().kubeconfig(&self.kubeconfig)
-    }
-
-    async fn client(&self, identity: &str) -> kube::Client {
-        self.lock_config().cluster.client(identity).await.unwrap()
-    }
-
     fn create_pod(&self, name: &str) {
-        let pod = json!({
-            "metadata": {"name": name, "labels": {"app": "web"}},
-            "spec": {"containers": [{"name": "main", "image": "registry.example/web:1"}]},
-        });
-        self.server.store().create(find_resource_type("", "v1", "pods").unwrap(), "default", pod).unwrap();
-    }
-
-    fn delete_pod(&self, name: &str) {
-        let pods = find_resource_type("", "v1", "pods").unwrap();
-        self.server.store().delete(pods, "default", name, &DeletePreconditions::default()).unwrap();
+        let spec = json!({"containers": [{"name": "main", "image": "registry.example/web:1"}]});
+        self.create("pods", json!({"metadata": {"name": name, "labels": {"app": "web"}}, "spec": spec}));
     }
 
     fn pod_version(&self, name: &str) -> u64 {
-        let pods = find_resource_type("", "v1", "pods").unwrap();
-        let pod = self.server.store().get(pods, "default", name).unwrap();
-        pod["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap()
+        self.object("pods", name).unwrap()["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap()
     }
 
     fn checkpoint_annotation(&self) -> Option<Value> {
-        let configmaps = find_resource_type("", "v1", "configmaps").unwrap();
-        let object = self.server.store().get(configmaps, "default", CHECKPOINT).ok()?;
+        let object = self.object("configmaps", CHECKPOINT)?;
         let document = object["metadata"]["annotations"][CHECKPOINT_ANNOTATION].as_str()?;
         serde_json::from_str(document).ok()
     }
@@ -90,12 +51,6 @@ impl Cluster {
     /// The resourceVersion of Pods in the stored checkpoint, if any.
     fn checkpointed_pod_version(&self) -> Option<u64> {
         self.checkpoint_annotation()?["resourceVersions"]["pods"].as_str()?.parse().ok()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.kubeconfig);
     }
 }
 
@@ -109,17 +64,9 @@ fn checkpoint_at(version: &str) -> Checkpoint {
     checkpoint
 }
 
-async fn until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_paused_old_leader_cannot_move_the_kube_checkpoint_back() {
-    let cluster = Cluster::start(ApiServerConfig::default()).await;
+    let cluster = Cluster::start().await;
     let old = store(&cluster, "old-leader").await;
     let new = store(&cluster, "new-leader").await;
     old.save(Term(1), &checkpoint_at("10")).await.unwrap();
@@ -140,7 +87,7 @@ async fn a_paused_old_leader_cannot_move_the_kube_checkpoint_back() {
 
 #[tokio::test]
 async fn concurrent_kube_checkpoint_writers_never_let_the_older_term_win() {
-    let cluster = Cluster::start(ApiServerConfig::default()).await;
+    let cluster = Cluster::start().await;
     let old = store(&cluster, "old-leader").await;
     let new = store(&cluster, "new-leader").await;
     old.save(Term(1), &checkpoint_at("1")).await.unwrap();
@@ -158,7 +105,7 @@ async fn concurrent_kube_checkpoint_writers_never_let_the_older_term_win() {
 
 #[tokio::test]
 async fn a_steady_leader_writes_its_kube_checkpoint_with_one_request_per_save() {
-    let cluster = Cluster::start(ApiServerConfig::default()).await;
+    let cluster = Cluster::start().await;
     let leader = store(&cluster, "leader").await;
     leader.save(Term(1), &checkpoint_at("1")).await.unwrap();
     cluster.server.faults().reset_counts();
@@ -173,7 +120,7 @@ async fn a_steady_leader_writes_its_kube_checkpoint_with_one_request_per_save() 
 
 #[tokio::test]
 async fn a_new_leader_claims_the_kube_checkpoint_without_reading_it_twice() {
-    let cluster = Cluster::start(ApiServerConfig::default()).await;
+    let cluster = Cluster::start().await;
     store(&cluster, "old-leader").await.save(Term(1), &checkpoint_at("10")).await.unwrap();
     let new = store(&cluster, "new-leader").await;
     cluster.server.faults().reset_counts();
@@ -188,7 +135,7 @@ async fn a_new_leader_claims_the_kube_checkpoint_without_reading_it_twice() {
 
 #[tokio::test]
 async fn bad_kube_checkpoints_are_treated_as_absent() {
-    let cluster = Cluster::start(ApiServerConfig::default()).await;
+    let cluster = Cluster::start().await;
     let store = store(&cluster, "leader").await;
     let configmaps: Api<ConfigMap> = Api::namespaced(cluster.client("writer").await, "default");
     let put = |document: &str| {
@@ -246,8 +193,8 @@ impl Replica {
         gc: Option<GcTrigger>,
         metrics: WatchMetrics,
     ) -> Replica {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        let config = cluster.lock_config();
+        let runtime = replica_runtime();
+        let config = cluster.lock_config("leases", "ipam");
         let id = identity.to_owned();
         let (elector, watch) = runtime
             .spawn(async move {
@@ -320,7 +267,7 @@ impl Drop for Replica {
 /// A leader handles two Pods and checkpoints; it crashes; while nobody leads one Pod is deleted
 /// and another created; the standby takes over and handles exactly those two changes.
 async fn a_deletion_while_nobody_led_reaches_the_new_leader(standby: Standby) {
-    let cluster = Cluster::start(ApiServerConfig::default()).await;
+    let cluster = Cluster::start().await;
     let seen = Seen::default();
     let a = Replica::start(&cluster, "replica-a", standby, seen.clone(), None).await;
     until("replica-a leads", || a.is_leader()).await;
@@ -335,7 +282,7 @@ async fn a_deletion_while_nobody_led_reaches_the_new_leader(standby: Standby) {
     assert!(seen.by("replica-b").is_empty(), "the follower must reconcile nothing");
 
     a.crash();
-    cluster.delete_pod("p1");
+    cluster.delete("pods", "p1");
     cluster.create_pod("p3");
     assert!(!b.is_leader(), "the deletion must happen while nobody leads");
 
@@ -347,20 +294,10 @@ async fn a_deletion_while_nobody_led_reaches_the_new_leader(standby: Standby) {
     b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cold_standby_new_leader_sees_a_deletion_made_while_nobody_led() {
-    a_deletion_while_nobody_led_reaches_the_new_leader(Standby::Cold).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn warm_standby_new_leader_sees_a_deletion_made_while_nobody_led() {
-    a_deletion_while_nobody_led_reaches_the_new_leader(Standby::Warm).await;
-}
-
 /// A graceful handover: the old leader writes its last checkpoint and releases; the standby
 /// continues from there, handling nothing twice.
 async fn a_graceful_handover_hands_nothing_twice(standby: Standby) {
-    let cluster = Cluster::start(ApiServerConfig::default()).await;
+    let cluster = Cluster::start().await;
     let seen = Seen::default();
     let a = Replica::start(&cluster, "replica-a", standby, seen.clone(), None).await;
     until("replica-a leads", || a.is_leader()).await;
@@ -378,15 +315,10 @@ async fn a_graceful_handover_hands_nothing_twice(standby: Standby) {
     b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cold_standby_graceful_handover_hands_nothing_twice() {
-    a_graceful_handover_hands_nothing_twice(Standby::Cold).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn warm_standby_graceful_handover_hands_nothing_twice() {
-    a_graceful_handover_hands_nothing_twice(Standby::Warm).await;
-}
+crate::in_both_standby_modes!(
+    a_deletion_while_nobody_led_reaches_the_new_leader,
+    a_graceful_handover_hands_nothing_twice,
+);
 
 /// External resources that count how often the collector listed them (one list per pass).
 #[derive(Clone, Default)]
@@ -405,7 +337,7 @@ impl ExternalResources for CountingResources {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cold_standby_resume_past_the_event_window_relists_counts_and_collects_garbage() {
-    let cluster = Cluster::start(ApiServerConfig { event_log_capacity: 8, ..ApiServerConfig::default() }).await;
+    let cluster = Cluster::start_with(ApiServerConfig { event_log_capacity: 8, ..ApiServerConfig::default() }).await;
     let seen = Seen::default();
     let a = Replica::start(&cluster, "replica-a", Standby::Cold, seen.clone(), None).await;
     until("replica-a leads", || a.is_leader()).await;
@@ -414,7 +346,7 @@ async fn cold_standby_resume_past_the_event_window_relists_counts_and_collects_g
     until("the leader checkpointed p1", || cluster.checkpointed_pod_version() >= Some(p1)).await;
     a.crash();
     // More changes than the server keeps: the checkpoint falls out of its window.
-    cluster.delete_pod("p1");
+    cluster.delete("pods", "p1");
     for i in 0..20 {
         cluster.create_pod(&format!("q{i}"));
     }
@@ -451,12 +383,11 @@ async fn cold_standby_resume_past_the_event_window_relists_counts_and_collects_g
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cold_standby_with_an_unusable_checkpoint_relists_everything() {
-    let cluster = Cluster::start(ApiServerConfig::default()).await;
+    let cluster = Cluster::start().await;
     let configmap = json!({
         "metadata": {"name": CHECKPOINT, "annotations": {CHECKPOINT_ANNOTATION: "{\"term\": 1, garbage"}},
     });
-    let configmaps = find_resource_type("", "v1", "configmaps").unwrap();
-    cluster.server.store().create(configmaps, "default", configmap).unwrap();
+    cluster.create("configmaps", configmap);
     cluster.create_pod("p1");
     cluster.create_pod("p2");
 

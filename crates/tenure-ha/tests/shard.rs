@@ -8,11 +8,13 @@
 //! partition at overlapping times.
 #![cfg(feature = "kube")]
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{replica_runtime, until, Journal, Span, TestServer, PATIENCE};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
@@ -20,17 +22,13 @@ use kube::runtime::{watcher, Controller};
 use kube::Api;
 use serde_json::json;
 use tenure::Timing;
-use tenure_apiserver::resources::find_resource_type;
 use tenure_apiserver::Verb;
-use tenure_apiserver::{ApiServer, ApiServerConfig};
 use tenure_group::{Group, GroupConfig, NotOwner};
 use tenure_ha::kube_shard::{object_key, shard_controller, Owning, ShardController};
 use tenure_kube::write_gate::object_key as key_of;
-use tenure_kube::{user_agent, KubeGroupStore, KubeLockConfig, RefusalReason, WriteGate, WriteRefused};
+use tenure_kube::{user_agent, KubeGroupStore, RefusalReason, WriteGate, WriteRefused};
 use tokio::sync::watch;
 
-/// How long any single expected event may take before a test fails instead of hanging.
-const PATIENCE: Duration = Duration::from_secs(30);
 /// A drain timeout no test reaches: a handover that depends on it hangs and the test fails.
 const FOREVER: Duration = Duration::from_secs(3600);
 const OBJECTS: usize = 30;
@@ -46,55 +44,6 @@ fn key(name: &str) -> String {
     cm.metadata.namespace = Some("default".into());
     cm.metadata.name = Some(name.into());
     object_key(&cm)
-}
-
-/// One reconcile as the user's reconciler saw it.
-#[derive(Debug, Clone)]
-struct Span {
-    replica: String,
-    name: String,
-    partition: u32,
-    term: u64,
-    started: Instant,
-    ended: Option<Instant>,
-    /// False if the reconcile was aborted (its future dropped) instead of returning.
-    completed: bool,
-}
-
-#[derive(Clone, Default)]
-struct Journal(Arc<Mutex<Vec<Span>>>);
-
-impl Journal {
-    fn spans(&self) -> Vec<Span> {
-        self.0.lock().unwrap().clone()
-    }
-
-    fn start(&self, span: Span) -> SpanEnd {
-        let mut spans = self.0.lock().unwrap();
-        spans.push(span);
-        SpanEnd { journal: self.clone(), index: spans.len() - 1, completed: false }
-    }
-}
-
-/// Ends its span when dropped: completed if `complete` was called, aborted otherwise.
-struct SpanEnd {
-    journal: Journal,
-    index: usize,
-    completed: bool,
-}
-
-impl SpanEnd {
-    fn complete(mut self) {
-        self.completed = true;
-    }
-}
-
-impl Drop for SpanEnd {
-    fn drop(&mut self) {
-        let mut spans = self.journal.0.lock().unwrap();
-        spans[self.index].ended = Some(Instant::now());
-        spans[self.index].completed = self.completed;
-    }
 }
 
 /// What one replica's reconciler shares: where it records, the switch that holds its reconciles
@@ -151,15 +100,7 @@ fn error_policy(cm: Arc<ConfigMap>, _error: &Failure, ctx: Arc<Owning<Probe>>) -
 async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Owning<Probe>>) -> Result<Action, Failure> {
     let term = ctx.check()?;
     let asks_to_fail = cm.data.as_ref().and_then(|d| d.get("fail")).is_some_and(|f| f == "true");
-    let span = ctx.journal.start(Span {
-        replica: ctx.replica.clone(),
-        name: cm.metadata.name.clone().unwrap_or_default(),
-        partition: ctx.partition(),
-        term: term.0,
-        started: Instant::now(),
-        ended: None,
-        completed: false,
-    });
+    let span = ctx.journal.start(&ctx.replica, cm.metadata.name.clone().unwrap_or_default(), ctx.partition(), term.0);
     let mut hold = ctx.hold.clone();
     let _ = hold.wait_for(|on| !*on).await;
     if let Some(writer) = &ctx.writer {
@@ -181,8 +122,7 @@ async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Owning<Probe>>) -> Result<Action
 }
 
 struct Cluster {
-    server: ApiServer,
-    kubeconfig: PathBuf,
+    server: TestServer,
     journal: Journal,
     policy_calls: Arc<Mutex<Vec<PolicyCall>>>,
     writes: Arc<Mutex<Vec<Write>>>,
@@ -190,58 +130,30 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-        let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-        let kubeconfig = std::env::temp_dir().join(format!("tenure-ha-shard-{}.kubeconfig", server.address().port()));
-        server.write_kubeconfig(&kubeconfig).unwrap();
-        let cluster = Cluster {
-            server,
-            kubeconfig,
-            journal: Journal::default(),
-            policy_calls: Arc::default(),
-            writes: Arc::default(),
-        };
+        let server = TestServer::start().await;
+        let cluster =
+            Cluster { server, journal: Journal::default(), policy_calls: Arc::default(), writes: Arc::default() };
         for name in names() {
             let cm = json!({"metadata": {"name": name, "labels": {"app": "shard"}}, "data": {"generation": "0"}});
-            cluster.server.store().create(find_resource_type("", "v1", "configmaps").unwrap(), "default", cm).unwrap();
+            cluster.server.create("configmaps", cm);
         }
         cluster
     }
 
-    /// Sets whether a ConfigMap's reconciles fail.
-    fn set_failing(&self, name: &str, failing: bool) {
-        let configmaps = find_resource_type("", "v1", "configmaps").unwrap();
-        self.server
-            .store()
-            .patch(configmaps, "default", name, |cm| {
-                let mut cm = cm.clone();
-                cm["data"]["fail"] = json!(failing.to_string());
-                Ok(cm)
-            })
-            .unwrap();
+    /// Sets `key` in the data of the ConfigMap `name`: a change its owner reconciles.
+    fn set_data(&self, name: &str, key: &str, value: impl ToString) {
+        self.server.overwrite("configmaps", name, |cm| cm["data"][key] = json!(value.to_string()));
     }
 
-    /// A stored ConfigMap, if it exists.
-    fn object(&self, name: &str) -> Option<serde_json::Value> {
-        let configmaps = find_resource_type("", "v1", "configmaps").unwrap();
-        self.server.store().get(configmaps, "default", name).ok().map(|cm| (*cm).clone())
+    /// Sets whether a ConfigMap's reconciles fail.
+    fn set_failing(&self, name: &str, failing: bool) {
+        self.set_data(name, "fail", failing);
     }
 
     /// Changes every ConfigMap, so that every one is reconciled again by its owner.
     fn touch_all(&self, generation: u32) {
-        let configmaps = find_resource_type("", "v1", "configmaps").unwrap();
         for name in names() {
-            self.server
-                .store()
-                .patch(configmaps, "default", &name, |cm| {
-                    let mut cm = cm.clone();
-                    cm["data"]["generation"] = json!(generation.to_string());
-                    Ok(cm)
-                })
-                .unwrap();
+            self.set_data(&name, "generation", generation);
         }
     }
 
@@ -255,8 +167,8 @@ impl Cluster {
     }
 
     async fn start_replica(&self, identity: &str, requeue: Option<Duration>, writing: bool) -> Replica {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        let config = KubeLockConfig::from_url("kube://default/leases/unused").unwrap().kubeconfig(&self.kubeconfig);
+        let runtime = replica_runtime();
+        let config = self.server.lock_config("leases", "unused");
         let (hold, hold_rx) = watch::channel(false);
         let (journal, policy_calls, writes) = (self.journal.clone(), self.policy_calls.clone(), self.writes.clone());
         let id = identity.to_owned();
@@ -304,12 +216,6 @@ impl Cluster {
     }
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.kubeconfig);
-    }
-}
-
 struct Replica {
     identity: String,
     hold: watch::Sender<bool>,
@@ -345,14 +251,6 @@ impl Drop for Replica {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
-    }
-}
-
-async fn until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !condition() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -678,7 +576,7 @@ async fn a_reconcile_that_outlives_its_partition_sends_no_write_and_the_new_owne
     for name in &moving {
         assert_eq!(outcome("replica-a", name), Err(Some(RefusalReason::NotOwner)), "{name} moved away from replica-a");
         assert_eq!(outcome("replica-c", name), Ok(()), "{name} is replica-c's now");
-        assert!(cluster.object(&format!("written-{name}-g1-replica-a")).is_none());
+        assert!(cluster.server.object("configmaps", &format!("written-{name}-g1-replica-a")).is_none());
     }
     for name in &staying {
         assert_eq!(outcome("replica-a", name), Ok(()), "{name} stayed with replica-a");

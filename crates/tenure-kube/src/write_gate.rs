@@ -842,23 +842,13 @@ mod tests {
 
     use super::*;
 
-    type Parsed = (String, Option<String>, Option<String>, Option<String>, Option<String>);
+    type Parsed<'a> = (&'a str, Option<&'a str>, Option<&'a str>, Option<&'a str>, Option<&'a str>);
 
-    /// (group, resource, namespace, name, subresource)
-    fn parsed(path: &str) -> Parsed {
-        let target = WriteTarget::parse(path);
-        let owned = |s: Option<&str>| s.map(str::to_owned);
-        (
-            target.group().to_owned(),
-            owned(target.resource()),
-            owned(target.namespace()),
-            owned(target.name()),
-            owned(target.subresource()),
-        )
-    }
-
-    fn s(value: &str) -> Option<String> {
-        Some(value.to_owned())
+    /// Checks what `path` parses to: (group, resource, namespace, name, subresource), and its key.
+    fn assert_parses(path: &str, expected: Parsed<'_>, key: Option<&str>) {
+        let t = WriteTarget::parse(path);
+        assert_eq!((t.group(), t.resource(), t.namespace(), t.name(), t.subresource()), expected, "{path}");
+        assert_eq!(t.object_key().as_deref(), key, "{path}");
     }
 
     #[test]
@@ -878,23 +868,13 @@ mod tests {
 
     #[test]
     fn keys_of_namespaced_objects_in_the_core_and_named_groups() {
-        assert_eq!(
-            parsed("/api/v1/namespaces/default/configmaps/cm-1"),
-            ("".into(), s("configmaps"), s("default"), s("cm-1"), None)
-        );
-        assert_eq!(
-            parsed("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/x"),
-            ("coordination.k8s.io".into(), s("leases"), s("kube-system"), s("x"), None)
-        );
-        assert_eq!(
-            WriteTarget::parse("/api/v1/namespaces/default/configmaps/cm-1").object_key().as_deref(),
-            Some("default/cm-1")
-        );
-        assert_eq!(
-            WriteTarget::parse("/apis/apps/v1/namespaces/shop/deployments/web").object_key().as_deref(),
-            Some("shop/web")
-        );
-        assert_eq!(WriteTarget::parse("/apis/apps/v1/namespaces/shop/deployments/web").version(), "v1");
+        let cm = "/api/v1/namespaces/default/configmaps/cm-1";
+        assert_parses(cm, ("", Some("configmaps"), Some("default"), Some("cm-1"), None), Some("default/cm-1"));
+        let lease = ("coordination.k8s.io", Some("leases"), Some("kube-system"), Some("x"), None);
+        assert_parses("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/x", lease, Some("kube-system/x"));
+        let web = "/apis/apps/v1/namespaces/shop/deployments/web";
+        assert_parses(web, ("apps", Some("deployments"), Some("shop"), Some("web"), None), Some("shop/web"));
+        assert_eq!(WriteTarget::parse(web).version(), "v1");
     }
 
     #[test]
@@ -913,29 +893,24 @@ mod tests {
 
     #[test]
     fn cluster_scoped_objects_key_by_name_and_a_namespace_is_cluster_scoped() {
-        assert_eq!(parsed("/api/v1/nodes/node-1"), ("".into(), s("nodes"), None, s("node-1"), None));
-        assert_eq!(parsed("/api/v1/nodes/node-1/status"), ("".into(), s("nodes"), None, s("node-1"), s("status")));
-        assert_eq!(
-            parsed("/apis/rbac.authorization.k8s.io/v1/clusterroles/view"),
-            ("rbac.authorization.k8s.io".into(), s("clusterroles"), None, s("view"), None)
-        );
-        assert_eq!(WriteTarget::parse("/api/v1/nodes/node-1").object_key().as_deref(), Some("node-1"));
+        let node = |sub| ("", Some("nodes"), None, Some("node-1"), sub);
+        assert_parses("/api/v1/nodes/node-1", node(None), Some("node-1"));
+        assert_parses("/api/v1/nodes/node-1/status", node(Some("status")), Some("node-1"));
+        let view = ("rbac.authorization.k8s.io", Some("clusterroles"), None, Some("view"), None);
+        assert_parses("/apis/rbac.authorization.k8s.io/v1/clusterroles/view", view, Some("view"));
         // A Namespace object, and its subresources: not "a resource named status in namespace x".
-        assert_eq!(parsed("/api/v1/namespaces/x"), ("".into(), s("namespaces"), None, s("x"), None));
-        assert_eq!(parsed("/api/v1/namespaces/x/status"), ("".into(), s("namespaces"), None, s("x"), s("status")));
-        assert_eq!(parsed("/api/v1/namespaces/x/finalize"), ("".into(), s("namespaces"), None, s("x"), s("finalize")));
-        assert_eq!(WriteTarget::parse("/api/v1/namespaces/x/status").object_key().as_deref(), Some("x"));
+        let namespace = |sub| ("", Some("namespaces"), None, Some("x"), sub);
+        assert_parses("/api/v1/namespaces/x", namespace(None), Some("x"));
+        assert_parses("/api/v1/namespaces/x/status", namespace(Some("status")), Some("x"));
+        assert_parses("/api/v1/namespaces/x/finalize", namespace(Some("finalize")), Some("x"));
     }
 
     #[test]
     fn collections_and_non_resource_paths_have_no_key() {
-        assert_eq!(
-            parsed("/api/v1/namespaces/default/configmaps"),
-            ("".into(), s("configmaps"), s("default"), None, None)
-        );
-        assert_eq!(parsed("/api/v1/configmaps"), ("".into(), s("configmaps"), None, None, None));
-        assert_eq!(parsed("/api/v1/namespaces"), ("".into(), s("namespaces"), None, None, None));
-        assert_eq!(WriteTarget::parse("/api/v1/namespaces/default/configmaps").object_key(), None);
+        let configmaps = ("", Some("configmaps"), Some("default"), None, None);
+        assert_parses("/api/v1/namespaces/default/configmaps", configmaps, None);
+        assert_parses("/api/v1/configmaps", ("", Some("configmaps"), None, None, None), None);
+        assert_parses("/api/v1/namespaces", ("", Some("namespaces"), None, None, None), None);
         for path in ["/version", "/api", "/api/v1", "/apis/apps/v1", "/", ""] {
             let target = WriteTarget::parse(path);
             assert_eq!((target.resource(), target.object_key()), (None, None), "{path}");
@@ -1060,6 +1035,22 @@ mod tests {
 
         const CM: &str = "/api/v1/namespaces/default/configmaps";
 
+        /// Sends a write with `api` holding writes; returns once the write reached `api`, in flight.
+        async fn in_flight(
+            api: &FakeApi,
+            client: &kube::Client,
+            method: Method,
+            path: String,
+        ) -> tokio::task::JoinHandle<Result<(), kube::Error>> {
+            api.hold_writes(true);
+            let (client, writes) = (client.clone(), api.writes());
+            let write = tokio::spawn(async move { send(&client, method, &path, "{}").await });
+            while api.writes() == writes {
+                tokio::task::yield_now().await;
+            }
+            write
+        }
+
         /// The outcome of a write spawned in flight, failing the test if it never ends.
         async fn outcome(in_flight: tokio::task::JoinHandle<Result<(), kube::Error>>) -> Result<(), kube::Error> {
             tokio::time::timeout(Duration::from_secs(60), in_flight).await.expect("the write in flight ends").unwrap()
@@ -1117,14 +1108,7 @@ mod tests {
             let client = gate.client(kube::Client::new(api.clone(), "default"));
             send(&client, Method::POST, CM, r#"{"metadata":{"name":"x"}}"#).await.expect("written while leading");
 
-            api.hold_writes(true);
-            let in_flight = {
-                let client = client.clone();
-                tokio::spawn(async move { send(&client, Method::PUT, &format!("{CM}/x"), "{}").await })
-            };
-            while api.writes() < 2 {
-                tokio::task::yield_now().await;
-            }
+            let in_flight = in_flight(&api, &client, Method::PUT, format!("{CM}/x")).await;
             // The lock becomes unreachable: no renew succeeds, the tenure ends at its deadline.
             let deadline = elector.valid_until().expect("leading");
             store.partition("a", true);
@@ -1148,14 +1132,7 @@ mod tests {
             let api = FakeApi::default();
             let gate = WriteGate::leader(elector.view());
             let client = gate.client(kube::Client::new(api.clone(), "default"));
-            api.hold_writes(true);
-            let in_flight = {
-                let client = client.clone();
-                tokio::spawn(async move { send(&client, Method::PATCH, &format!("{CM}/x"), "{}").await })
-            };
-            while api.writes() < 1 {
-                tokio::task::yield_now().await;
-            }
+            let in_flight = in_flight(&api, &client, Method::PATCH, format!("{CM}/x")).await;
             let started = Instant::now();
             // The elector waits for the tenure's guards (the write holds one) before it releases;
             // the write is cancelled at once, so the resign completes without waiting.
@@ -1287,14 +1264,7 @@ mod tests {
             let gate = WriteGate::owner(a.ownership());
             let client = gate.client(kube::Client::new(api.clone(), "default"));
             let mine = names(&a, true, 1).remove(0);
-            api.hold_writes(true);
-            let in_flight = {
-                let (client, path) = (client.clone(), format!("{CM}/{mine}"));
-                tokio::spawn(async move { send(&client, Method::PUT, &path, "{}").await })
-            };
-            while api.writes() < 1 {
-                tokio::task::yield_now().await;
-            }
+            let in_flight = in_flight(&api, &client, Method::PUT, format!("{CM}/{mine}")).await;
             store.set_unreachable("a", true);
             let cut = Instant::now();
             assert_eq!(refusal(outcome(in_flight).await), RefusalReason::Cancelled);

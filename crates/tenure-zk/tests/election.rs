@@ -218,25 +218,5 @@ async fn followers_log_each_leader_they_observe_like_the_record_lock_elector() {
     let path = unique_path("observed");
     let Some(election) = election(&path).await else { return };
     let a = election.campaign("a").expect("campaign");
-    let first = tokio::time::timeout(Duration::from_secs(10), a.acquired()).await.expect("leads").expect("tenure");
-    let b = election.campaign("b").expect("campaign");
-    wait_until(&[&b], Duration::from_secs(10), "b sees a lead", |s| s[0].leader.as_deref() == Some("a")).await;
-    let seen = log_capture::lines_of(&lines, "b", "leader observed");
-    let line = seen.iter().find(|l| l.fields.get("leader").map(String::as_str) == Some("a")).expect("b logged a");
-    assert_eq!(line.level, tracing::Level::INFO);
-    assert_eq!(line.fields.get("term"), Some(&first.term().0.to_string()));
-
-    drop(first);
-    a.shutdown().await.expect("shutdown");
-    let second = tokio::time::timeout(Duration::from_secs(10), b.acquired()).await.expect("leads").expect("tenure");
-    // The line is written before the snapshot that names b goes out.
-    wait_until(&[&b], Duration::from_secs(10), "b names itself", |s| s[0].leader.as_deref() == Some("b")).await;
-    let seen = log_capture::lines_of(&lines, "b", "leader observed");
-    assert!(
-        seen.iter().any(|l| l.fields.get("leader").map(String::as_str) == Some("b")
-            && l.fields.get("term") == Some(&second.term().0.to_string())),
-        "{seen:?}"
-    );
-    drop(second);
-    b.shutdown().await.expect("shutdown");
+    log_capture::assert_each_observed_leader_is_logged(&lines, a, || election.campaign("b").expect("campaign")).await;
 }

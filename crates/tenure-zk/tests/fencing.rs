@@ -11,24 +11,14 @@ mod stall_proxy;
 use std::time::Duration;
 
 use common::*;
-use stall_proxy::StallProxy;
-use tenure::Role;
+use stall_proxy::{ended_despite_the_stall, leads_again_only_under_a_greater_term, next_renewal};
+use stall_proxy::{next_leader_waits_for_the_work, StallProxy};
 use tenure_zk::ZkElection;
-use tokio::time::{sleep_until, timeout, Instant};
+use tokio::time::{timeout, Instant};
 
 /// How late after its deadline the tenure may be seen to end: timer resolution and scheduling
 /// on a loaded 2-core machine, far below the heartbeat's call timeout that a late fence added.
 const TOLERANCE: Duration = Duration::from_millis(50);
-
-/// Waits until `tenure`'s deadline moves: the server has just answered a heartbeat.
-async fn next_heartbeat(tenure: &tenure::Tenure) {
-    let before = tenure.valid_until();
-    let bound = Instant::now() + Duration::from_secs(5);
-    while tenure.valid_until() == before {
-        assert!(Instant::now() < bound, "no heartbeat within 5 s");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_whose_server_stops_answering_ends_its_tenure_at_the_deadline_and_never_revives_it() {
@@ -41,28 +31,13 @@ async fn leader_whose_server_stops_answering_ends_its_tenure_at_the_deadline_and
     let election = ZkElection::connect(proxy.address(), &path, session_timeout).await.expect("connect");
     let elector = election.campaign("a").expect("campaign");
     let first = timeout(Duration::from_secs(10), elector.acquired()).await.expect("leads").expect("tenure");
-    let mut leadership = elector.subscribe();
 
-    // Right after a heartbeat, stop answering: the next heartbeat hangs across the deadline.
-    next_heartbeat(&first).await;
+    // Right after a heartbeat, stop answering: the next heartbeat hangs across the deadline. The
+    // server is heard again just after the deadline, before it expires the session.
+    next_renewal(&first).await;
     proxy.stall();
     let deadline = first.valid_until();
-
-    // The server is heard again just after the deadline, before it expires the session: the
-    // late answers must not revive the tenure.
-    let resume_at = deadline + Duration::from_millis(150);
-    let stall_ends = async {
-        sleep_until(resume_at).await;
-        proxy.resume();
-    };
-    let (ended, ()) = tokio::join!(
-        async {
-            let bound = deadline.saturating_duration_since(Instant::now()) + TOLERANCE;
-            timeout(bound, first.ended()).await.map(|()| Instant::now())
-        },
-        stall_ends
-    );
-    let ended = ended.expect("the tenure did not end by its deadline + the tolerance");
+    let ended = ended_despite_the_stall(&proxy, &first, TOLERANCE).await;
     if ended >= deadline {
         println!("the tenure ended {:?} after its deadline", ended - deadline);
     } else {
@@ -70,19 +45,7 @@ async fn leader_whose_server_stops_answering_ends_its_tenure_at_the_deadline_and
     }
     assert!(!first.is_valid());
 
-    let again = timeout(
-        Duration::from_secs(15),
-        leadership.wait_for(|l| l.role == Role::Leader && l.term.is_some_and(|t| t > first.term())),
-    )
-    .await
-    .expect("leads again with a greater term")
-    .expect("elector running")
-    .clone();
-    let second = elector.acquired().await.expect("tenure");
-    assert!(second.term() > first.term(), "term {} after term {}", second.term(), first.term());
-    assert_eq!(again.term, Some(second.term()));
-    assert!(!first.is_valid(), "the ended tenure came back");
-    assert_eq!(first.valid_until(), deadline, "the ended tenure's deadline moved");
+    let second = leads_again_only_under_a_greater_term(&elector, &first, deadline).await;
     drop((first, second));
     elector.shutdown().await.expect("shutdown");
 }
@@ -131,24 +94,11 @@ async fn an_ended_tenure_keeps_its_node_until_its_work_is_over() {
         .expect("b running");
 
     // a stops hearing the server right after a heartbeat and hears it again just after its
-    // deadline, while the work of its tenure (`first`, held like `tenure run` holds it until its
-    // command exits) still runs.
-    next_heartbeat(&first).await;
+    // deadline, while the work of its tenure still runs (the server keeps the session 1 s after
+    // the deadline).
+    next_renewal(&first).await;
     proxy.stall();
-    let deadline = first.valid_until();
-    sleep_until(deadline + Duration::from_millis(150)).await;
-    proxy.resume();
-    timeout(Duration::from_secs(1), first.ended()).await.expect("the tenure ended by its deadline");
-
-    // The work takes 600 ms more (the server keeps the session 1 s after the deadline): b must
-    // not lead before it is over.
-    let work_over = deadline + Duration::from_millis(600);
-    let early = timeout(work_over.saturating_duration_since(Instant::now()), b.acquired()).await;
-    assert!(early.is_err(), "b led while the ended tenure's work still ran");
-    drop(first);
-    let dropped = Instant::now();
-
-    let second = timeout(Duration::from_secs(10), b.acquired()).await.expect("b leads").expect("tenure");
+    let (_, dropped, second) = next_leader_waits_for_the_work(&proxy, first, &b, Duration::from_secs(10)).await;
     println!("b led {:?} after the work was over", dropped.elapsed());
     drop(second);
     b.shutdown().await.expect("shutdown");

@@ -911,6 +911,14 @@ mod tests {
         })
     }
 
+    /// Candidate `id` (default timing) whose first read, at T0, found `stored`.
+    fn after_first_read(id: &str, stored: Option<StoredRecord>) -> Candidate {
+        let mut c = Candidate::new(id, Timing::default(), true, 1);
+        assert_eq!(c.poll_action(T0, wall()), Some(Action::Read));
+        c.on_read(T0, Ok(stored));
+        c
+    }
+
     fn events(c: &mut Candidate) -> Vec<Event> {
         std::iter::from_fn(|| c.poll_event()).collect()
     }
@@ -999,10 +1007,7 @@ mod tests {
 
     #[test]
     fn a_candidate_outside_the_coordination_never_takes_a_coordinated_lease() {
-        let timing = Timing::default();
-        let mut c = Candidate::new("b", timing, true, 1);
-        assert_eq!(c.poll_action(T0, wall()), Some(Action::Read));
-        c.on_read(T0, Ok(coordinated_lease("", "1", 1, None)));
+        let mut c = after_first_read("b", coordinated_lease("", "1", 1, None));
         assert_eq!(c.poll_action(T0 + Duration::from_secs(3600), wall()), None);
         assert_eq!(c.wait(T0).map(|w| w.0), Some(WaitReason::CoordinatedLease));
         // Without a strategy the same free lease is taken at once.
@@ -1036,9 +1041,7 @@ mod tests {
     #[test]
     fn a_leader_never_backs_off_its_renews() {
         let timing = Timing::default();
-        let mut c = Candidate::new("a", timing, true, 1);
-        c.poll_action(T0, wall());
-        c.on_read(T0, Ok(None));
+        let mut c = after_first_read("a", None);
         assert!(matches!(c.poll_action(T0, wall()), Some(Action::Create(_))));
         c.on_write(T0, Ok(Version("1".into())));
         let mut now = T0 + timing.retry_period;
@@ -1058,13 +1061,11 @@ mod tests {
     #[test]
     fn waits_on_a_deleted_or_corrupt_record_say_why_and_until_when() {
         let timing = Timing::default();
-        let mut c = Candidate::new("b", timing, true, 1);
-        c.poll_action(T0, wall());
         let mut long = held_by("a", "7", 3);
         if let Some(StoredRecord { record: Ok(r), .. }) = long.as_mut() {
             r.lease_duration_seconds = 86_400;
         }
-        c.on_read(T0, Ok(long));
+        let mut c = after_first_read("b", long);
         assert_eq!(c.wait(T0), None, "a valid holder's lease is not a wait to report");
         let seen = T0 + Duration::from_secs(5);
         c.on_change(seen, None);
@@ -1080,9 +1081,7 @@ mod tests {
 
     #[test]
     fn a_follower_that_shuts_down_never_reports_stopped_leading_and_writes_nothing() {
-        let mut c = Candidate::new("b", Timing::default(), true, 1);
-        assert_eq!(c.poll_action(T0, wall()), Some(Action::Read));
-        c.on_read(T0, Ok(held_by("a", "7", 3)));
+        let mut c = after_first_read("b", held_by("a", "7", 3));
         assert_eq!(c.poll_action(T0, wall()), None);
         c.release(T0, AfterRelease::Stop);
         assert_eq!(c.poll_action(T0, wall()), None);
@@ -1092,9 +1091,7 @@ mod tests {
 
     #[test]
     fn a_draining_candidate_facing_an_expired_lease_waits_instead_of_spinning() {
-        let mut c = Candidate::new("b", Timing::default(), true, 1);
-        c.poll_action(T0, wall());
-        c.on_read(T0, Ok(held_by("a", "7", 3)));
+        let mut c = after_first_read("b", held_by("a", "7", 3));
         c.step_down(T0);
         let late = T0 + Duration::from_secs(60);
         assert_eq!(c.poll_action(late, wall()), None);
@@ -1104,9 +1101,7 @@ mod tests {
     #[test]
     fn a_leader_renews_one_retry_period_after_the_start_of_its_last_renew() {
         let timing = Timing::default();
-        let mut c = Candidate::new("a", timing, true, 1);
-        c.poll_action(T0, wall());
-        c.on_read(T0, Ok(None));
+        let mut c = after_first_read("a", None);
         assert!(matches!(c.poll_action(T0, wall()), Some(Action::Create(_))));
         let replied = T0 + Duration::from_millis(300);
         c.on_write(replied, Ok(Version("1".into())));
@@ -1121,9 +1116,7 @@ mod tests {
 
     #[test]
     fn a_lock_deleted_while_held_is_created_only_one_lease_after_the_deletion_was_seen() {
-        let mut c = Candidate::new("b", Timing::default(), true, 1);
-        c.poll_action(T0, wall());
-        c.on_read(T0, Ok(held_by("a", "7", 3)));
+        let mut c = after_first_read("b", held_by("a", "7", 3));
         let deleted = T0 + Duration::from_secs(4);
         c.on_change(deleted, None);
         assert_eq!(c.poll_action(deleted, wall()), None, "the holder may not know yet: no create");
@@ -1136,27 +1129,21 @@ mod tests {
 
         // The view may be stale (renews missed while reads failed): the wait counts from the
         // deletion, so a record that looks expired is still waited out once.
-        let mut c = Candidate::new("b", Timing::default(), true, 1);
-        c.poll_action(T0, wall());
-        c.on_read(T0, Ok(held_by("a", "7", 3)));
+        let mut c = after_first_read("b", held_by("a", "7", 3));
         let late = T0 + Duration::from_secs(16);
         c.on_change(late, None);
         assert_eq!(c.poll_action(late, wall()), None);
         assert_eq!(c.next_wakeup(), Some(late + Duration::from_secs(15)));
 
         // A lock that was free when deleted is created at once.
-        let mut c = Candidate::new("b", Timing::default(), true, 1);
-        c.poll_action(T0, wall());
-        c.on_read(T0, Ok(held_by("", "7", 3)));
+        let mut c = after_first_read("b", held_by("", "7", 3));
         c.on_change(late, None);
         assert!(matches!(c.poll_action(late, wall()), Some(Action::Create(_))));
     }
 
     #[test]
     fn a_restarted_process_with_the_same_identity_waits_out_its_previous_lease() {
-        let mut c = Candidate::new("a", Timing::default(), true, 1);
-        c.poll_action(T0, wall());
-        c.on_read(T0, Ok(held_by("a", "9", 4)));
+        let mut c = after_first_read("a", held_by("a", "9", 4));
         assert_eq!(c.poll_action(T0, wall()), None);
         assert_eq!(c.next_wakeup(), Some(T0 + Duration::from_secs(15)));
     }

@@ -70,6 +70,23 @@ fn holder(store: &MemoryStore) -> String {
     store.peek().and_then(|s| s.record.ok()).map(|r| r.holder_identity).unwrap_or_default()
 }
 
+/// A candidate spawned on `store`, once it leads, and its snapshots.
+async fn leading(store: &MemoryStore, id: &str) -> (Elector, watch::Receiver<Leadership>) {
+    let elector = spawn(store, id);
+    let mut rx = elector.subscribe();
+    until(&mut rx, leads).await;
+    (elector, rx)
+}
+
+/// "a" leads, then "b" follows it: both electors, and b's snapshots.
+async fn a_leads_b_follows(store: &MemoryStore) -> (Elector, Elector, watch::Receiver<Leadership>) {
+    let (a, _) = leading(store, "a").await;
+    let b = spawn(store, "b");
+    let mut b_rx = b.subscribe();
+    until(&mut b_rx, |l| l.leader.as_deref() == Some("a")).await;
+    (a, b, b_rx)
+}
+
 #[tokio::test(start_paused = true)]
 async fn first_candidate_acquires_an_empty_lock_at_once_with_term_one() {
     let store = MemoryStore::new();
@@ -106,11 +123,7 @@ async fn follower_waits_a_full_lease_from_its_own_observation_ignoring_remote_ti
 async fn follower_takes_over_exactly_when_the_crashed_leaders_lease_expires() {
     let store = MemoryStore::new();
     let changes = record_changes(&store);
-    let a = spawn(&store, "a");
-    until(&mut a.subscribe(), leads).await;
-    let b = spawn(&store, "b");
-    let mut b_rx = b.subscribe();
-    until(&mut b_rx, |l| l.leader.as_deref() == Some("a")).await;
+    let (_a, b, mut b_rx) = a_leads_b_follows(&store).await;
     tokio::time::sleep(Duration::from_secs(7)).await;
     store.partition("a", true); // a "crashes" as far as the store is concerned
     let b_leads = until(&mut b_rx, leads).await;
@@ -123,8 +136,7 @@ async fn follower_takes_over_exactly_when_the_crashed_leaders_lease_expires() {
 #[tokio::test(start_paused = true)]
 async fn leader_renews_every_retry_period_and_keeps_leading() {
     let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    until(&mut a.subscribe(), leads).await;
+    let (a, _) = leading(&store, "a").await;
     tokio::time::sleep(Duration::from_secs(61)).await;
     assert_eq!(a.is_leader(), Some(Term(1)));
     let requests = store.requests("a");
@@ -139,15 +151,10 @@ async fn leader_renews_every_retry_period_and_keeps_leading() {
 async fn leader_cut_off_from_the_store_steps_down_at_its_renew_deadline_before_anyone_takes_over() {
     let store = MemoryStore::new();
     let changes = record_changes(&store);
-    let a = spawn(&store, "a");
-    let mut a_rx = a.subscribe();
-    until(&mut a_rx, leads).await;
-    let b = spawn(&store, "b");
-    let mut b_rx = b.subscribe();
-    until(&mut b_rx, |l| l.leader.is_some()).await;
+    let (a, _b, mut b_rx) = a_leads_b_follows(&store).await;
     tokio::time::sleep(Duration::from_millis(4500)).await;
     store.partition("a", true);
-    let stepped_down = until(&mut a_rx, |l| !leads(l)).await;
+    let stepped_down = until(&mut a.subscribe(), |l| !leads(l)).await;
     let last_renew = changes.borrow().iter().rev().find(|(_, h)| h == "a").map(|(t, _)| *t).unwrap();
     assert!(
         stepped_down - last_renew <= RENEW_DEADLINE + TICK,
@@ -162,9 +169,7 @@ async fn leader_cut_off_from_the_store_steps_down_at_its_renew_deadline_before_a
 #[tokio::test(start_paused = true)]
 async fn leader_whose_store_hangs_steps_down_even_while_a_call_is_in_flight() {
     let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    let mut a_rx = a.subscribe();
-    until(&mut a_rx, leads).await;
+    let (_a, mut a_rx) = leading(&store, "a").await;
     let slowed = Instant::now();
     store.set_delay("a", Duration::from_secs(3600));
     let stepped_down = until(&mut a_rx, |l| !leads(l)).await;
@@ -176,11 +181,7 @@ async fn leader_whose_store_hangs_steps_down_even_while_a_call_is_in_flight() {
 #[tokio::test(start_paused = true)]
 async fn graceful_shutdown_releases_the_lock_and_a_watching_follower_takes_over_at_once() {
     let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    until(&mut a.subscribe(), leads).await;
-    let b = spawn(&store, "b");
-    let mut b_rx = b.subscribe();
-    until(&mut b_rx, |l| l.leader.as_deref() == Some("a")).await;
+    let (a, b, mut b_rx) = a_leads_b_follows(&store).await;
     let before = store.requests("b");
     let released = Instant::now();
     a.shutdown().await.unwrap();
@@ -195,11 +196,7 @@ async fn graceful_shutdown_releases_the_lock_and_a_watching_follower_takes_over_
 #[tokio::test(start_paused = true)]
 async fn a_release_asked_for_during_a_renew_goes_out_as_soon_as_the_renew_returns() {
     let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    until(&mut a.subscribe(), leads).await;
-    let b = spawn(&store, "b");
-    let mut b_rx = b.subscribe();
-    until(&mut b_rx, |l| l.leader.as_deref() == Some("a")).await;
+    let (a, _b, mut b_rx) = a_leads_b_follows(&store).await;
     let round_trip = Duration::from_millis(300);
     store.set_delay("a", round_trip);
     // The next renew starts at 2 s; ask for the release while it is in flight.
@@ -215,9 +212,7 @@ async fn a_release_asked_for_during_a_renew_goes_out_as_soon_as_the_renew_return
 #[tokio::test(start_paused = true)]
 async fn a_fenced_leader_no_longer_names_itself_as_the_leader() {
     let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    let mut rx = a.subscribe();
-    until(&mut rx, leads).await;
+    let (a, mut rx) = leading(&store, "a").await;
     store.partition("a", true);
     until(&mut rx, |l| !leads(l)).await;
     assert_eq!(a.leadership(), Leadership { leader: None, term: None, role: Role::Follower });
@@ -226,8 +221,7 @@ async fn a_fenced_leader_no_longer_names_itself_as_the_leader() {
 #[tokio::test(start_paused = true)]
 async fn release_writes_an_empty_holder_with_a_one_second_lease_like_client_go() {
     let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    until(&mut a.subscribe(), leads).await;
+    let (a, _) = leading(&store, "a").await;
     a.shutdown().await.unwrap();
     let record = store.peek().unwrap().record.unwrap();
     assert_eq!((record.holder_identity.as_str(), record.lease_duration_seconds, record.leader_transitions), ("", 1, 1));
@@ -296,9 +290,7 @@ async fn corrupt_record_is_held_by_an_unknown_holder_for_one_lease_then_taken_ov
 #[tokio::test(start_paused = true)]
 async fn leader_whose_record_is_overwritten_stops_leading_and_recovers_when_the_hijack_stops() {
     let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    let mut rx = a.subscribe();
-    until(&mut rx, leads).await;
+    let (a, mut rx) = leading(&store, "a").await;
     let hijacked = Instant::now();
     store.put_raw(&foreign_record("hijacker", 15, 1)); // same term, another holder
     let stopped = until(&mut rx, |l| !leads(l)).await;
@@ -326,9 +318,7 @@ async fn a_deleted_lock_is_noticed_and_recreated_with_a_higher_term() {
 #[tokio::test(start_paused = true)]
 async fn terms_strictly_increase_across_handovers_and_reacquisition_by_the_same_identity() {
     let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    let mut a_rx = a.subscribe();
-    until(&mut a_rx, leads).await;
+    let (a, mut a_rx) = leading(&store, "a").await;
     assert_eq!(a.is_leader(), Some(Term(1)));
     // a loses leadership (cut off past its renew deadline) and takes it back itself.
     store.partition("a", true);
@@ -351,9 +341,7 @@ async fn terms_strictly_increase_across_handovers_and_reacquisition_by_the_same_
 #[tokio::test(start_paused = true)]
 async fn resigned_candidate_stays_a_candidate_and_leaves_the_lock_to_others_for_a_lease() {
     let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    let mut a_rx = a.subscribe();
-    until(&mut a_rx, leads).await;
+    let (a, mut a_rx) = leading(&store, "a").await;
     let resigned = Instant::now();
     a.resign().await.unwrap();
     assert_eq!(a.leadership().role, Role::Follower);
@@ -367,10 +355,8 @@ async fn resigned_candidate_stays_a_candidate_and_leaves_the_lock_to_others_for_
 async fn lost_replies_and_failed_calls_never_make_two_leaders() {
     let store = MemoryStore::new();
     let changes = record_changes(&store);
-    let a = spawn(&store, "a");
-    let first = a.acquired().await.unwrap();
-    let b = spawn(&store, "b");
-    until(&mut b.subscribe(), |l| l.leader.is_some()).await;
+    let (a, b, _) = a_leads_b_follows(&store).await;
+    let first = a.tenure().unwrap();
     // a's writes land but a never hears back: it must fence itself at its renew deadline.
     store.lose_next_replies("a", 100);
     first.ended().await;
@@ -407,10 +393,7 @@ async fn lost_replies_and_failed_calls_never_make_two_leaders() {
 #[tokio::test(start_paused = true)]
 async fn watching_followers_make_no_requests_while_the_leader_renews() {
     let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    until(&mut a.subscribe(), leads).await;
-    let b = spawn(&store, "b");
-    until(&mut b.subscribe(), |l| l.leader.is_some()).await;
+    let (_a, b, _) = a_leads_b_follows(&store).await;
     let before = store.requests("b");
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert_eq!(store.requests("b"), before, "a watching follower must not poll");
@@ -442,8 +425,7 @@ impl RecordLock for WithoutWatch {
 #[tokio::test(start_paused = true)]
 async fn without_notifications_followers_poll_every_jittered_retry_period_and_see_a_release() {
     let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    until(&mut a.subscribe(), leads).await;
+    let (a, _) = leading(&store, "a").await;
     let b = Elector::builder("b", WithoutWatch(store.client("b"))).seed(1).spawn().unwrap();
     let mut b_rx = b.subscribe();
     until(&mut b_rx, |l| l.leader.is_some()).await;
@@ -460,15 +442,13 @@ async fn without_notifications_followers_poll_every_jittered_retry_period_and_se
 #[tokio::test(start_paused = true)]
 async fn a_follower_reports_the_current_leader_at_all_times() {
     let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    until(&mut a.subscribe(), leads).await;
+    let (a, _) = leading(&store, "a").await;
     let b = spawn(&store, "b");
     let c = spawn(&store, "c");
     let mut c_rx = c.subscribe();
     until(&mut c_rx, |l| l.leader.as_deref() == Some("a")).await;
     a.shutdown().await.unwrap();
-    let new_leader = until(&mut c_rx, |l| l.leader.as_deref().is_some_and(|x| x != "a")).await;
-    let _ = new_leader;
+    until(&mut c_rx, |l| l.leader.as_deref().is_some_and(|x| x != "a")).await;
     let leader = c.leadership().leader.unwrap();
     assert_eq!(b.leadership().leader.as_deref(), Some(leader.as_str()));
     assert!(leader == "b" || leader == "c");
@@ -552,10 +532,7 @@ async fn a_wait_on_a_deleted_long_lease_is_published_with_its_end_and_cleared_af
 #[tokio::test(start_paused = true)]
 async fn a_store_that_keeps_failing_is_published_as_unreachable_since_its_first_failure_until_it_answers() {
     let store = MemoryStore::new();
-    let a = spawn(&store, "a");
-    a.acquired().await.unwrap();
-    let b = spawn(&store, "b");
-    until(&mut b.subscribe(), |l| l.leader.as_deref() == Some("a")).await;
+    let (_a, b, _) = a_leads_b_follows(&store).await;
     store.partition("b", true);
     // b learns of the partition through its watch; its reads then fail and back off.
     tokio::time::sleep(Duration::from_secs(120)).await;

@@ -48,6 +48,14 @@ impl Scratch {
     }
 }
 
+/// A scratch directory for `test`, the path of a lock file in it, and a handle on that lock.
+fn scratch_lock(test: &str) -> (Scratch, PathBuf, FileLock) {
+    let scratch = Scratch::new(test);
+    let path = scratch.join("election.json");
+    let lock = FileLock::open(&path).unwrap();
+    (scratch, path, lock)
+}
+
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = fs::set_permissions(&self.0, fs::Permissions::from_mode(0o700));
@@ -92,8 +100,7 @@ async fn a_missing_file_reads_as_none_and_open_creates_only_private_directories(
 
 #[tokio::test]
 async fn create_then_get_returns_the_record_at_the_returned_version() {
-    let scratch = Scratch::new("create");
-    let lock = FileLock::open(scratch.join("election.json")).unwrap();
+    let (_scratch, _, lock) = scratch_lock("create");
     let version = lock.create(&record("a", 0)).await.unwrap();
     let stored = lock.get().await.unwrap().unwrap();
     assert_eq!(stored, StoredRecord { version, record: Ok(record("a", 0)) });
@@ -101,9 +108,7 @@ async fn create_then_get_returns_the_record_at_the_returned_version() {
 
 #[tokio::test]
 async fn create_fails_with_already_exists_over_a_record_or_garbage() {
-    let scratch = Scratch::new("exists");
-    let path = scratch.join("election.json");
-    let lock = FileLock::open(&path).unwrap();
+    let (_scratch, path, lock) = scratch_lock("exists");
     lock.create(&record("a", 0)).await.unwrap();
     assert_eq!(lock.create(&record("b", 0)).await, Err(LockError::AlreadyExists));
     fs::write(&path, "garbage").unwrap();
@@ -113,9 +118,8 @@ async fn create_fails_with_already_exists_over_a_record_or_garbage() {
 
 #[tokio::test]
 async fn update_succeeds_only_at_the_current_version() {
-    let scratch = Scratch::new("update");
-    let a = FileLock::open(scratch.join("election.json")).unwrap();
-    let b = FileLock::open(scratch.join("election.json")).unwrap();
+    let (_scratch, path, a) = scratch_lock("update");
+    let b = FileLock::open(&path).unwrap();
     let v1 = a.create(&record("a", 0)).await.unwrap();
     let v2 = b.update(&v1, &record("b", 1)).await.unwrap();
     assert_ne!(v1, v2);
@@ -127,9 +131,7 @@ async fn update_succeeds_only_at_the_current_version() {
 
 #[tokio::test]
 async fn update_of_a_deleted_file_is_a_conflict() {
-    let scratch = Scratch::new("deleted");
-    let path = scratch.join("election.json");
-    let lock = FileLock::open(&path).unwrap();
+    let (_scratch, path, lock) = scratch_lock("deleted");
     let version = lock.create(&record("a", 0)).await.unwrap();
     fs::remove_file(&path).unwrap();
     assert_eq!(lock.update(&version, &record("a", 1)).await, Err(LockError::Conflict));
@@ -138,9 +140,7 @@ async fn update_of_a_deleted_file_is_a_conflict() {
 
 #[tokio::test]
 async fn the_file_shows_the_client_go_record_and_counts_generations() {
-    let scratch = Scratch::new("format");
-    let path = scratch.join("election.json");
-    let lock = FileLock::open(&path).unwrap();
+    let (_scratch, path, lock) = scratch_lock("format");
     let first = record("a", 0);
     let version = lock.create(&first).await.unwrap();
     let text = fs::read_to_string(&path).unwrap();
@@ -155,9 +155,7 @@ async fn the_file_shows_the_client_go_record_and_counts_generations() {
 
 #[tokio::test]
 async fn a_corrupt_file_has_a_stable_version_and_can_be_taken_over() {
-    let scratch = Scratch::new("corrupt");
-    let path = scratch.join("election.json");
-    let lock = FileLock::open(&path).unwrap();
+    let (_scratch, path, lock) = scratch_lock("corrupt");
     fs::write(&path, r#"{"generation":3,"record":{"holderIdentity":"x","lease"#).unwrap();
 
     let first = lock.get().await.unwrap().unwrap();
@@ -177,9 +175,7 @@ async fn a_corrupt_file_has_a_stable_version_and_can_be_taken_over() {
 
 #[tokio::test]
 async fn an_invalid_record_keeps_its_generation_and_can_be_taken_over() {
-    let scratch = Scratch::new("invalid");
-    let path = scratch.join("election.json");
-    let lock = FileLock::open(&path).unwrap();
+    let (_scratch, path, lock) = scratch_lock("invalid");
     fs::write(&path, r#"{"generation":5,"record":{"holderIdentity":"x","leaseDurationSeconds":0}}"#).unwrap();
 
     let stored = lock.get().await.unwrap().unwrap();
@@ -191,9 +187,7 @@ async fn an_invalid_record_keeps_its_generation_and_can_be_taken_over() {
 
 #[tokio::test]
 async fn a_fifo_or_directory_in_place_of_the_file_reads_as_malformed_without_hanging() {
-    let scratch = Scratch::new("special");
-    let path = scratch.join("election.json");
-    let lock = FileLock::open(&path).unwrap();
+    let (_scratch, path, lock) = scratch_lock("special");
     let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
     // SAFETY: `c_path` is a valid NUL-terminated string for the duration of the call.
     assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
@@ -212,9 +206,7 @@ async fn a_fifo_or_directory_in_place_of_the_file_reads_as_malformed_without_han
 
 #[tokio::test]
 async fn a_recreated_file_does_not_match_a_version_read_before_its_deletion() {
-    let scratch = Scratch::new("recreated");
-    let path = scratch.join("election.json");
-    let old_holder = FileLock::open(&path).unwrap();
+    let (_scratch, path, old_holder) = scratch_lock("recreated");
     let stale = old_holder.create(&record("a", 0)).await.unwrap();
     fs::remove_file(&path).unwrap();
     let newcomer = FileLock::open(&path).unwrap();
@@ -226,9 +218,7 @@ async fn a_recreated_file_does_not_match_a_version_read_before_its_deletion() {
 
 #[tokio::test]
 async fn leftover_temporary_files_are_ignored_by_readers_and_removed_by_writers() {
-    let scratch = Scratch::new("leftovers");
-    let path = scratch.join("election.json");
-    let lock = FileLock::open(&path).unwrap();
+    let (scratch, path, lock) = scratch_lock("leftovers");
     let version = lock.create(&record("a", 0)).await.unwrap();
     // What writers killed between creating and renaming their temporary file leave behind.
     fs::write(scratch.join(".election.json.tmp.999999.0"), r#"{"generation":2,"rec"#).unwrap();
@@ -255,9 +245,8 @@ fn stopped_writer(scratch: &Scratch, generation: u64, document: &str) -> PathBuf
 
 #[tokio::test]
 async fn a_writer_stopped_in_the_middle_of_a_write_blocks_nobody_and_its_write_never_lands() {
-    let scratch = Scratch::new("stopped-writer");
-    let path = scratch.join("election.json");
-    let lock = FileLock::open(&path).unwrap().with_lock_wait(Duration::from_millis(50));
+    let (scratch, path, lock) = scratch_lock("stopped-writer");
+    let lock = lock.with_lock_wait(Duration::from_millis(50));
     let version = lock.create(&record("a", 0)).await.unwrap();
     let stale = stopped_writer(&scratch, 2, r#"{"generation":2,"record":{"holderIdentity":"stopped"}}"#);
 
@@ -281,9 +270,8 @@ async fn a_writer_stopped_in_the_middle_of_a_write_blocks_nobody_and_its_write_n
 
 #[tokio::test]
 async fn a_stopped_writers_claim_does_not_block_creating_the_lock_either() {
-    let scratch = Scratch::new("stopped-creator");
-    let path = scratch.join("election.json");
-    let lock = FileLock::open(&path).unwrap().with_lock_wait(Duration::from_millis(50));
+    let (scratch, path, lock) = scratch_lock("stopped-creator");
+    let lock = lock.with_lock_wait(Duration::from_millis(50));
     let stale = stopped_writer(&scratch, 1, r#"{"generation":1,"record":{"holderIdentity":"stopped"}}"#);
     lock.create(&record("a", 0)).await.unwrap();
     assert!(fs::rename(&stale, &path).is_err());
@@ -388,10 +376,9 @@ fn default_path_is_one_file_per_election_in_a_per_user_directory() {
 
 #[test]
 fn open_names_the_lock_by_its_absolute_path() {
-    let scratch = Scratch::new("describe");
-    let lock = FileLock::open(scratch.join("election.json")).unwrap();
-    assert_eq!(lock.path(), scratch.join("election.json"));
-    assert_eq!(lock.describe(), format!("file://{}", scratch.join("election.json").display()));
+    let (_scratch, path, lock) = scratch_lock("describe");
+    assert_eq!(lock.path(), path);
+    assert_eq!(lock.describe(), format!("file://{}", path.display()));
 
     // Relative to the current directory, which exists, so nothing is created.
     let relative = FileLock::open("relative-election.json").unwrap();
@@ -413,9 +400,7 @@ fn open_refuses_a_path_that_is_not_a_file() {
 
 #[tokio::test]
 async fn watch_reports_a_change_made_through_another_handle_and_nothing_else() {
-    let scratch = Scratch::new("watch-handle");
-    let path = scratch.join("election.json");
-    let watcher = FileLock::open(&path).unwrap();
+    let (scratch, path, watcher) = scratch_lock("watch-handle");
     let writer = FileLock::open(&path).unwrap();
     let version = writer.create(&record("a", 0)).await.unwrap();
     let mut changes = watcher.watch().unwrap();
@@ -431,9 +416,7 @@ async fn watch_reports_a_change_made_through_another_handle_and_nothing_else() {
 
 #[tokio::test]
 async fn watch_reports_deletion_and_recreation() {
-    let scratch = Scratch::new("watch-delete");
-    let path = scratch.join("election.json");
-    let lock = FileLock::open(&path).unwrap();
+    let (_scratch, path, lock) = scratch_lock("watch-delete");
     lock.create(&record("a", 0)).await.unwrap();
     let mut changes = lock.watch().unwrap();
 
@@ -445,9 +428,7 @@ async fn watch_reports_deletion_and_recreation() {
 
 #[tokio::test]
 async fn watch_reports_a_foreign_writer_that_writes_in_place() {
-    let scratch = Scratch::new("watch-foreign");
-    let path = scratch.join("election.json");
-    let lock = FileLock::open(&path).unwrap();
+    let (_scratch, path, lock) = scratch_lock("watch-foreign");
     lock.create(&record("a", 0)).await.unwrap();
     let mut changes = lock.watch().unwrap();
 
@@ -459,9 +440,7 @@ async fn watch_reports_a_foreign_writer_that_writes_in_place() {
 
 #[tokio::test]
 async fn watch_reports_a_change_made_by_another_process() {
-    let scratch = Scratch::new("watch-process");
-    let path = scratch.join("election.json");
-    let lock = FileLock::open(&path).unwrap();
+    let (_scratch, path, lock) = scratch_lock("watch-process");
     lock.create(&record("a", 0)).await.unwrap();
     let mut changes = lock.watch().unwrap();
 
@@ -588,7 +567,7 @@ async fn hammer(lock: FileLock, identity: String) {
     report("done");
 }
 
-/// One hammering child and what it reported so far.
+/// One hammering child.
 struct Hammer {
     process: Child,
     reader: Option<std::thread::JoinHandle<()>>,
@@ -615,6 +594,64 @@ fn start_hammer(path: &Path, index: usize, lines: mpsc::Sender<(usize, String)>)
         }
     });
     Hammer { process, reader: Some(reader) }
+}
+
+const ROUNDS: usize = 20;
+const CHILDREN: usize = 3;
+
+/// One round of `CHILDREN` hammering children, and what they reported so far.
+struct Round {
+    children: Vec<Hammer>,
+    receiver: mpsc::Receiver<(usize, String)>,
+    lines: HashMap<usize, Vec<String>>,
+}
+
+impl Round {
+    fn start(path: &Path) -> Round {
+        let (sender, receiver) = mpsc::channel();
+        let children = (0..CHILDREN).map(|i| start_hammer(path, i, sender.clone())).collect();
+        Round { children, receiver, lines: HashMap::new() }
+    }
+
+    /// The next report: which child sent it, and whether it says a write succeeded.
+    fn receive(&mut self) -> (usize, bool) {
+        let (index, line) = self.receiver.recv_timeout(PATIENCE).expect("the children stopped reporting (blocked?)");
+        let is_ok = line.starts_with("ok ");
+        self.lines.entry(index).or_default().push(line);
+        (index, is_ok)
+    }
+
+    /// Waits until the children have reported `count` successful writes.
+    fn writes(&mut self, count: usize) {
+        let mut writes = 0;
+        while writes < count {
+            writes += usize::from(self.receive().1);
+        }
+    }
+
+    /// Asks the children to stop and waits for them; every child but `victim` (killed) must
+    /// exit successfully and have reported its end. Returns each child's outcome.
+    fn finish(mut self, round: usize, victim: Option<usize>) -> Vec<Outcome> {
+        for child in &mut self.children {
+            drop(child.process.stdin.take());
+        }
+        for (index, child) in self.children.iter_mut().enumerate() {
+            let status = child.process.wait().unwrap();
+            assert!(Some(index) == victim || status.success(), "round {round}: child {index} failed: {status}");
+            child.reader.take().unwrap().join().unwrap();
+        }
+        while let Ok((index, line)) = self.receiver.try_recv() {
+            self.lines.entry(index).or_default().push(line);
+        }
+        let outcomes: Vec<Outcome> =
+            (0..CHILDREN).map(|i| outcome(self.lines.get(&i).map_or(&[][..], Vec::as_slice))).collect();
+        for (index, outcome) in outcomes.iter().enumerate() {
+            if Some(index) != victim {
+                assert!(outcome.finished && outcome.in_flight.is_none(), "round {round}: child {index}: {outcome:?}");
+            }
+        }
+        outcomes
+    }
 }
 
 /// What one child's report says about the writes it made.
@@ -651,6 +688,23 @@ fn outcome(lines: &[String]) -> Outcome {
     outcome
 }
 
+/// The values the children were told they wrote, each written once.
+fn applied_once(round: usize, outcomes: &[Outcome]) -> BTreeSet<i64> {
+    let mut applied = BTreeSet::new();
+    for &value in outcomes.iter().flat_map(|o| &o.applied) {
+        assert!(applied.insert(value), "round {round}: {value} was written twice");
+    }
+    applied
+}
+
+/// The writes counted in the record's `leaderTransitions`.
+fn read_counter(runtime: &tokio::runtime::Runtime, lock: &FileLock) -> i64 {
+    match runtime.block_on(lock.get()).unwrap() {
+        Some(StoredRecord { record: Ok(record), .. }) => record.leader_transitions,
+        other => panic!("the file is not a record: {other:?}"),
+    }
+}
+
 /// Watches the lock during the whole run and counts what no reader may ever see.
 #[derive(Debug, Default)]
 struct WatchTally {
@@ -660,17 +714,9 @@ struct WatchTally {
 
 #[test]
 fn killed_writers_never_tear_the_record_lose_an_increment_or_leave_the_lock_stuck() {
-    const ROUNDS: usize = 20;
-    const CHILDREN: usize = 3;
-    let scratch = Scratch::new("kill");
-    let path = scratch.join("election.json");
+    let (scratch, path, lock) = scratch_lock("kill");
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let lock = FileLock::open(&path).unwrap();
     runtime.block_on(lock.create(&record("", 0))).unwrap();
-    let read_counter = || match runtime.block_on(lock.get()).unwrap() {
-        Some(StoredRecord { record: Ok(record), .. }) => record.leader_transitions,
-        other => panic!("the file is not a record: {other:?}"),
-    };
 
     let tally = Arc::new(Mutex::new(WatchTally::default()));
     let mut changes = lock.watch().unwrap();
@@ -688,65 +734,27 @@ fn killed_writers_never_tear_the_record_lose_an_increment_or_leave_the_lock_stuc
     let mut rng = rand::rng();
     let (mut total_applied, mut killed_mid_write) = (0, 0);
     for round in 0..ROUNDS {
-        let before = read_counter();
-        let (sender, receiver) = mpsc::channel();
-        let mut children: Vec<Hammer> = (0..CHILDREN).map(|i| start_hammer(&path, i, sender.clone())).collect();
-        drop(sender);
-        let mut lines: HashMap<usize, Vec<String>> = HashMap::new();
-        let receive = |lines: &mut HashMap<usize, Vec<String>>| {
-            let (index, line) = receiver.recv_timeout(PATIENCE).expect("children stopped reporting");
-            let is_ok = line.starts_with("ok ");
-            lines.entry(index).or_default().push(line);
-            is_ok
-        };
-
+        let before = read_counter(&runtime, &lock);
+        let mut hammers = Round::start(&path);
         // Let them hammer for a random number of writes, then kill one at whatever it is doing.
-        let writes_before_kill = rng.random_range(1..=30);
-        let mut writes = 0;
-        while writes < writes_before_kill {
-            writes += usize::from(receive(&mut lines));
-        }
+        hammers.writes(rng.random_range(1..=30));
         // A random pause (not synchronisation) so that kills land at every point of a write.
         std::thread::sleep(Duration::from_micros(rng.random_range(0..2000)));
         let victim = rng.random_range(0..CHILDREN);
-        children[victim].process.kill().unwrap();
-        let status = children[victim].process.wait().unwrap();
+        hammers.children[victim].process.kill().unwrap();
+        let status = hammers.children[victim].process.wait().unwrap();
         assert_eq!(status.signal(), Some(libc::SIGKILL), "round {round}: the victim was not killed");
-        read_counter(); // panics unless the file holds a whole record
+        read_counter(&runtime, &lock); // panics unless the file holds a whole record
 
         // The survivors keep going: nothing the victim left blocks them.
-        let mut writes_after_kill = 0;
-        while writes_after_kill < 3 {
-            writes_after_kill += usize::from(receive(&mut lines));
-        }
-        for child in &mut children {
-            drop(child.process.stdin.take()); // asks the survivors to stop
-        }
-        for (index, child) in children.iter_mut().enumerate() {
-            let status = child.process.wait().unwrap();
-            assert!(index == victim || status.success(), "round {round}: child {index} failed: {status}");
-            child.reader.take().unwrap().join().unwrap();
-        }
-        while let Ok((index, line)) = receiver.try_recv() {
-            lines.entry(index).or_default().push(line);
-        }
+        hammers.writes(3);
+        let outcomes = hammers.finish(round, Some(victim));
 
         // Exact accounting: every value from `before` to `after` was written exactly once, by a
         // write its child reported, or by the one write the victim had in flight.
-        let after = read_counter();
-        let mut applied = BTreeSet::new();
-        let mut in_flight = None;
-        for index in 0..CHILDREN {
-            let outcome = outcome(lines.get(&index).map_or(&[][..], Vec::as_slice));
-            if index == victim {
-                in_flight = outcome.in_flight;
-            } else {
-                assert!(outcome.finished && outcome.in_flight.is_none(), "round {round}: child {index}: {outcome:?}");
-            }
-            for value in outcome.applied {
-                assert!(applied.insert(value), "round {round}: {value} was written twice");
-            }
-        }
+        let after = read_counter(&runtime, &lock);
+        let applied = applied_once(round, &outcomes);
+        let in_flight = outcomes[victim].in_flight;
         let expected: BTreeSet<i64> = (before + 1..=after).collect();
         let unreported: Vec<i64> = expected.difference(&applied).copied().collect();
         assert!(applied.is_subset(&expected), "round {round}: reported writes {applied:?} beyond {before}..={after}");
@@ -784,49 +792,27 @@ fn killed_writers_never_tear_the_record_lose_an_increment_or_leave_the_lock_stuc
 /// wrote lands over a newer record.
 #[test]
 fn stopped_writers_block_nobody_and_never_land_a_stale_write() {
-    const ROUNDS: usize = 20;
-    const CHILDREN: usize = 3;
-    let scratch = Scratch::new("stop");
-    let path = scratch.join("election.json");
+    let (_scratch, path, lock) = scratch_lock("stop");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let lock = FileLock::open(&path).unwrap();
     runtime.block_on(lock.create(&record("", 0))).unwrap();
-    let read_counter = || match runtime.block_on(lock.get()).unwrap() {
-        Some(StoredRecord { record: Ok(record), .. }) => record.leader_transitions,
-        other => panic!("the file is not a record: {other:?}"),
-    };
 
     let mut rng = rand::rng();
     let (mut writes_while_stopped, mut skipped_generations) = (0, 0);
     for round in 0..ROUNDS {
-        let before = read_counter();
+        let before = read_counter(&runtime, &lock);
         let generation_before = document(&path)["generation"].as_i64().unwrap();
-        let (sender, receiver) = mpsc::channel();
-        let mut children: Vec<Hammer> = (0..CHILDREN).map(|i| start_hammer(&path, i, sender.clone())).collect();
-        drop(sender);
-        let mut lines: HashMap<usize, Vec<String>> = HashMap::new();
-        let receive = |lines: &mut HashMap<usize, Vec<String>>| {
-            let (index, line) = receiver.recv_timeout(PATIENCE).expect("the writers were blocked");
-            let is_ok = line.starts_with("ok ");
-            lines.entry(index).or_default().push(line);
-            (index, is_ok)
-        };
-
-        let writes_before_stop = rng.random_range(1..=30);
-        let mut writes = 0;
-        while writes < writes_before_stop {
-            writes += usize::from(receive(&mut lines).1);
-        }
+        let mut hammers = Round::start(&path);
+        hammers.writes(rng.random_range(1..=30));
         // A random pause (not synchronisation) so that stops land at every point of a write.
         std::thread::sleep(Duration::from_micros(rng.random_range(0..2000)));
         let victim = rng.random_range(0..CHILDREN);
-        let pid = children[victim].process.id() as i32;
+        let pid = hammers.children[victim].process.id() as i32;
         // SAFETY: kill only sends a signal to our own child.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
         // Until the victim is stopped for sure, its lines may still arrive.
         let mut others_wrote = 0;
         while others_wrote < 10 {
-            let (index, ok) = receive(&mut lines);
+            let (index, ok) = hammers.receive();
             others_wrote += usize::from(ok && index != victim);
         }
         writes_while_stopped += others_wrote;
@@ -834,33 +820,15 @@ fn stopped_writers_block_nobody_and_never_land_a_stale_write() {
         assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
         let mut victim_after = 0;
         while victim_after < 2 {
-            let (index, _) = receive(&mut lines);
-            victim_after += usize::from(index == victim);
+            victim_after += usize::from(hammers.receive().0 == victim);
         }
-        for child in &mut children {
-            drop(child.process.stdin.take());
-        }
-        for (index, child) in children.iter_mut().enumerate() {
-            let status = child.process.wait().unwrap();
-            assert!(status.success(), "round {round}: child {index} failed: {status}");
-            child.reader.take().unwrap().join().unwrap();
-        }
-        while let Ok((index, line)) = receiver.try_recv() {
-            lines.entry(index).or_default().push(line);
-        }
+        let outcomes = hammers.finish(round, None);
 
         // Exact accounting: every value from `before` to `after` was written exactly once, each
         // by a write its child was told succeeded.
-        let after = read_counter();
-        let mut applied = BTreeSet::new();
-        for index in 0..CHILDREN {
-            let outcome = outcome(lines.get(&index).map_or(&[][..], Vec::as_slice));
-            assert!(outcome.finished && outcome.in_flight.is_none(), "round {round}: child {index}: {outcome:?}");
-            for value in outcome.applied {
-                assert!(applied.insert(value), "round {round}: {value} was written twice");
-            }
-        }
+        let after = read_counter(&runtime, &lock);
         let expected: BTreeSet<i64> = (before + 1..=after).collect();
+        let applied = applied_once(round, &outcomes);
         assert_eq!(applied, expected, "round {round}: reported writes and the record's counter differ");
         let generation = document(&path)["generation"].as_i64().unwrap();
         skipped_generations += generation - generation_before - (after - before);

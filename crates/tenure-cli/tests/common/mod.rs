@@ -158,6 +158,12 @@ pub fn http_leader(address: &str) -> Option<String> {
     answer["name"].as_str().map(str::to_owned)
 }
 
+/// Waits up to `limit` until the `tenure elect --http` at `address` names `leader`; panics with
+/// `what` otherwise.
+pub fn wait_for_leader(address: &str, leader: &str, limit: Duration, what: &str) {
+    wait_until(limit, || (http_leader(address)? == leader).then_some(())).expect(what);
+}
+
 /// A directory removed at the end of the test.
 pub struct TempDir(pub PathBuf);
 
@@ -193,6 +199,11 @@ pub fn file_url(path: &Path) -> String {
     format!("file://{}", path.display())
 }
 
+/// A command line's words, for arguments without spaces.
+pub fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
 /// Runs `tenure ARGS...` to completion; returns (exit code, stdout, stderr).
 pub fn run_to_end(args: &[&str]) -> (i32, String, String) {
     let output = without_cluster(Command::new(TENURE).args(args)).stdin(Stdio::null()).output().expect("run tenure");
@@ -201,6 +212,13 @@ pub fn run_to_end(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
+}
+
+/// `tenure status --output json` of `election` on `lock_url`, which must exit 0.
+pub fn status_json(election: &str, lock_url: &str) -> serde_json::Value {
+    let (code, stdout, stderr) = run_to_end(&["status", "--election", election, "--lock", lock_url, "--output=json"]);
+    assert_eq!(code, 0, "{stderr}");
+    serde_json::from_str(&stdout).unwrap()
 }
 
 /// Starts `tenure elect` as `id` in `election` on `lock_url` with `--ttl`, serving HTTP on a free
@@ -310,14 +328,52 @@ pub fn wait_for_watched_leaders(watch: &Tenure, expected: &[&str]) {
     assert!(seen.windows(2).all(|pair| pair[0].1 < pair[1].1), "terms do not grow: {seen:?}");
 }
 
+/// Starts candidate "one" (`--ttl 3s`) on `lock_url`, then, once it leads, "two": each with its
+/// HTTP address, once "two" follows "one".
+pub fn start_one_then_two(election: &str, lock_url: &str) -> [(Tenure, String); 2] {
+    let one = start_elect("one", election, lock_url, "3s");
+    wait_for_leader(&one.1, "one", Duration::from_secs(10), "one leads");
+    let two = start_elect("two", election, lock_url, "3s");
+    wait_for_leader(&two.1, "one", Duration::from_secs(10), "two follows");
+    [one, two]
+}
+
+/// "one" leads and "two" follows on `lock_url` (a store other than the file lock), `status`
+/// agrees, `while_one_leads` checks more; on SIGTERM "one" exits 0 and "two" takes over within a
+/// second, under a greater term.
+pub fn assert_status_agrees_and_sigterm_hands_over(election: &str, lock_url: &str, while_one_leads: impl FnOnce()) {
+    let [(mut one, _), (_two, two_http)] = start_one_then_two(election, lock_url);
+    let status = status_json(election, lock_url);
+    assert_eq!(status["leader"], "one");
+    let first_term = status["term"].as_i64().expect("a numeric term");
+    while_one_leads();
+
+    one.signal(libc::SIGTERM);
+    let stopped = Instant::now();
+    wait_for_leader(&two_http, "two", Duration::from_secs(5), "the follower takes over");
+    assert!(stopped.elapsed() < Duration::from_secs(1), "handover took {:?}", stopped.elapsed());
+    assert_eq!(one.exit_code(Duration::from_secs(5)), 0);
+    let status = status_json(election, lock_url);
+    assert_eq!(status["leader"], "two");
+    assert!(status["term"].as_i64().unwrap() > first_term, "terms grow: {status}");
+}
+
+/// `tenure run --ttl 3s` on `lock_url`: the command sees a positive `TENURE_TERM`, and its exit
+/// status is tenure's.
+pub fn assert_run_passes_the_term_and_the_exit_status(election: &str, lock_url: &str) {
+    let script = "echo term=$TENURE_TERM; exit 7";
+    let (code, stdout, stderr) =
+        run_to_end(&["run", "--election", election, "--lock", lock_url, "--ttl", "3s", "--", "sh", "-c", script]);
+    assert_eq!(code, 7, "{stderr}");
+    let term: u64 = stdout.trim().strip_prefix("term=").and_then(|t| t.parse().ok()).expect("a numeric term");
+    assert!(term > 0);
+}
+
 /// Starts a `status --watch`, then candidates "one" and "two" (`--ttl 3s`) on `lock_url`, stops
 /// "one", and checks that the watch printed "one" and then "two".
 pub fn assert_watch_follows_a_handover(election: &str, lock_url: &str) {
     let watch = watch_election(election, lock_url);
-    let (mut first, first_http) = start_elect("one", election, lock_url, "3s");
-    wait_until(Duration::from_secs(10), || (http_leader(&first_http)? == "one").then_some(())).expect("one leads");
-    let (_second, second_http) = start_elect("two", election, lock_url, "3s");
-    wait_until(Duration::from_secs(10), || (http_leader(&second_http)? == "one").then_some(())).expect("two follows");
+    let [(mut first, _), _second] = start_one_then_two(election, lock_url);
     wait_for_watched_leaders(&watch, &["one"]);
     first.signal(libc::SIGTERM);
     wait_for_watched_leaders(&watch, &["one", "two"]);

@@ -4,7 +4,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
+use tenure::Elector;
+use tokio::time::timeout;
 use tracing::field::{Field, Visit};
 use tracing::Level;
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -44,6 +47,31 @@ pub fn lines_of(lines: &Lines, identity: &str, message: &str) -> Vec<Line> {
         .filter(|l| l.message == message && l.fields.get("identity").map(String::as_str) == Some(identity))
         .cloned()
         .collect()
+}
+
+/// `b` follows `a`, which leads: `b` logs "leader observed" for `a` at INFO with `a`'s term; once
+/// `a` shut down and `b` leads, `b` logs itself with its own term before its snapshot names it.
+pub async fn assert_each_observed_leader_is_logged(lines: &Lines, a: Elector, b: impl FnOnce() -> Elector) {
+    let bound = Duration::from_secs(10);
+    let first = timeout(bound, a.acquired()).await.expect("a leads").expect("tenure");
+    let b = b();
+    let mut b_view = b.subscribe();
+    let names = |leader: &'static str| move |l: &tenure::Leadership| l.leader.as_deref() == Some(leader);
+    timeout(bound, b_view.wait_for(names("a"))).await.expect("b sees a lead").expect("b running");
+    let seen = lines_of(lines, "b", "leader observed");
+    let line = seen.iter().find(|l| l.fields.get("leader").map(String::as_str) == Some("a")).expect("b logged a");
+    assert_eq!(line.level, Level::INFO);
+    assert_eq!(line.fields.get("term"), Some(&first.term().0.to_string()));
+
+    drop(first);
+    a.shutdown().await.expect("shutdown");
+    let second = timeout(bound, b.acquired()).await.expect("b leads").expect("tenure");
+    timeout(bound, b_view.wait_for(names("b"))).await.expect("b names itself").expect("b running");
+    let (seen, term) = (lines_of(lines, "b", "leader observed"), second.term().0.to_string());
+    let field = |l: &Line, name: &str| l.fields.get(name).cloned().unwrap_or_default();
+    assert!(seen.iter().any(|l| field(l, "leader") == "b" && field(l, "term") == term), "{seen:?}");
+    drop(second);
+    b.shutdown().await.expect("shutdown");
 }
 
 struct Recorder(Lines);

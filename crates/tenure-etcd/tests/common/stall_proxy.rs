@@ -3,14 +3,20 @@
 //! and the kernel buffers, new connections are accepted but get no answer), close every open
 //! connection, and resume forwarding (held bytes then flow on, as after a network stall).
 //!
+//! Also the steps of the fencing tests that stall a leader's store.
+//!
 //! Shared by the etcd and ZooKeeper tests (the ZooKeeper tests include this file by path).
 #![allow(dead_code)]
 
+use std::time::Duration;
+
+use tenure::{Elector, Role, Tenure};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, timeout, Instant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct State {
@@ -105,4 +111,78 @@ async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut state: watch:
             return;
         }
     }
+}
+
+/// Waits until `tenure`'s deadline moves: the store has just answered a renewal (an etcd
+/// keep-alive, a ZooKeeper heartbeat).
+pub async fn next_renewal(tenure: &Tenure) {
+    let before = tenure.valid_until();
+    let bound = Instant::now() + Duration::from_secs(5);
+    while tenure.valid_until() == before {
+        assert!(Instant::now() < bound, "no renewal within 5 s");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// With `proxy` stalled, waits for `tenure` to end while the store comes back 150 ms after the
+/// tenure's deadline (it still keeps the lease or session then: the late answers must not revive
+/// the tenure). Returns when the tenure ended; fails unless that was by the deadline + `tolerance`.
+pub async fn ended_despite_the_stall(proxy: &StallProxy, tenure: &Tenure, tolerance: Duration) -> Instant {
+    let deadline = tenure.valid_until();
+    let stall_ends = async {
+        sleep_until(deadline + Duration::from_millis(150)).await;
+        proxy.resume();
+    };
+    let (ended, ()) = tokio::join!(
+        async {
+            let bound = deadline.saturating_duration_since(Instant::now()) + tolerance;
+            timeout(bound, tenure.ended()).await.map(|()| Instant::now())
+        },
+        stall_ends
+    );
+    ended.expect("the tenure did not end by its deadline + the tolerance")
+}
+
+/// Waits until `elector` leads again, under a term greater than the ended `first`'s, and checks
+/// that `first` stays ended with the deadline it had. Returns the new tenure.
+pub async fn leads_again_only_under_a_greater_term(elector: &Elector, first: &Tenure, deadline: Instant) -> Tenure {
+    let mut leadership = elector.subscribe();
+    let again = timeout(
+        Duration::from_secs(15),
+        leadership.wait_for(|l| l.role == Role::Leader && l.term.is_some_and(|t| t > first.term())),
+    )
+    .await
+    .expect("leads again with a greater term")
+    .expect("elector running")
+    .clone();
+    let second = elector.acquired().await.expect("tenure");
+    assert!(second.term() > first.term(), "term {} after term {}", second.term(), first.term());
+    assert_eq!(again.term, Some(second.term()));
+    assert!(!first.is_valid(), "the ended tenure came back");
+    assert_eq!(first.valid_until(), deadline, "the ended tenure's deadline moved");
+    second
+}
+
+/// `tenure run` after a stall of the leader's store: with `proxy` stalled, the store comes back
+/// 150 ms after the deadline of `first` (the leader's tenure), which ends; the work of that tenure
+/// (`first`, held like `tenure run` holds it until its command exits) takes 600 ms more, and `b`
+/// must not lead before it is over (the lease or session outlives the deadline by 1 s). Returns
+/// the deadline, when `first` was dropped, and b's tenure (within `limit` after that).
+pub async fn next_leader_waits_for_the_work(
+    proxy: &StallProxy,
+    first: Tenure,
+    b: &Elector,
+    limit: Duration,
+) -> (Instant, Instant, Tenure) {
+    let deadline = first.valid_until();
+    sleep_until(deadline + Duration::from_millis(150)).await;
+    proxy.resume();
+    timeout(Duration::from_secs(1), first.ended()).await.expect("the tenure ended by its deadline");
+    let work_over = deadline + Duration::from_millis(600);
+    let early = timeout(work_over.saturating_duration_since(Instant::now()), b.acquired()).await;
+    assert!(early.is_err(), "b led while the ended tenure's work still ran");
+    drop(first);
+    let dropped = Instant::now();
+    let second = timeout(limit, b.acquired()).await.expect("b leads").expect("tenure");
+    (deadline, dropped, second)
 }

@@ -82,16 +82,19 @@ fn have_zookeeper() -> Result<(), String> {
 /// ZooKeeper or Java is not installed. With `CI=true` a missing server fails the test.
 pub fn server() -> Option<&'static ZkServer> {
     static SERVER: OnceLock<Result<ZkServer, String>> = OnceLock::new();
-    match SERVER.get_or_init(start_server) {
-        Ok(server) => Some(server),
-        Err(why) => {
-            if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
-                panic!("ZooKeeper integration tests need a server and CI=true: {why}");
-            }
-            eprintln!("skipped: {why}");
-            None
+    or_skip(SERVER.get_or_init(|| start_server_with(None)).as_ref().map_err(String::clone))
+}
+
+/// The server, or `None` (after printing "skipped") when it could not start; with `CI=true` a
+/// missing server fails the test.
+fn or_skip<T>(started: Result<T, String>) -> Option<T> {
+    if let Err(why) = &started {
+        if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
+            panic!("ZooKeeper integration tests need a server and CI=true: {why}");
         }
+        eprintln!("skipped: {why}");
     }
+    started.ok()
 }
 
 fn free_port() -> u16 {
@@ -112,26 +115,13 @@ fn remove_stale_dirs() {
     }
 }
 
-fn start_server() -> Result<ZkServer, String> {
-    start_server_with(None)
-}
-
 /// A server of its own whose clients must use TLS: `servers` names its TLS port only (the plain
 /// port stays open on `port` for the readiness probe). The PKI is generated into its directory.
 /// With `client_auth` the server demands a client certificate signed by the CA.
 pub fn tls_server(client_auth: bool) -> Option<(ZkServer, certs::TestPki)> {
     let dir = std::env::temp_dir().join(format!("tenure-zk-test-{}-pki-{}", std::process::id(), free_port()));
     let pki = certs::TestPki::generate(&dir);
-    match start_server_with(Some((&pki, client_auth))) {
-        Ok(server) => Some((server, pki)),
-        Err(why) => {
-            if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
-                panic!("ZooKeeper integration tests need a server and CI=true: {why}");
-            }
-            eprintln!("skipped: {why}");
-            None
-        }
-    }
+    or_skip(start_server_with(Some((&pki, client_auth))).map(|server| (server, pki)))
 }
 
 fn start_server_with(tls: Option<(&certs::TestPki, bool)>) -> Result<ZkServer, String> {
@@ -177,16 +167,7 @@ fn start_server_with(tls: Option<(&certs::TestPki, bool)>) -> Result<ZkServer, S
 impl ZkServer {
     /// A server of its own for a test that stops and restarts it; `None` as for [`server`].
     pub fn private() -> Option<ZkServer> {
-        match start_server() {
-            Ok(server) => Some(server),
-            Err(why) => {
-                if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
-                    panic!("ZooKeeper integration tests need a server and CI=true: {why}");
-                }
-                eprintln!("skipped: {why}");
-                None
-            }
-        }
+        or_skip(start_server_with(None))
     }
 
     /// Starts the JVM on this server's configuration and waits until it serves.
@@ -398,20 +379,6 @@ impl ChildProcess {
     /// Every line available now.
     pub fn drain(&self) -> Vec<String> {
         self.lines.try_iter().collect()
-    }
-
-    /// Waits until the child has exited or `limit` passed; true when it exited.
-    pub fn exited_within(&mut self, limit: Duration) -> bool {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return true;
-            }
-            if Instant::now() > deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(10)); // no way to wait on a pid with a timeout
-        }
     }
 
     pub fn send(&mut self, line: &str) {
