@@ -75,7 +75,8 @@ fn is_leader(address: &str) -> bool {
     http_get(address, "/isLeader").is_some_and(|body| body.contains("true"))
 }
 
-/// Agreement within 30 s: a coordinated handover goes through the coordinator (lease release, candidate pings), which a machine loaded several times over can stretch past 15 s.
+/// Agreement within 30 s: a coordinated handover goes through the coordinator (lease release,
+/// candidate pings), which a machine loaded several times over stretched past 15 s once.
 fn the_leader(addresses: &[&str]) -> String {
     wait_until(Duration::from_secs(30), || {
         let first = http_leader(addresses[0]).filter(|l| !l.is_empty())?;
