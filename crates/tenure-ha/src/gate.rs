@@ -139,12 +139,13 @@ pub struct GateBuilder {
 }
 
 impl GateBuilder {
-    /// How long work may finish in-flight handlers after a graceful step-down (resign, shutdown)
-    /// before it is aborted. Default: the elector's renew deadline, which is every elector's
-    /// default drain timeout; keep it no longer than the elector's.
-    pub fn drain_timeout(mut self, drain_timeout: Duration) -> Self {
-        self.drain_timeout = drain_timeout;
-        self
+    setters! {
+        /// How long work may finish in-flight handlers after a graceful step-down (resign, shutdown)
+        /// before it is aborted. Default: the elector's renew deadline, which is every elector's
+        /// default drain timeout; keep it no longer than the elector's.
+        drain_timeout: Duration;
+        /// Reports into these metrics (e.g. from [`GateMetrics::register`]); default: unregistered.
+        metrics: GateMetrics;
     }
 
     /// The delay before the first restart after a failure, and the cap of its doubling.
@@ -159,12 +160,6 @@ impl GateBuilder {
     /// (and this one campaigns again). Default: never; `0` is treated as 1.
     pub fn resign_after_failures(mut self, failures: u32) -> Self {
         self.resign_after_failures = Some(failures.max(1));
-        self
-    }
-
-    /// Reports into these metrics (e.g. from [`GateMetrics::register`]); default: unregistered.
-    pub fn metrics(mut self, metrics: GateMetrics) -> Self {
-        self.metrics = metrics;
         self
     }
 
@@ -226,11 +221,7 @@ impl GateHandle {
     /// keeps running. Returns when the work has stopped.
     pub async fn shutdown(mut self) {
         self.stop.cancel();
-        if let Some(task) = self.task.take() {
-            if let Err(error) = task.await {
-                tracing::error!(%error, "the gate's task failed");
-            }
-        }
+        self.stopped().await;
     }
 
     /// Waits until the gate stops on its own (its elector stopped), without stopping it.
@@ -331,12 +322,8 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
         let mut attempt = 0u32;
         loop {
             let cancel = CancellationToken::new();
-            let ctx = LeaderContext {
-                tenure: tenure.clone(),
-                cancel: cancel.clone(),
-                timing: *config.view.timing(),
-                attempt,
-            };
+            let timing = *config.view.timing();
+            let ctx = LeaderContext { tenure: tenure.clone(), cancel: cancel.clone(), timing, attempt };
             tracing::info!(term = tenure.term().0, attempt, "starting leader work");
             metrics.starts.inc();
             metrics.running.set(1);
@@ -362,27 +349,20 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
                     self.stopped(tenure.term(), reason, Duration::ZERO, false);
                     return self.wait_for_end(tenure).await;
                 }
-                Ended::TenureOver => {
+                Ended::TenureOver | Ended::Shutdown => {
                     cancel.cancel();
-                    let reason = self.why_it_ended(&tenure).await;
+                    let reason = match ended {
+                        Ended::Shutdown => StopReason::Shutdown,
+                        _ => self.why_it_ended(&tenure).await,
+                    };
                     let deadline = self.abort_deadline(reason, &tenure);
                     let term = tenure.term();
                     drop(tenure); // the work's guard is the one the elector waits for
                     let (drained, aborted) = self.drain(task, deadline, reason).await;
                     self.stopped(term, reason, drained, aborted);
-                    return Next::Campaign;
-                }
-                Ended::Shutdown => {
-                    cancel.cancel();
-                    let term = tenure.term();
-                    drop(tenure);
-                    let deadline = Instant::now() + config.drain_timeout;
-                    let (drained, aborted) = self.drain(task, deadline, StopReason::Shutdown).await;
-                    self.stopped(term, StopReason::Shutdown, drained, aborted);
-                    return Next::Stop;
+                    return if reason == StopReason::Shutdown { Next::Stop } else { Next::Campaign };
                 }
             };
-            metrics.running.set(0);
             match flatten(outcome) {
                 Ok(()) => {
                     tracing::info!(term = tenure.term().0, "leader work finished; it starts again on the next tenure");
@@ -393,10 +373,7 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
                     tracing::error!(term = tenure.term().0, attempt, error = %message, "leader work failed");
                     self.stopped(tenure.term(), StopReason::Failed, Duration::ZERO, false);
                     // A run longer than the back-off cap went well for a while: start over.
-                    if started.elapsed() >= backoff.max {
-                        failures = 0;
-                    }
-                    failures += 1;
+                    failures = if started.elapsed() >= backoff.max { 1 } else { failures + 1 };
                     if config.resign_after_failures.is_some_and(|limit| failures >= limit) {
                         tracing::warn!(term = tenure.term().0, failures, "resigning so that another replica tries");
                         return Next::Resign;

@@ -112,41 +112,24 @@ pub struct GcBuilder {
 }
 
 impl GcBuilder {
-    /// Resources younger than this are never deleted. Default: 5 min.
-    pub fn grace(mut self, grace: Duration) -> Self {
-        self.grace = grace;
-        self
-    }
-
-    /// The least time between the two passes that must both see a resource unreferenced.
-    /// Default: 1 min.
-    pub fn confirm_after(mut self, interval: Duration) -> Self {
-        self.confirm_after = interval;
-        self
-    }
-
-    /// At most this many deletions per pass (the rest waits for the next pass). Default: 100.
-    pub fn max_deletions_per_pass(mut self, limit: usize) -> Self {
-        self.max_deletions_per_pass = limit;
-        self
-    }
-
-    /// Report what would be deleted, delete nothing. Default: off.
-    pub fn dry_run(mut self, dry_run: bool) -> Self {
-        self.dry_run = dry_run;
-        self
+    setters! {
+        /// Resources younger than this are never deleted. Default: 5 min.
+        grace: Duration;
+        /// The least time between the two passes that must both see a resource unreferenced.
+        /// Default: 1 min.
+        confirm_after: Duration;
+        /// At most this many deletions per pass (the rest waits for the next pass). Default: 100.
+        max_deletions_per_pass: usize;
+        /// Report what would be deleted, delete nothing. Default: off.
+        dry_run: bool;
+        /// Reports into these metrics (e.g. from [`GcMetrics::register`]).
+        metrics: GcMetrics;
     }
 
     /// Only resources tagged with this owner are ever deleted (untagged and foreign ones are left
     /// alone). Default: every listed resource may be collected.
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
         self.owner = Some(owner.into());
-        self
-    }
-
-    /// Reports into these metrics (e.g. from [`GcMetrics::register`]).
-    pub fn metrics(mut self, metrics: GcMetrics) -> Self {
-        self.metrics = metrics;
         self
     }
 
@@ -287,11 +270,7 @@ impl GarbageCollector {
             let listed_ids: HashSet<&str> = listed.iter().map(|r| r.id.as_str()).collect();
             seen.retain(|id, _| listed_ids.contains(id.as_str()));
             for resource in &listed {
-                let ours = match (&config.owner, &resource.owner) {
-                    (None, _) => true,
-                    (Some(owner), Some(tag)) => owner == tag,
-                    (Some(_), None) => false,
-                };
+                let ours = config.owner.as_ref().is_none_or(|owner| resource.owner.as_ref() == Some(owner));
                 if !ours || referenced.contains(&resource.id) {
                     seen.remove(&resource.id);
                     continue;

@@ -46,6 +46,18 @@
 //! ```
 #![warn(missing_docs)]
 
+/// Builder methods that each set the field of their name: `name: Type` with its doc comment (and
+/// attributes), so that a builder's plain options read as a list instead of a method each.
+macro_rules! setters {
+    ($($(#[$attr:meta])* $name:ident: $type:ty;)*) => {$(
+        $(#[$attr])*
+        pub fn $name(mut self, $name: $type) -> Self {
+            self.$name = $name;
+            self
+        }
+    )*};
+}
+
 pub mod backoff;
 pub mod checkpoint;
 pub mod gate;
