@@ -124,26 +124,22 @@ impl WatchMetrics {
     /// `tenure_ha_watch_retries_total` and `tenure_ha_watch_retry_pending`.
     pub fn register(registry: &mut Registry) -> WatchMetrics {
         let metrics = WatchMetrics::default();
-        registry.register(
-            "tenure_ha_watch_resume_failures",
-            "Resumes from a checkpoint the server no longer keeps (relisted, garbage collected)",
-            metrics.resume_failures.clone(),
-        );
-        registry.register(
-            "tenure_ha_watch_reconciles",
-            "Calls of the leader's handler, retries included",
-            metrics.reconciles.clone(),
-        );
-        registry.register(
-            "tenure_ha_watch_handler_failures",
-            "Calls of the leader's handler that returned an error",
-            metrics.handler_failures.clone(),
-        );
-        registry.register(
-            "tenure_ha_watch_retries",
-            "Calls of the leader's handler that retried a failed change",
-            metrics.retries.clone(),
-        );
+        for (name, help, counter) in [
+            (
+                "tenure_ha_watch_resume_failures",
+                "Resumes from a checkpoint the server no longer keeps (relisted, garbage collected)",
+                &metrics.resume_failures,
+            ),
+            ("tenure_ha_watch_reconciles", "Calls of the leader's handler, retries included", &metrics.reconciles),
+            (
+                "tenure_ha_watch_handler_failures",
+                "Calls of the leader's handler that returned an error",
+                &metrics.handler_failures,
+            ),
+            ("tenure_ha_watch_retries", "Calls of the leader's handler that retried a failed change", &metrics.retries),
+        ] {
+            registry.register(name, help, counter.clone());
+        }
         registry.register(
             "tenure_ha_watch_retry_pending",
             "Objects whose failed change waits for a retry (the checkpoint holds before the oldest)",
@@ -240,31 +236,22 @@ where
         self
     }
 
-    /// Selectors, timeouts and back-off of the watch.
-    #[must_use]
-    pub fn config(mut self, config: ResumeConfig) -> Self {
-        self.config = config;
-        self
-    }
-
-    /// The standby mode (default [`Standby::Cold`]).
-    #[must_use]
-    pub fn standby(mut self, standby: Standby) -> Self {
-        self.standby = standby;
-        self
+    setters! {
+        /// Selectors, timeouts and back-off of the watch.
+        #[must_use]
+        config: ResumeConfig;
+        /// The standby mode (default [`Standby::Cold`]).
+        #[must_use]
+        standby: Standby;
+        /// Reports into these metrics.
+        #[must_use]
+        metrics: WatchMetrics;
     }
 
     /// Runs a garbage collection pass through `trigger` after every failed resume.
     #[must_use]
     pub fn gc_trigger(mut self, trigger: GcTrigger) -> Self {
         self.gc = Some(trigger);
-        self
-    }
-
-    /// Reports into these metrics.
-    #[must_use]
-    pub fn metrics(mut self, metrics: WatchMetrics) -> Self {
-        self.metrics = metrics;
         self
     }
 
@@ -306,14 +293,10 @@ where
             handler,
         });
         let (gate, follower) = match self.standby {
-            Standby::Cold => {
-                let shared = shared.clone();
-                (builder.spawn(move |ctx| shared.clone().lead_cold(ctx)), None)
-            }
+            Standby::Cold => (builder.spawn(move |ctx| shared.clone().lead_cold(ctx)), None),
             Standby::Warm => {
                 let cache = Arc::new(WarmCache::new(own));
                 let follower = tokio::spawn(shared.clone().follow(cache.clone(), stop.clone()));
-                let shared = shared.clone();
                 (builder.spawn(move |ctx| shared.clone().lead_warm(ctx, cache.clone())), Some(follower))
             }
         };
@@ -370,11 +353,6 @@ impl<K> Leader<K>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
-    /// Whether `object` is the one the checkpoint is kept in (its events are skipped).
-    fn is_own(&self, object: &K) -> bool {
-        is_own(self.own.as_ref(), object)
-    }
-
     /// One call of the handler, counted.
     async fn attempt(&self, change: Change<K>, tenure: &Tenure) -> Result<(), String> {
         self.metrics.reconciles.inc();
@@ -402,14 +380,7 @@ where
         }
         if let Err(error) = self.attempt(change.change.clone(), tenure).await {
             let delay = retries.failed(key.clone(), change, hold, Instant::now());
-            tracing::warn!(
-                resource = %self.resource,
-                object = %key,
-                %error,
-                attempts = 1,
-                retry_in = ?delay,
-                "handler failed; retrying with back-off (the checkpoint stays before this change)"
-            );
+            self.warn_failed(&key, &error, 1, delay);
         }
         self.metrics.retry_pending.set(i64::try_from(retries.len()).unwrap_or(i64::MAX));
     }
@@ -433,28 +404,28 @@ where
                 }
                 Err(error) => {
                     let (delay, attempts) = retries.failed_again(&key, Instant::now());
-                    tracing::warn!(
-                        resource = %self.resource,
-                        object = %key,
-                        %error,
-                        attempts,
-                        retry_in = ?delay,
-                        "handler failed; retrying with back-off (the checkpoint stays before this change)"
-                    );
+                    self.warn_failed(&key, &error, attempts, delay);
                 }
             }
         }
         self.metrics.retry_pending.set(i64::try_from(retries.len()).unwrap_or(i64::MAX));
     }
 
+    fn warn_failed(&self, key: &str, error: &str, attempts: u32, delay: Duration) {
+        tracing::warn!(
+            resource = %self.resource,
+            object = %key,
+            %error,
+            attempts,
+            retry_in = ?delay,
+            "handler failed; retrying with back-off (the checkpoint stays before this change)"
+        );
+    }
+
     /// Records how far the checkpoint may go: the last delivered version, or, while changes are
     /// failing, the version before the oldest of them. Recording an unchanged version costs nothing.
     fn record(&self, checkpointer: &Checkpointer, retries: &Retries<K>, delivered: Option<&str>) {
-        let watermark = match retries.watermark() {
-            Some(hold) => hold,
-            None => delivered,
-        };
-        if let Some(version) = watermark {
+        if let Some(version) = retries.watermark().unwrap_or(delivered) {
             checkpointer.record(self.resource.clone(), version);
         }
     }
@@ -503,18 +474,16 @@ where
             let version = event.resource_version();
             let hold = delivered.clone();
             match event {
-                ResumeEvent::Applied(object) | ResumeEvent::Deleted(object) if self.is_own(&object) => {
+                ResumeEvent::Applied(object) | ResumeEvent::Deleted(object) if is_own(self.own.as_ref(), &object) => {
                     // The checkpoint's own write: neither handled nor recorded, or each write
                     // would cause the next.
                     continue;
                 }
                 ResumeEvent::Applied(object) => {
-                    let key = key(&object);
-                    self.offer(&mut retries, key, Queued::applied(object), hold, ctx.tenure()).await;
+                    self.offer(&mut retries, key(&object), Queued::applied(object), hold, ctx.tenure()).await
                 }
                 ResumeEvent::Deleted(object) => {
-                    let key = key(&object);
-                    self.offer(&mut retries, key, Queued::deleted(object, None), hold, ctx.tenure()).await;
+                    self.offer(&mut retries, key(&object), Queued::deleted(object, None), hold, ctx.tenure()).await
                 }
                 ResumeEvent::Progress(_) => {}
                 ResumeEvent::Listed { objects, cause, .. } => {
@@ -532,7 +501,7 @@ where
                             gc.run_now();
                         }
                     }
-                    let objects: Vec<K> = objects.into_iter().filter(|o| !self.is_own(o)).collect();
+                    let objects: Vec<K> = objects.into_iter().filter(|o| !is_own(self.own.as_ref(), o)).collect();
                     retries.listed(&objects.iter().map(key).collect());
                     for object in objects {
                         if ctx.is_cancelled() {
@@ -543,9 +512,7 @@ where
                     }
                 }
             }
-            if let Some(version) = version {
-                delivered = Some(version);
-            }
+            delivered = version.or(delivered);
             self.record(&checkpointer, &retries, delivered.as_deref());
         }
         self.leaving(&retries);
@@ -554,8 +521,7 @@ where
 
     /// Warm standby, every replica: keep the cache and the per-object changes up to date.
     async fn follow(self: Arc<Self>, cache: Arc<WarmCache<K>>, stop: CancellationToken) {
-        let watcher = ResumableWatcher::new(self.api.clone(), self.config.clone(), None);
-        let mut watcher = match watcher {
+        let mut watcher = match ResumableWatcher::new(self.api.clone(), self.config.clone(), None) {
             Ok(watcher) => watcher,
             Err(error) => {
                 tracing::error!(resource = %self.resource, %error, "warm standby cannot watch");
@@ -598,9 +564,7 @@ where
                 }
                 self.offer(&mut retries, key, change, hold.clone(), ctx.tenure()).await;
             }
-            if let Some(version) = version {
-                after = Some(version);
-            }
+            after = version.or(after);
             self.record(&checkpointer, &retries, after.map(|v| v.to_string()).as_deref());
             let due = retries.next_due();
             tokio::select! {
@@ -822,13 +786,9 @@ impl<K: Resource + Clone> WarmCache<K> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn is_own(&self, object: &K) -> bool {
-        is_own(self.own.as_ref(), object)
-    }
-
     fn apply(&self, event: ResumeEvent<K>) {
         if let ResumeEvent::Applied(object) | ResumeEvent::Deleted(object) = &event {
-            if self.is_own(object) {
+            if is_own(self.own.as_ref(), object) {
                 return;
             }
         }
@@ -848,16 +808,12 @@ impl<K: Resource + Clone> WarmCache<K> {
             ResumeEvent::Progress(_) => {}
             ResumeEvent::Listed { objects, .. } => {
                 let listed: BTreeMap<String, K> =
-                    objects.into_iter().filter(|o| !self.is_own(o)).map(|o| (key(&o), o)).collect();
-                let gone: Vec<(String, K)> = state
-                    .objects
-                    .iter()
-                    .filter(|(k, _)| !listed.contains_key(*k))
-                    .map(|(k, o)| (k.clone(), o.clone()))
-                    .collect();
-                for (key, object) in gone {
+                    objects.into_iter().filter(|o| !is_own(self.own.as_ref(), o)).map(|o| (key(&o), o)).collect();
+                let state = &mut *state;
+                for (key, object) in state.objects.iter().filter(|(k, _)| !listed.contains_key(*k)) {
                     // Deleted while this watch was away: the list's version is when it was seen gone.
-                    state.changes.insert(key, Queued { version: reached, change: Change::Deleted(object) });
+                    let deleted = Queued { version: reached, change: Change::Deleted(object.clone()) };
+                    state.changes.insert(key.clone(), deleted);
                 }
                 for (key, object) in &listed {
                     let unchanged =
