@@ -189,9 +189,7 @@ impl GateBuilder {
         ReconcileError: std::error::Error + Send + 'static,
         ErrorPolicy: Fn(Arc<K>, &ReconcileError, Arc<Leading<Ctx>>) -> Action + Send + Sync + 'static,
     {
-        let build = Arc::new(build);
-        let reconcile = Arc::new(reconcile);
-        let error_policy = Arc::new(error_policy);
+        let (build, reconcile, error_policy) = (Arc::new(build), Arc::new(reconcile), Arc::new(error_policy));
         self.spawn(move |leader| {
             let controller = build(leader.tenure()).graceful_shutdown_on(leader.cancellation_token().cancelled_owned());
             let context = Arc::new(Leading { tenure: leader.tenure().clone(), context: context.clone() });

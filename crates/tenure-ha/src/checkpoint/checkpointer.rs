@@ -88,13 +88,10 @@ impl Checkpointer {
         let resumed_from = loaded.as_ref().map(|stored| stored.term);
         let checkpoint = loaded.map(|stored| stored.checkpoint).unwrap_or_else(|| Checkpoint::new(store.controller()));
         store.save(term, &checkpoint).await?;
+        let described = store.describe();
         match resumed_from {
-            Some(from) => {
-                tracing::info!(store = %store.describe(), term = term.0, from = from.0, "resuming from checkpoint")
-            }
-            None => {
-                tracing::info!(store = %store.describe(), term = term.0, "no usable checkpoint; the controller relists")
-            }
+            Some(from) => tracing::info!(store = %described, term = term.0, from = from.0, "resuming from checkpoint"),
+            None => tracing::info!(store = %described, term = term.0, "no usable checkpoint; the controller relists"),
         }
         let shared = Arc::new(Shared {
             state: Mutex::new(State { checkpoint, dirty: false, superseded: false }),

@@ -77,9 +77,7 @@ impl CheckpointStore for EtcdCheckpointStore {
         let superseded = CheckpointError::Superseded { ours: term, newer: None };
         let document = encode(term, checkpoint);
         for _ in 0..SAVE_ATTEMPTS {
-            let Some(leader_key) = self.leader_key(term).await? else {
-                return Err(superseded);
-            };
+            let Some(leader_key) = self.leader_key(term).await? else { return Err(superseded) };
             let stored = self.election.get(&self.key).await.map_err(|e| self.error(e))?;
             check_not_superseded(stored.as_ref().map(|kv| kv.value.as_slice()), term)?;
             let unchanged = match &stored {

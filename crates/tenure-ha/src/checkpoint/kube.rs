@@ -8,11 +8,11 @@
 //! and only when something changed, to a ConfigMap of its own.
 //!
 //! Every save reads the object (or reuses the object as this store last read or wrote it, so a
-//! steady leader makes one request per save, and a new leader's claim right after its load one), refuses if the stored term is newer
-//! ([`super::check_not_superseded`], invariant C1), and replaces it with that `resourceVersion` as
-//! precondition: a concurrent writer makes the replace fail with `409 Conflict`, and the save
-//! starts over from a fresh read, so
-//! the term comparison and the write act as one step.
+//! steady leader makes one request per save, and a new leader's claim right after its load one),
+//! refuses if the stored term is newer ([`super::check_not_superseded`], invariant C1), and replaces
+//! it with that `resourceVersion` as precondition: a concurrent writer makes the replace fail with
+//! `409 Conflict`, and the save starts over from a fresh read, so the term comparison and the write
+//! act as one step.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -87,30 +87,20 @@ impl KubeCheckpointStore {
             Some(object) => Some(object),
             None => self.api.get_opt(&self.name).await.map_err(|e| self.error(e))?,
         };
-        let result = match current {
-            None => {
-                let object = ConfigMap {
-                    metadata: ObjectMeta {
-                        name: Some(self.name.clone()),
-                        annotations: Some(BTreeMap::from([(CHECKPOINT_ANNOTATION.to_owned(), document.to_owned())])),
-                        ..ObjectMeta::default()
-                    },
-                    ..ConfigMap::default()
-                };
-                self.api.create(&PostParams::default(), &object).await
-            }
-            Some(mut object) => {
-                let stored = object.metadata.annotations.as_ref().and_then(|a| a.get(CHECKPOINT_ANNOTATION));
-                check_not_superseded(stored.map(String::as_bytes), term)?;
-                // `object` carries the resourceVersion it was read at: the replace is a
-                // compare-and-swap against it.
-                object
-                    .metadata
-                    .annotations
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert(CHECKPOINT_ANNOTATION.to_owned(), document.to_owned());
-                self.api.replace(&self.name, &PostParams::default(), &object).await
-            }
+        let exists = current.is_some();
+        let mut object = current.unwrap_or_else(|| ConfigMap {
+            metadata: ObjectMeta { name: Some(self.name.clone()), ..ObjectMeta::default() },
+            ..ConfigMap::default()
+        });
+        let annotations = object.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        check_not_superseded(annotations.get(CHECKPOINT_ANNOTATION).map(String::as_bytes), term)?;
+        annotations.insert(CHECKPOINT_ANNOTATION.to_owned(), document.to_owned());
+        // An object read carries the resourceVersion it was read at: the replace is a
+        // compare-and-swap against it.
+        let result = if exists {
+            self.api.replace(&self.name, &PostParams::default(), &object).await
+        } else {
+            self.api.create(&PostParams::default(), &object).await
         };
         match result {
             Ok(written) => {
