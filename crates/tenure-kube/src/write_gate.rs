@@ -131,13 +131,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// ```
 pub fn object_key(namespace: Option<&str>, name: &str) -> String {
     match namespace {
-        Some(namespace) => {
-            let mut key = String::with_capacity(namespace.len() + 1 + name.len());
-            key.push_str(namespace);
-            key.push('/');
-            key.push_str(name);
-            key
-        }
+        Some(namespace) => [namespace, "/", name].concat(),
         None => name.to_owned(),
     }
 }
@@ -191,28 +185,19 @@ impl<'a> WriteTarget<'a> {
     /// assert_eq!(target.object_key().as_deref(), Some("shop/web"));
     /// ```
     pub fn parse(path: &'a str) -> WriteTarget<'a> {
-        let mut target = WriteTarget {
-            path: Cow::Borrowed(path),
-            group: Cow::Borrowed(""),
-            version: Cow::Borrowed(""),
-            resource: Cow::Borrowed(""),
-            namespace: None,
-            name: None,
-            subresource: None,
-            name_from_body: false,
-        };
         let mut segments = path.split('/').filter(|s| !s.is_empty());
         let (group, version) = match segments.next() {
             Some("api") => (Some(""), segments.next()),
             Some("apis") => (segments.next(), segments.next()),
             _ => (None, None),
         };
-        let (Some(group), Some(version)) = (group, version) else { return target };
-        target.group = decode(group);
-        target.version = decode(version);
+        // Not a resource path: no group, version or resource (a version is never empty).
+        let (group, version) = group.zip(version).unwrap_or_default();
         let mut rest: [Option<&'a str>; 5] = [None; 5];
-        for (slot, segment) in rest.iter_mut().zip(segments) {
-            *slot = Some(segment);
+        if !version.is_empty() {
+            for (slot, segment) in rest.iter_mut().zip(segments) {
+                *slot = Some(segment);
+            }
         }
         let (resource, namespace, name, subresource) = match rest {
             // namespaces/NS/RESOURCE[/NAME[/SUBRESOURCE[/...]]]
@@ -224,13 +209,18 @@ impl<'a> WriteTarget<'a> {
             // RESOURCE[/NAME[/SUBRESOURCE[/...]]]: cluster-scoped (a Namespace itself included), or
             // a collection across all namespaces.
             [Some(resource), name, subresource, ..] => (resource, None, name, subresource),
-            [None, ..] => return target,
+            [None, ..] => ("", None, None, None),
         };
-        target.resource = decode(resource);
-        target.namespace = namespace.map(decode);
-        target.name = name.map(decode);
-        target.subresource = subresource.map(decode);
-        target
+        WriteTarget {
+            path: Cow::Borrowed(path),
+            group: decode(group),
+            version: decode(version),
+            resource: decode(resource),
+            namespace: namespace.map(decode),
+            name: name.map(decode),
+            subresource: subresource.map(decode),
+            name_from_body: false,
+        }
     }
 
     /// The request path.
@@ -431,14 +421,7 @@ impl WriteRefused {
     /// The refusal anywhere in an error's chain of sources (a reconciler's error that wraps the
     /// client's, kube-runtime's `Error::ReconcilerFailed`).
     pub fn find_in<'e>(error: &'e (dyn std::error::Error + 'static)) -> Option<&'e WriteRefused> {
-        let mut current = Some(error);
-        while let Some(error) = current {
-            if let Some(refused) = error.downcast_ref::<WriteRefused>() {
-                return Some(refused);
-            }
-            current = error.source();
-        }
-        None
+        std::iter::successors(Some(error), |error| error.source()).find_map(|error| error.downcast_ref())
     }
 }
 
@@ -629,10 +612,6 @@ impl WriteGate {
         kube::Client::new(service, namespace).with_valid_until(valid_until)
     }
 
-    fn refused(&self, method: Method, target: WriteTarget<'_>, key: Option<String>, reason: RefusalReason) -> BoxError {
-        self.metrics.refused(method, target, key, reason)
-    }
-
     /// The decision for one request, before it is sent: `None` for a read (no permission
     /// needed), else the permission to hold while the write is in flight, or the refusal. No
     /// I/O; for a create under an Active/Active gate, the body (already in memory) is read
@@ -643,10 +622,11 @@ impl WriteGate {
         }
         let (method, path) = (request.method(), request.uri().path());
         let admitted = |permit, key| Admitted { permit, method: method.clone(), uri: request.uri().clone(), key };
+        let refused = |target, key, reason| self.metrics.refused(method.clone(), target, key, reason);
         Some(match &self.permission {
             Permission::Leader(source) => match source.tenure() {
                 Some(tenure) => Ok(admitted(Permit::Tenure(tenure), None)),
-                None => Err(self.refused(method.clone(), WriteTarget::parse(path), None, RefusalReason::NotLeader)),
+                None => Err(refused(WriteTarget::parse(path), None, RefusalReason::NotLeader)),
             },
             Permission::Owner { ownership, key: key_fn } => {
                 let mut target = WriteTarget::parse(path);
@@ -677,7 +657,7 @@ impl WriteGate {
                 };
                 match permit {
                     Ok(permit) => Ok(admitted(permit, key)),
-                    Err(reason) => Err(self.refused(method.clone(), target, key, reason)),
+                    Err(reason) => Err(refused(target, key, reason)),
                 }
             }
         })
