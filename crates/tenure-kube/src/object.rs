@@ -78,6 +78,7 @@ pub(crate) type ObjectChanges<K> = Pin<Box<dyn Stream<Item = Result<Option<K>, L
 /// is one PUT (the object as read, with the new record) rather than a GET and a PUT; the PUT
 /// carries the expected `resourceVersion`, so a stale memory can only cause a conflict, never a
 /// lost write.
+#[derive(Clone)]
 pub struct ObjectLock<K: RecordObject> {
     api: Api<K>,
     namespace: String,
@@ -117,18 +118,6 @@ impl<K: Clone> LastSeen<K> {
         if ticket >= self.ticket {
             self.ticket = ticket;
             self.object = object.cloned();
-        }
-    }
-}
-
-impl<K: RecordObject> Clone for ObjectLock<K> {
-    fn clone(&self) -> Self {
-        ObjectLock {
-            api: self.api.clone(),
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-            last_seen: self.last_seen.clone(),
-            watch_open_timeout: self.watch_open_timeout,
         }
     }
 }
