@@ -72,25 +72,15 @@ impl LeadershipChange {
 /// `None`): a new term is a stop of the old tenure and a start of the new one, even if the
 /// follower state in between was never seen.
 pub fn changes(before: Option<Term>, after: Option<Term>) -> Vec<LeadershipChange> {
-    let mut changes = Vec::new();
     if before == after {
-        return changes;
+        return Vec::new();
     }
-    if before.is_some() {
-        changes.push(LeadershipChange::StoppedLeading);
-    }
-    if after.is_some() {
-        changes.push(LeadershipChange::BecameLeader);
-    }
-    changes
+    let stopped = before.map(|_| LeadershipChange::StoppedLeading);
+    stopped.into_iter().chain(after.map(|_| LeadershipChange::BecameLeader)).collect()
 }
 
 fn leading_term(leadership: &Leadership) -> Option<Term> {
-    if leadership.is_leader() {
-        Some(leadership.term.unwrap_or(Term(0)))
-    } else {
-        None
-    }
+    leadership.is_leader().then(|| leadership.term.unwrap_or(Term(0)))
 }
 
 impl EventRecorder {

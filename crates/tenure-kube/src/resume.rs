@@ -353,14 +353,8 @@ where
                         self.phase = Phase::OpenWatch;
                         continue;
                     }
-                    Some(Ok(WatchEvent::Added(object) | WatchEvent::Modified(object))) => {
-                        self.stats.changes += 1;
-                        Step::Deliver(ResumeEvent::Applied(object))
-                    }
-                    Some(Ok(WatchEvent::Deleted(object))) => {
-                        self.stats.changes += 1;
-                        Step::Deliver(ResumeEvent::Deleted(object))
-                    }
+                    Some(Ok(WatchEvent::Added(o) | WatchEvent::Modified(o))) => Step::Deliver(ResumeEvent::Applied(o)),
+                    Some(Ok(WatchEvent::Deleted(o))) => Step::Deliver(ResumeEvent::Deleted(o)),
                     Some(Ok(WatchEvent::Bookmark(bookmark))) => {
                         Step::Deliver(ResumeEvent::Progress(bookmark.metadata.resource_version))
                     }
@@ -372,6 +366,7 @@ where
             };
             match step {
                 Step::Deliver(event) => {
+                    self.stats.changes += u64::from(matches!(event, ResumeEvent::Applied(_) | ResumeEvent::Deleted(_)));
                     // Only a watch that delivers proves the server healthy: a list alone does not.
                     self.unconfirmed_list = matches!(event, ResumeEvent::Listed { .. });
                     if self.unconfirmed_list {
