@@ -31,7 +31,7 @@
 //! duplicate the crashed create left (it carries the owner tag but is not the annotated one).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -218,10 +218,6 @@ impl GarbageCollector {
         &self.config.metrics
     }
 
-    fn seen(&self) -> MutexGuard<'_, HashMap<String, Sighting>> {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Runs a pass now, then one every `period` and whenever triggered, until `cancel` is
     /// cancelled or the tenure ends.
     pub async fn run(&self, tenure: &Tenure, cancel: &CancellationToken, period: Duration) {
@@ -266,7 +262,7 @@ impl GarbageCollector {
         report.listed = listed.len();
         let mut orphans: Vec<(Instant, String)> = Vec::new();
         {
-            let mut seen = self.seen();
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
             let listed_ids: HashSet<&str> = listed.iter().map(|r| r.id.as_str()).collect();
             seen.retain(|id, _| listed_ids.contains(id.as_str()));
             for resource in &listed {
@@ -305,7 +301,7 @@ impl GarbageCollector {
             match config.resources.delete(&id, term).await {
                 Ok(()) => {
                     metrics.orphans_deleted.inc();
-                    self.seen().remove(&id);
+                    self.seen.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                     report.deleted.push(id);
                 }
                 Err(error) => {

@@ -205,7 +205,7 @@ pub struct GatedWatch<K: Resource> {
     gc: Option<GcTrigger>,
     metrics: WatchMetrics,
     retry: (Duration, Duration),
-    gate: Option<Box<dyn FnOnce(GateBuilder) -> GateBuilder + Send>>,
+    gate: Box<dyn FnOnce(GateBuilder) -> GateBuilder + Send>,
 }
 
 impl<K> GatedWatch<K>
@@ -224,7 +224,7 @@ where
             gc: None,
             metrics: WatchMetrics::default(),
             retry: RETRY_BACKOFF,
-            gate: None,
+            gate: Box::new(|builder| builder),
         }
     }
 
@@ -258,7 +258,7 @@ where
     /// Adjusts the gate the leader work runs in (drain timeout, back-off, gate metrics).
     #[must_use]
     pub fn gate(mut self, adjust: impl FnOnce(GateBuilder) -> GateBuilder + Send + 'static) -> Self {
-        self.gate = Some(Box::new(adjust));
+        self.gate = Box::new(adjust);
         self
     }
 
@@ -274,10 +274,7 @@ where
     {
         let handler: Handler<K> =
             Arc::new(move |change, tenure| handler(change, tenure).map(|r| r.map_err(|e| e.to_string())).boxed());
-        let mut builder = Gate::builder(elector);
-        if let Some(adjust) = self.gate {
-            builder = adjust(builder);
-        }
+        let builder = (self.gate)(Gate::builder(elector));
         let stop = CancellationToken::new();
         // The checkpoint's own object, when this watch can see it: its events are skipped.
         let own = self.store.object().filter(|object| object.is_in(self.api.resource_url()));
@@ -374,7 +371,7 @@ where
         hold: Option<String>,
         tenure: &Tenure,
     ) {
-        if retries.is_pending(&key) {
+        if retries.pending.contains_key(&key) {
             retries.enqueue(&key, change);
             return;
         }
@@ -636,10 +633,6 @@ struct Pending<K> {
 impl<K: Clone> Retries<K> {
     fn new((initial, max): (Duration, Duration)) -> Retries<K> {
         Retries { pending: BTreeMap::new(), backoff: Backoff::new(initial, max), next_order: 0 }
-    }
-
-    fn is_pending(&self, key: &str) -> bool {
-        self.pending.contains_key(key)
     }
 
     fn is_empty(&self) -> bool {
