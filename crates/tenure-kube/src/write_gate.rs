@@ -642,10 +642,7 @@ impl WriteGate {
                     Some(None | Some(Err(()))) => true,
                     None => false,
                 };
-                let key = match key_fn {
-                    Some(key_fn) => key_fn(&target),
-                    None => target.object_key(),
-                };
+                let key = key_fn.as_ref().map_or_else(|| target.object_key(), |key_fn| key_fn(&target));
                 let permit = match &key {
                     Some(key) => ownership.guard_for_key(key).map(Permit::Partition).ok_or(RefusalReason::NotOwner),
                     // The default key names no object. A create is of a new object, which no
