@@ -132,8 +132,7 @@ type Work<E> = Arc<dyn Fn(LeaderContext) -> futures::future::BoxFuture<'static, 
 pub struct GateBuilder {
     view: ElectorView,
     drain_timeout: Duration,
-    initial_backoff: Duration,
-    max_backoff: Duration,
+    backoff: Backoff,
     resign_after_failures: Option<u32>,
     metrics: GateMetrics,
 }
@@ -151,8 +150,7 @@ impl GateBuilder {
     /// The delay before the first restart after a failure, and the cap of its doubling.
     /// Default: 1 s and 60 s.
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
-        self.initial_backoff = initial;
-        self.max_backoff = max;
+        self.backoff = Backoff::new(initial, max);
         self
     }
 
@@ -281,8 +279,7 @@ impl Gate {
         GateBuilder {
             view,
             drain_timeout,
-            initial_backoff: Duration::from_secs(1),
-            max_backoff: Duration::from_secs(60),
+            backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
             resign_after_failures: None,
             metrics: GateMetrics::default(),
         }
@@ -317,7 +314,6 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
     async fn lead(&self, tenure: Tenure) -> Next {
         let config = &self.config;
         let metrics = &config.metrics;
-        let backoff = Backoff::new(config.initial_backoff, config.max_backoff);
         let mut failures = 0u32;
         let mut attempt = 0u32;
         loop {
@@ -373,12 +369,12 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
                     tracing::error!(term = tenure.term().0, attempt, error = %message, "leader work failed");
                     self.stopped(tenure.term(), StopReason::Failed, Duration::ZERO, false);
                     // A run longer than the back-off cap went well for a while: start over.
-                    failures = if started.elapsed() >= backoff.max { 1 } else { failures + 1 };
+                    failures = if started.elapsed() >= config.backoff.max { 1 } else { failures + 1 };
                     if config.resign_after_failures.is_some_and(|limit| failures >= limit) {
                         tracing::warn!(term = tenure.term().0, failures, "resigning so that another replica tries");
                         return Next::Resign;
                     }
-                    let delay = backoff.delay(failures);
+                    let delay = config.backoff.delay(failures);
                     tracing::info!(term = tenure.term().0, ?delay, "restarting leader work after back-off");
                     tokio::select! {
                         _ = sleep(delay) => {}

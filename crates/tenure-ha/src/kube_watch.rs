@@ -353,11 +353,9 @@ where
     /// One call of the handler, counted.
     async fn attempt(&self, change: Change<K>, tenure: &Tenure) -> Result<(), String> {
         self.metrics.reconciles.inc();
-        let result = (self.handler)(change, tenure.clone()).await;
-        if result.is_err() {
+        (self.handler)(change, tenure.clone()).await.inspect_err(|_| {
             self.metrics.handler_failures.inc();
-        }
-        result
+        })
     }
 
     /// Hands `change` of the object `key` to the handler, unless an earlier change of the object
@@ -715,10 +713,7 @@ impl<K: Clone> Retries<K> {
     /// A relist: a failing object missing from it was deleted while the watch was away, so what
     /// waits for it becomes its deletion (its last known state).
     fn listed(&mut self, present: &BTreeSet<String>) {
-        for (key, pending) in &mut self.pending {
-            if present.contains(key) {
-                continue;
-            }
+        for (_, pending) in self.pending.iter_mut().filter(|(key, _)| !present.contains(*key)) {
             if let Some(last) = pending.changes.back_mut() {
                 if let Change::Applied(object) = &last.change {
                     last.change = Change::Deleted(object.clone());
