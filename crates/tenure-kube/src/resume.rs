@@ -374,9 +374,7 @@ where
                     } else {
                         self.failures = 0;
                     }
-                    if let Some(version) = event.resource_version().filter(|v| !v.is_empty()) {
-                        self.version = Some(version);
-                    }
+                    self.version = event.resource_version().filter(|v| !v.is_empty()).or(self.version.take());
                     return Ok(event);
                 }
                 Step::Relist(cause) => {
@@ -406,10 +404,7 @@ where
     /// The events as a stream, for `StreamExt` combinators; each event carries its version
     /// ([`ResumeEvent::resource_version`]) for checkpoints.
     pub fn into_stream(self) -> impl Stream<Item = Result<ResumeEvent<K>, ResumeError>> + Send {
-        futures::stream::unfold(self, |mut watcher| async move {
-            let event = watcher.next_event().await;
-            Some((event, watcher))
-        })
+        futures::stream::unfold(self, |mut watcher| async move { Some((watcher.next_event().await, watcher)) })
     }
 
     /// Counts a failure and schedules the next attempt after the back-off.

@@ -301,28 +301,10 @@ impl fmt::Display for WriteTarget<'_> {
     }
 }
 
-/// A path segment, percent-decoded if it needs it (names never do in practice: a DNS label).
+/// A path segment, percent-decoded if it needs it (names never do in practice: a DNS label); an
+/// invalid escape stays as it is, and so does the whole segment if its decoded bytes are not UTF-8.
 fn decode(segment: &str) -> Cow<'_, str> {
-    if !segment.contains('%') {
-        return Cow::Borrowed(segment);
-    }
-    let bytes = segment.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
-            (b'%', Some(high), Some(low)) => {
-                decoded.push((high * 16 + low) as u8);
-                i += 3;
-            }
-            (byte, _, _) => {
-                decoded.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(decoded).map_or(Cow::Borrowed(segment), Cow::Owned)
+    percent_encoding::percent_decode_str(segment).decode_utf8().unwrap_or(Cow::Borrowed(segment))
 }
 
 /// The `metadata.name` of a JSON object (a create's body), if it has a non-empty one; `Err` if
@@ -577,10 +559,7 @@ impl WriteGate {
         ownership: Ownership,
         key: impl Fn(&WriteTarget<'_>) -> Option<String> + Send + Sync + 'static,
     ) -> WriteGate {
-        WriteGate {
-            permission: Permission::Owner { ownership, key: Some(Arc::new(key)) },
-            metrics: WriteGateMetrics::default(),
-        }
+        WriteGate { permission: Permission::Owner { ownership, key: Some(Arc::new(key)) }, metrics: Default::default() }
     }
 
     /// Counts refusals and cancellations into these metrics (e.g. from
@@ -696,14 +675,9 @@ impl Permit {
 /// on this clock (even if the elector's task has not run since).
 async fn tenure_over(tenure: &Tenure) {
     loop {
-        let deadline = tenure.valid_until();
         tokio::select! {
             _ = tenure.ended() => return,
-            _ = tokio::time::sleep_until(deadline) => {
-                if !tenure.is_valid() {
-                    return;
-                }
-            }
+            _ = tokio::time::sleep_until(tenure.valid_until()) => if !tenure.is_valid() { return },
         }
     }
 }
