@@ -143,6 +143,9 @@ impl GateBuilder {
         /// before it is aborted. Default: the elector's renew deadline, which is every elector's
         /// default drain timeout; keep it no longer than the elector's.
         drain_timeout: Duration;
+        /// Resign after this many consecutive failures in one tenure, so that another replica tries
+        /// (and this one campaigns again). Default: never; `0` is treated as 1.
+        resign_after_failures: u32 => Some(resign_after_failures.max(1));
         /// Reports into these metrics (e.g. from [`GateMetrics::register`]); default: unregistered.
         metrics: GateMetrics;
     }
@@ -151,13 +154,6 @@ impl GateBuilder {
     /// Default: 1 s and 60 s.
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.backoff = Backoff::new(initial, max);
-        self
-    }
-
-    /// Resign after `failures` consecutive failures in one tenure, so that another replica tries
-    /// (and this one campaigns again). Default: never; `0` is treated as 1.
-    pub fn resign_after_failures(mut self, failures: u32) -> Self {
-        self.resign_after_failures = Some(failures.max(1));
         self
     }
 

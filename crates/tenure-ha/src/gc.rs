@@ -122,15 +122,11 @@ impl GcBuilder {
         max_deletions_per_pass: usize;
         /// Report what would be deleted, delete nothing. Default: off.
         dry_run: bool;
+        /// Only resources tagged with this owner are ever deleted (untagged and foreign ones are
+        /// left alone). Default: every listed resource may be collected.
+        owner: impl Into<String> => Some(owner.into());
         /// Reports into these metrics (e.g. from [`GcMetrics::register`]).
         metrics: GcMetrics;
-    }
-
-    /// Only resources tagged with this owner are ever deleted (untagged and foreign ones are left
-    /// alone). Default: every listed resource may be collected.
-    pub fn owner(mut self, owner: impl Into<String>) -> Self {
-        self.owner = Some(owner.into());
-        self
     }
 
     /// The collector.
@@ -221,10 +217,7 @@ impl GarbageCollector {
     /// Runs a pass now, then one every `period` and whenever triggered, until `cancel` is
     /// cancelled or the tenure ends.
     pub async fn run(&self, tenure: &Tenure, cancel: &CancellationToken, period: Duration) {
-        loop {
-            if cancel.is_cancelled() || !tenure.is_valid() {
-                return;
-            }
+        while !cancel.is_cancelled() && tenure.is_valid() {
             let report = self.pass(tenure).await;
             if !report.deleted.is_empty() || !report.failed.is_empty() || report.skipped.is_some() {
                 tracing::info!(?report, "garbage collection pass");

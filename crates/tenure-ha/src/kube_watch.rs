@@ -246,19 +246,15 @@ where
         /// Reports into these metrics.
         #[must_use]
         metrics: WatchMetrics;
+        /// Adjusts the gate the leader work runs in (drain timeout, back-off, gate metrics).
+        #[must_use]
+        gate: impl FnOnce(GateBuilder) -> GateBuilder + Send + 'static => Box::new(gate);
     }
 
     /// Runs a garbage collection pass through `trigger` after every failed resume.
     #[must_use]
     pub fn gc_trigger(mut self, trigger: GcTrigger) -> Self {
         self.gc = Some(trigger);
-        self
-    }
-
-    /// Adjusts the gate the leader work runs in (drain timeout, back-off, gate metrics).
-    #[must_use]
-    pub fn gate(mut self, adjust: impl FnOnce(GateBuilder) -> GateBuilder + Send + 'static) -> Self {
-        self.gate = Box::new(adjust);
         self
     }
 
