@@ -87,6 +87,7 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::error::Error;
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
@@ -103,6 +104,8 @@ use tenure_group::{Group, GroupError, NotOwner, PartitionGuard};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
+
+use crate::kube_controller::Outcome;
 
 /// The key an object is sharded by: `namespace/name`, or `name` for a cluster-scoped object
 /// (`tenure_kube::write_gate::object_key`, so the write gate keys a request for the object alike).
@@ -308,15 +311,7 @@ where
 
 /// Logs one item of the controller's output stream: reconciles (and skips) at debug, failures as
 /// warnings.
-fn log_outcome<K, E, W>(
-    identity: &str,
-    result: Result<(kube::runtime::reflector::ObjectRef<K>, Action), ControllerError<E, W>>,
-) where
-    K: Resource,
-    K::DynamicType: Debug,
-    E: std::error::Error,
-    W: std::error::Error,
-{
+fn log_outcome<K: Resource<DynamicType: Debug>, E: Error, W: Error>(identity: &str, result: Outcome<K, E, W>) {
     match result {
         Ok((object, action)) => tracing::debug!(identity, %object, ?action, "reconciled or skipped"),
         Err(ControllerError::ReconcilerFailed(error, object)) => {

@@ -297,10 +297,8 @@ impl WatchMerger {
     /// this lock is writing, not the intermediate state of its last write, and not twice.
     fn next_report(&mut self, writes: &OwnWrites) -> Option<Option<StoredRecord>> {
         let (Some(primary), Some(secondary)) = (&self.primary, &self.secondary) else { return None };
-        if writes.in_flight > 0 {
-            return None;
-        }
-        if writes.intermediate.as_ref() == Some(&PairVersion::of(primary.as_ref(), secondary.as_ref())) {
+        let intermediate = writes.intermediate.as_ref() == Some(&PairVersion::of(primary.as_ref(), secondary.as_ref()));
+        if writes.in_flight > 0 || intermediate {
             return None;
         }
         let state = combine(primary.clone(), secondary.clone());

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ObjectMeta, PostParams};
-use kube::{Api, Resource};
+use kube::{Api, Resource, ResourceExt};
 use tenure::Term;
 
 use super::{
@@ -117,11 +117,7 @@ impl KubeCheckpointStore {
 impl CheckpointStore for KubeCheckpointStore {
     async fn load(&self) -> Result<Option<StoredCheckpoint>, CheckpointError> {
         let object = self.api.get_opt(&self.name).await.map_err(|e| self.error(e))?;
-        let document = object
-            .as_ref()
-            .and_then(|o| o.metadata.annotations.as_ref())
-            .and_then(|a| a.get(CHECKPOINT_ANNOTATION))
-            .cloned();
+        let document = object.as_ref().and_then(|o| o.annotations().get(CHECKPOINT_ANNOTATION)).cloned();
         // A new leader loads, then claims the checkpoint with a save at once: that save replaces
         // the object just read instead of reading it again (one request less on every takeover;
         // had anyone written in between, the replace conflicts and the save reads afresh).
