@@ -424,10 +424,8 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
         // runtime this task may wake in between, so wait (briefly) for the snapshot.
         let limit = Instant::now() + self.config.view.timing().retry_period;
         let seen = timeout_at(limit, leadership.wait_for(|l| l.role != Role::Leader || l.term != Some(term))).await;
-        match seen {
-            Ok(Ok(snapshot)) if snapshot.role == Role::Releasing => StopReason::Resigned,
-            _ => StopReason::Lost,
-        }
+        let releasing = matches!(seen, Ok(Ok(snapshot)) if snapshot.role == Role::Releasing);
+        if releasing { StopReason::Resigned } else { StopReason::Lost }
     }
 
     /// When the work must be gone at the latest, by the reason the tenure ended.

@@ -270,30 +270,22 @@ where
     {
         let handler: Handler<K> =
             Arc::new(move |change, tenure| handler(change, tenure).map(|r| r.map_err(|e| e.to_string())).boxed());
-        let builder = (self.gate)(Gate::builder(elector));
+        let GatedWatch { api, resource, store, config, standby, gc, metrics, retry, gate } = self;
+        let builder = gate(Gate::builder(elector));
         let stop = CancellationToken::new();
         // The checkpoint's own object, when this watch can see it: its events are skipped.
-        let own = self.store.object().filter(|object| object.is_in(self.api.resource_url()));
-        let shared = Arc::new(Leader {
-            api: self.api,
-            resource: self.resource,
-            store: self.store,
-            config: self.config,
-            gc: self.gc,
-            metrics: self.metrics.clone(),
-            retry: self.retry,
-            own: own.clone(),
-            handler,
-        });
-        let (gate, follower) = match self.standby {
+        let own = store.object().filter(|object| object.is_in(api.resource_url()));
+        let leader = Leader { api, resource, store, config, gc, metrics: metrics.clone(), retry, own, handler };
+        let shared = Arc::new(leader);
+        let (gate, follower) = match standby {
             Standby::Cold => (builder.spawn(move |ctx| shared.clone().lead_cold(ctx)), None),
             Standby::Warm => {
-                let cache = Arc::new(WarmCache::new(own));
+                let cache = Arc::new(WarmCache::new(shared.own.clone()));
                 let follower = tokio::spawn(shared.clone().follow(cache.clone(), stop.clone()));
                 (builder.spawn(move |ctx| shared.clone().lead_warm(ctx, cache.clone())), Some(follower))
             }
         };
-        GatedWatchHandle { gate, follower, stop, metrics: self.metrics }
+        GatedWatchHandle { gate, follower, stop, metrics }
     }
 }
 
@@ -354,17 +346,11 @@ where
         })
     }
 
-    /// Hands `change` of the object `key` to the handler, unless an earlier change of the object
-    /// is still failing (then it waits behind it). A failure is kept for retry with the watermark
-    /// `hold`: the version delivered before this change.
-    async fn offer(
-        &self,
-        retries: &mut Retries<K>,
-        key: String,
-        change: Queued<K>,
-        hold: Option<String>,
-        tenure: &Tenure,
-    ) {
+    /// Hands `change` to the handler, unless an earlier change of its object is still failing
+    /// (then it waits behind it). A failure is kept for retry with the watermark `hold`: the
+    /// version delivered before this change.
+    async fn offer(&self, retries: &mut Retries<K>, change: Queued<K>, hold: Option<String>, tenure: &Tenure) {
+        let key = key(change.change.object());
         if retries.pending.contains_key(&key) {
             retries.enqueue(&key, change);
             return;
@@ -470,12 +456,8 @@ where
                     // would cause the next.
                     continue;
                 }
-                ResumeEvent::Applied(object) => {
-                    self.offer(&mut retries, key(&object), Queued::applied(object), hold, ctx.tenure()).await
-                }
-                ResumeEvent::Deleted(object) => {
-                    self.offer(&mut retries, key(&object), Queued::deleted(object, None), hold, ctx.tenure()).await
-                }
+                ResumeEvent::Applied(o) => self.offer(&mut retries, Queued::applied(o), hold, ctx.tenure()).await,
+                ResumeEvent::Deleted(o) => self.offer(&mut retries, Queued::deleted(o, None), hold, ctx.tenure()).await,
                 ResumeEvent::Progress(_) => {}
                 ResumeEvent::Listed { objects, cause, .. } => {
                     if cause.resume_failed() {
@@ -498,8 +480,7 @@ where
                         if ctx.is_cancelled() {
                             break 'tenure;
                         }
-                        let key = key(&object);
-                        self.offer(&mut retries, key, Queued::applied(object), hold.clone(), ctx.tenure()).await;
+                        self.offer(&mut retries, Queued::applied(object), hold.clone(), ctx.tenure()).await;
                     }
                 }
             }
@@ -553,7 +534,7 @@ where
                     cache.put_back(std::iter::once((key, change)).chain(changes));
                     break 'tenure;
                 }
-                self.offer(&mut retries, key, change, hold.clone(), ctx.tenure()).await;
+                self.offer(&mut retries, change, hold.clone(), ctx.tenure()).await;
             }
             after = version.or(after);
             self.record(&checkpointer, &retries, after.map(|v| v.to_string()).as_deref());
@@ -736,11 +717,8 @@ struct WarmCache<K> {
 
 impl<K> WarmCache<K> {
     fn new(own: Option<CheckpointObject>) -> Self {
-        WarmCache {
-            state: Mutex::new(WarmState { objects: BTreeMap::new(), changes: BTreeMap::new(), version: None }),
-            changed: Notify::new(),
-            own,
-        }
+        let state = Mutex::new(WarmState { objects: BTreeMap::new(), changes: BTreeMap::new(), version: None });
+        WarmCache { state, changed: Notify::new(), own }
     }
 }
 
@@ -771,10 +749,8 @@ impl<K: Resource + Clone> WarmCache<K> {
     }
 
     fn apply(&self, event: ResumeEvent<K>) {
-        if let ResumeEvent::Applied(object) | ResumeEvent::Deleted(object) = &event {
-            if is_own(self.own.as_ref(), object) {
-                return;
-            }
+        if matches!(&event, ResumeEvent::Applied(o) | ResumeEvent::Deleted(o) if is_own(self.own.as_ref(), o)) {
+            return;
         }
         let mut state = self.state();
         let reached = event.resource_version().and_then(|v| v.parse::<u64>().ok());
@@ -822,10 +798,7 @@ impl<K: Resource + Clone> WarmCache<K> {
         let mut state = self.state();
         let mut taken: Vec<(String, Queued<K>)> = std::mem::take(&mut state.changes)
             .into_iter()
-            .filter(|(_, queued)| match (after, queued.version) {
-                (Some(after), Some(version)) => version > after,
-                _ => true,
-            })
+            .filter(|(_, queued)| after.zip(queued.version).is_none_or(|(after, version)| version > after))
             .collect();
         taken.sort_by_key(|(_, queued)| queued.version);
         (taken, state.version)

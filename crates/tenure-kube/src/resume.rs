@@ -415,10 +415,7 @@ where
 
     /// A watch failure: a relist if the server refused the version, else an error.
     fn refused_or(&self, error: kube::Error) -> Step<K> {
-        let refused = match &error {
-            kube::Error::Api(response) => self.relist_if_refused(response),
-            _ => None,
-        };
+        let refused = if let kube::Error::Api(response) = &error { self.relist_if_refused(response) } else { None };
         refused.unwrap_or(Step::Fail(ResumeError::Watch(error)))
     }
 

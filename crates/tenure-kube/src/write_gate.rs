@@ -140,10 +140,7 @@ pub fn object_key(namespace: Option<&str>, name: &str) -> String {
 /// `HEAD` and `OPTIONS`, and those too when they ask for a protocol upgrade (`exec`, `attach`,
 /// `portforward` run something in a pod).
 fn is_write(method: &Method, headers: &HeaderMap) -> bool {
-    match *method {
-        Method::GET | Method::HEAD | Method::OPTIONS => headers.contains_key(http::header::UPGRADE),
-        _ => true,
-    }
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) || headers.contains_key(http::header::UPGRADE)
 }
 
 /// What a write addresses, parsed from its path (and, for a create, the body's `metadata.name`)
@@ -394,10 +391,7 @@ fn key_note(key: &Option<String>) -> String {
 impl WriteRefused {
     /// The refusal inside an error of a gated client, if that is what it is.
     pub fn find(error: &kube::Error) -> Option<&WriteRefused> {
-        match error {
-            kube::Error::Service(inner) => inner.downcast_ref::<WriteRefused>(),
-            _ => None,
-        }
+        if let kube::Error::Service(inner) = error { inner.downcast_ref::<WriteRefused>() } else { None }
     }
 
     /// The refusal anywhere in an error's chain of sources (a reconciler's error that wraps the

@@ -90,12 +90,8 @@ impl Checkpointer {
             Some(from) => tracing::info!(store = %described, term = term.0, from = from.0, "resuming from checkpoint"),
             None => tracing::info!(store = %described, term = term.0, "no usable checkpoint; the controller relists"),
         }
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State { checkpoint, dirty: false, superseded: false }),
-            store,
-            term,
-            resumed_from,
-        });
+        let state = Mutex::new(State { checkpoint, dirty: false, superseded: false });
+        let shared = Arc::new(Shared { state, store, term, resumed_from });
         let (last, dropped) = oneshot::channel();
         tokio::spawn(flush_periodically(shared.clone(), tenure.clone(), period, dropped));
         Ok(Checkpointer { shared, _last: Arc::new(last) })
