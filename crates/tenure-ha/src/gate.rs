@@ -272,13 +272,8 @@ impl Gate {
     /// As [`Gate::builder`], from a view (e.g. one a library was handed).
     pub fn builder_on(view: ElectorView) -> GateBuilder {
         let drain_timeout = view.timing().renew_deadline;
-        GateBuilder {
-            view,
-            drain_timeout,
-            backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
-            resign_after_failures: None,
-            metrics: GateMetrics::default(),
-        }
+        let backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+        GateBuilder { view, drain_timeout, backoff, resign_after_failures: None, metrics: GateMetrics::default() }
     }
 }
 

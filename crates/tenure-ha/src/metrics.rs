@@ -28,13 +28,9 @@ pub struct GateMetrics {
 
 impl Default for GateMetrics {
     fn default() -> Self {
-        GateMetrics {
-            running: Gauge::default(),
-            starts: Counter::default(),
-            stops: Family::default(),
-            // 1 ms .. about 65 s.
-            drain_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
-        }
+        // 1 ms .. about 65 s.
+        let drain_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 17));
+        GateMetrics { running: Gauge::default(), starts: Counter::default(), stops: Family::default(), drain_seconds }
     }
 }
 

@@ -37,11 +37,8 @@ pub trait RecordObject:
 
     /// A new object named `name` in `namespace` holding `record`.
     fn with_record(namespace: &str, name: &str, record: &LeaderElectionRecord) -> Result<Self, LockError> {
-        let mut object = Self::empty(ObjectMeta {
-            name: Some(name.to_owned()),
-            namespace: Some(namespace.to_owned()),
-            ..ObjectMeta::default()
-        });
+        let metadata = ObjectMeta { name: Some(name.into()), namespace: Some(namespace.into()), ..Default::default() };
+        let mut object = Self::empty(metadata);
         object.set_record(record)?;
         Ok(object)
     }

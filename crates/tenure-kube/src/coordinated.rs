@@ -229,10 +229,8 @@ impl Keeper {
         match self.api.patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.is_not_found() => {
-                let candidate = LeaseCandidate {
-                    metadata: ObjectMeta { name: Some(self.name.clone()), ..ObjectMeta::default() },
-                    spec: Some(spec),
-                };
+                let metadata = ObjectMeta { name: Some(self.name.clone()), ..ObjectMeta::default() };
+                let candidate = LeaseCandidate { metadata, spec: Some(spec) };
                 self.api.create(&PostParams::default(), &candidate).await?;
                 tracing::info!(
                     candidate = %self.name,

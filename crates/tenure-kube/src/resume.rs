@@ -197,21 +197,14 @@ impl ResumeConfig {
     }
 
     fn list_params(&self) -> ListParams {
-        ListParams {
-            label_selector: self.label_selector.clone(),
-            field_selector: self.field_selector.clone(),
-            limit: self.page_size,
-            ..ListParams::default()
-        }
+        let (label_selector, field_selector) = (self.label_selector.clone(), self.field_selector.clone());
+        ListParams { label_selector, field_selector, limit: self.page_size, ..ListParams::default() }
     }
 
     fn watch_params(&self) -> WatchParams {
-        WatchParams {
-            label_selector: self.label_selector.clone(),
-            field_selector: self.field_selector.clone(),
-            bookmarks: self.bookmarks,
-            ..WatchParams::default().timeout(self.timeout_seconds)
-        }
+        let (label_selector, field_selector) = (self.label_selector.clone(), self.field_selector.clone());
+        let timed = WatchParams::default().timeout(self.timeout_seconds);
+        WatchParams { label_selector, field_selector, bookmarks: self.bookmarks, ..timed }
     }
 }
 

@@ -57,12 +57,7 @@ pub struct KubeCheckpointStore {
 
 impl KubeCheckpointStore {
     /// The checkpoint of `controller` in the ConfigMap `namespace/name`.
-    pub fn new(
-        client: kube::Client,
-        namespace: &str,
-        name: impl Into<String>,
-        controller: impl Into<String>,
-    ) -> KubeCheckpointStore {
+    pub fn new(client: kube::Client, namespace: &str, name: impl Into<String>, controller: impl Into<String>) -> Self {
         KubeCheckpointStore {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_owned(),
@@ -132,10 +127,8 @@ impl CheckpointStore for KubeCheckpointStore {
                 return Ok(());
             }
         }
-        Err(CheckpointError::Store {
-            store: self.describe(),
-            reason: format!("{SAVE_ATTEMPTS} conflicting writes in a row"),
-        })
+        let reason = format!("{SAVE_ATTEMPTS} conflicting writes in a row");
+        Err(CheckpointError::Store { store: self.describe(), reason })
     }
 
     fn controller(&self) -> &str {
@@ -143,12 +136,9 @@ impl CheckpointStore for KubeCheckpointStore {
     }
 
     fn object(&self) -> Option<CheckpointObject> {
-        Some(CheckpointObject {
-            all_namespaces_url: ConfigMap::url_path(&(), None),
-            namespace_url: ConfigMap::url_path(&(), Some(&self.namespace)),
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-        })
+        let namespace_url = ConfigMap::url_path(&(), Some(&self.namespace));
+        let (namespace, name) = (self.namespace.clone(), self.name.clone());
+        Some(CheckpointObject { all_namespaces_url: ConfigMap::url_path(&(), None), namespace_url, namespace, name })
     }
 
     fn describe(&self) -> String {
