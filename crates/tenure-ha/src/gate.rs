@@ -132,39 +132,28 @@ type Work<E> = Arc<dyn Fn(LeaderContext) -> futures::future::BoxFuture<'static, 
 pub struct GateBuilder {
     view: ElectorView,
     drain_timeout: Duration,
-    initial_backoff: Duration,
-    max_backoff: Duration,
+    backoff: Backoff,
     resign_after_failures: Option<u32>,
     metrics: GateMetrics,
 }
 
 impl GateBuilder {
-    /// How long work may finish in-flight handlers after a graceful step-down (resign, shutdown)
-    /// before it is aborted. Default: the elector's renew deadline, which is every elector's
-    /// default drain timeout; keep it no longer than the elector's.
-    pub fn drain_timeout(mut self, drain_timeout: Duration) -> Self {
-        self.drain_timeout = drain_timeout;
-        self
+    setters! {
+        /// How long work may finish in-flight handlers after a graceful step-down (resign, shutdown)
+        /// before it is aborted. Default: the elector's renew deadline, which is every elector's
+        /// default drain timeout; keep it no longer than the elector's.
+        drain_timeout: Duration;
+        /// Resign after this many consecutive failures in one tenure, so that another replica tries
+        /// (and this one campaigns again). Default: never; `0` is treated as 1.
+        resign_after_failures: u32 => Some(resign_after_failures.max(1));
+        /// Reports into these metrics (e.g. from [`GateMetrics::register`]); default: unregistered.
+        metrics: GateMetrics;
     }
 
     /// The delay before the first restart after a failure, and the cap of its doubling.
     /// Default: 1 s and 60 s.
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
-        self.initial_backoff = initial;
-        self.max_backoff = max;
-        self
-    }
-
-    /// Resign after `failures` consecutive failures in one tenure, so that another replica tries
-    /// (and this one campaigns again). Default: never; `0` is treated as 1.
-    pub fn resign_after_failures(mut self, failures: u32) -> Self {
-        self.resign_after_failures = Some(failures.max(1));
-        self
-    }
-
-    /// Reports into these metrics (e.g. from [`GateMetrics::register`]); default: unregistered.
-    pub fn metrics(mut self, metrics: GateMetrics) -> Self {
-        self.metrics = metrics;
+        self.backoff = Backoff::new(initial, max);
         self
     }
 
@@ -226,11 +215,7 @@ impl GateHandle {
     /// keeps running. Returns when the work has stopped.
     pub async fn shutdown(mut self) {
         self.stop.cancel();
-        if let Some(task) = self.task.take() {
-            if let Err(error) = task.await {
-                tracing::error!(%error, "the gate's task failed");
-            }
-        }
+        self.stopped().await;
     }
 
     /// Waits until the gate stops on its own (its elector stopped), without stopping it.
@@ -287,14 +272,8 @@ impl Gate {
     /// As [`Gate::builder`], from a view (e.g. one a library was handed).
     pub fn builder_on(view: ElectorView) -> GateBuilder {
         let drain_timeout = view.timing().renew_deadline;
-        GateBuilder {
-            view,
-            drain_timeout,
-            initial_backoff: Duration::from_secs(1),
-            max_backoff: Duration::from_secs(60),
-            resign_after_failures: None,
-            metrics: GateMetrics::default(),
-        }
+        let backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+        GateBuilder { view, drain_timeout, backoff, resign_after_failures: None, metrics: GateMetrics::default() }
     }
 }
 
@@ -326,17 +305,12 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
     async fn lead(&self, tenure: Tenure) -> Next {
         let config = &self.config;
         let metrics = &config.metrics;
-        let backoff = Backoff::new(config.initial_backoff, config.max_backoff);
         let mut failures = 0u32;
         let mut attempt = 0u32;
         loop {
             let cancel = CancellationToken::new();
-            let ctx = LeaderContext {
-                tenure: tenure.clone(),
-                cancel: cancel.clone(),
-                timing: *config.view.timing(),
-                attempt,
-            };
+            let timing = *config.view.timing();
+            let ctx = LeaderContext { tenure: tenure.clone(), cancel: cancel.clone(), timing, attempt };
             tracing::info!(term = tenure.term().0, attempt, "starting leader work");
             metrics.starts.inc();
             metrics.running.set(1);
@@ -362,27 +336,20 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
                     self.stopped(tenure.term(), reason, Duration::ZERO, false);
                     return self.wait_for_end(tenure).await;
                 }
-                Ended::TenureOver => {
+                Ended::TenureOver | Ended::Shutdown => {
                     cancel.cancel();
-                    let reason = self.why_it_ended(&tenure).await;
+                    let reason = match ended {
+                        Ended::Shutdown => StopReason::Shutdown,
+                        _ => self.why_it_ended(&tenure).await,
+                    };
                     let deadline = self.abort_deadline(reason, &tenure);
                     let term = tenure.term();
                     drop(tenure); // the work's guard is the one the elector waits for
                     let (drained, aborted) = self.drain(task, deadline, reason).await;
                     self.stopped(term, reason, drained, aborted);
-                    return Next::Campaign;
-                }
-                Ended::Shutdown => {
-                    cancel.cancel();
-                    let term = tenure.term();
-                    drop(tenure);
-                    let deadline = Instant::now() + config.drain_timeout;
-                    let (drained, aborted) = self.drain(task, deadline, StopReason::Shutdown).await;
-                    self.stopped(term, StopReason::Shutdown, drained, aborted);
-                    return Next::Stop;
+                    return if reason == StopReason::Shutdown { Next::Stop } else { Next::Campaign };
                 }
             };
-            metrics.running.set(0);
             match flatten(outcome) {
                 Ok(()) => {
                     tracing::info!(term = tenure.term().0, "leader work finished; it starts again on the next tenure");
@@ -393,15 +360,12 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
                     tracing::error!(term = tenure.term().0, attempt, error = %message, "leader work failed");
                     self.stopped(tenure.term(), StopReason::Failed, Duration::ZERO, false);
                     // A run longer than the back-off cap went well for a while: start over.
-                    if started.elapsed() >= backoff.max {
-                        failures = 0;
-                    }
-                    failures += 1;
+                    failures = if started.elapsed() >= config.backoff.max { 1 } else { failures + 1 };
                     if config.resign_after_failures.is_some_and(|limit| failures >= limit) {
                         tracing::warn!(term = tenure.term().0, failures, "resigning so that another replica tries");
                         return Next::Resign;
                     }
-                    let delay = backoff.delay(failures);
+                    let delay = config.backoff.delay(failures);
                     tracing::info!(term = tenure.term().0, ?delay, "restarting leader work after back-off");
                     tokio::select! {
                         _ = sleep(delay) => {}
@@ -455,10 +419,8 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
         // runtime this task may wake in between, so wait (briefly) for the snapshot.
         let limit = Instant::now() + self.config.view.timing().retry_period;
         let seen = timeout_at(limit, leadership.wait_for(|l| l.role != Role::Leader || l.term != Some(term))).await;
-        match seen {
-            Ok(Ok(snapshot)) if snapshot.role == Role::Releasing => StopReason::Resigned,
-            _ => StopReason::Lost,
-        }
+        let releasing = matches!(seen, Ok(Ok(snapshot)) if snapshot.role == Role::Releasing);
+        if releasing { StopReason::Resigned } else { StopReason::Lost }
     }
 
     /// When the work must be gone at the latest, by the reason the tenure ended.

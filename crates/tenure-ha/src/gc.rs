@@ -31,7 +31,7 @@
 //! duplicate the crashed create left (it carries the owner tag but is not the annotated one).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -112,42 +112,21 @@ pub struct GcBuilder {
 }
 
 impl GcBuilder {
-    /// Resources younger than this are never deleted. Default: 5 min.
-    pub fn grace(mut self, grace: Duration) -> Self {
-        self.grace = grace;
-        self
-    }
-
-    /// The least time between the two passes that must both see a resource unreferenced.
-    /// Default: 1 min.
-    pub fn confirm_after(mut self, interval: Duration) -> Self {
-        self.confirm_after = interval;
-        self
-    }
-
-    /// At most this many deletions per pass (the rest waits for the next pass). Default: 100.
-    pub fn max_deletions_per_pass(mut self, limit: usize) -> Self {
-        self.max_deletions_per_pass = limit;
-        self
-    }
-
-    /// Report what would be deleted, delete nothing. Default: off.
-    pub fn dry_run(mut self, dry_run: bool) -> Self {
-        self.dry_run = dry_run;
-        self
-    }
-
-    /// Only resources tagged with this owner are ever deleted (untagged and foreign ones are left
-    /// alone). Default: every listed resource may be collected.
-    pub fn owner(mut self, owner: impl Into<String>) -> Self {
-        self.owner = Some(owner.into());
-        self
-    }
-
-    /// Reports into these metrics (e.g. from [`GcMetrics::register`]).
-    pub fn metrics(mut self, metrics: GcMetrics) -> Self {
-        self.metrics = metrics;
-        self
+    setters! {
+        /// Resources younger than this are never deleted. Default: 5 min.
+        grace: Duration;
+        /// The least time between the two passes that must both see a resource unreferenced.
+        /// Default: 1 min.
+        confirm_after: Duration;
+        /// At most this many deletions per pass (the rest waits for the next pass). Default: 100.
+        max_deletions_per_pass: usize;
+        /// Report what would be deleted, delete nothing. Default: off.
+        dry_run: bool;
+        /// Only resources tagged with this owner are ever deleted (untagged and foreign ones are
+        /// left alone). Default: every listed resource may be collected.
+        owner: impl Into<String> => Some(owner.into());
+        /// Reports into these metrics (e.g. from [`GcMetrics::register`]).
+        metrics: GcMetrics;
     }
 
     /// The collector.
@@ -235,17 +214,10 @@ impl GarbageCollector {
         &self.config.metrics
     }
 
-    fn seen(&self) -> MutexGuard<'_, HashMap<String, Sighting>> {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Runs a pass now, then one every `period` and whenever triggered, until `cancel` is
     /// cancelled or the tenure ends.
     pub async fn run(&self, tenure: &Tenure, cancel: &CancellationToken, period: Duration) {
-        loop {
-            if cancel.is_cancelled() || !tenure.is_valid() {
-                return;
-            }
+        while !cancel.is_cancelled() && tenure.is_valid() {
             let report = self.pass(tenure).await;
             if !report.deleted.is_empty() || !report.failed.is_empty() || report.skipped.is_some() {
                 tracing::info!(?report, "garbage collection pass");
@@ -283,15 +255,11 @@ impl GarbageCollector {
         report.listed = listed.len();
         let mut orphans: Vec<(Instant, String)> = Vec::new();
         {
-            let mut seen = self.seen();
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
             let listed_ids: HashSet<&str> = listed.iter().map(|r| r.id.as_str()).collect();
             seen.retain(|id, _| listed_ids.contains(id.as_str()));
             for resource in &listed {
-                let ours = match (&config.owner, &resource.owner) {
-                    (None, _) => true,
-                    (Some(owner), Some(tag)) => owner == tag,
-                    (Some(_), None) => false,
-                };
+                let ours = config.owner.as_ref().is_none_or(|owner| resource.owner.as_ref() == Some(owner));
                 if !ours || referenced.contains(&resource.id) {
                     seen.remove(&resource.id);
                     continue;
@@ -326,7 +294,7 @@ impl GarbageCollector {
             match config.resources.delete(&id, term).await {
                 Ok(()) => {
                     metrics.orphans_deleted.inc();
-                    self.seen().remove(&id);
+                    self.seen.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                     report.deleted.push(id);
                 }
                 Err(error) => {

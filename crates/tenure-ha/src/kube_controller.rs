@@ -60,6 +60,7 @@
 //! # }
 //! ```
 
+use std::error::Error;
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
@@ -189,9 +190,7 @@ impl GateBuilder {
         ReconcileError: std::error::Error + Send + 'static,
         ErrorPolicy: Fn(Arc<K>, &ReconcileError, Arc<Leading<Ctx>>) -> Action + Send + Sync + 'static,
     {
-        let build = Arc::new(build);
-        let reconcile = Arc::new(reconcile);
-        let error_policy = Arc::new(error_policy);
+        let (build, reconcile, error_policy) = (Arc::new(build), Arc::new(reconcile), Arc::new(error_policy));
         self.spawn(move |leader| {
             let controller = build(leader.tenure()).graceful_shutdown_on(leader.cancellation_token().cancelled_owned());
             let context = Arc::new(Leading { tenure: leader.tenure().clone(), context: context.clone() });
@@ -215,16 +214,11 @@ impl GateBuilder {
     }
 }
 
+/// One item of a controller's output stream: the object reconciled and the action, or the error.
+pub(crate) type Outcome<K, E, W> = Result<(kube::runtime::reflector::ObjectRef<K>, Action), ControllerError<E, W>>;
+
 /// Logs one item of a controller's output stream: reconciles at debug, failures as warnings.
-fn log_outcome<K, E, W>(
-    term: Term,
-    result: Result<(kube::runtime::reflector::ObjectRef<K>, Action), ControllerError<E, W>>,
-) where
-    K: Resource,
-    K::DynamicType: Debug,
-    E: std::error::Error,
-    W: std::error::Error,
-{
+fn log_outcome<K: Resource<DynamicType: Debug>, E: Error, W: Error>(term: Term, result: Outcome<K, E, W>) {
     match result {
         Ok((object, action)) => tracing::debug!(term = term.0, %object, ?action, "reconciled"),
         Err(ControllerError::ReconcilerFailed(error, object)) => {

@@ -87,6 +87,7 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::error::Error;
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
@@ -101,8 +102,10 @@ use serde::de::DeserializeOwned;
 use tenure::Term;
 use tenure_group::{Group, GroupError, NotOwner, PartitionGuard};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::kube_controller::Outcome;
 
 /// The key an object is sharded by: `namespace/name`, or `name` for a cluster-scoped object
 /// (`tenure_kube::write_gate::object_key`, so the write gate keys a request for the object alike).
@@ -178,24 +181,14 @@ pub enum ShardError {
 /// A running sharded controller: this replica's membership and its `Controller`.
 ///
 /// Why a handle: leaving must stop the controller before the group hands the partitions over, and
-/// the group must outlive every reconcile that may take a guard.
+/// the group must outlive every reconcile that may take a guard. Dropping it aborts its tasks,
+/// which stops the controller like a crash.
 #[derive(Debug)]
 pub struct ShardController {
     group: Arc<Group>,
     shutdown: CancellationToken,
-    controller: AbortOnDrop,
-    gains: AbortOnDrop,
-}
-
-/// A task that is aborted when its handle is dropped: dropping a [`ShardController`] stops its
-/// controller like a crash.
-#[derive(Debug)]
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+    controller: AbortOnDropHandle<()>,
+    gains: AbortOnDropHandle<()>,
 }
 
 impl ShardController {
@@ -210,10 +203,10 @@ impl ShardController {
     pub async fn leave(self, drain_timeout: Duration) -> Result<(), ShardError> {
         let ShardController { group, shutdown, mut controller, gains } = self;
         shutdown.cancel();
-        if tokio::time::timeout(drain_timeout, &mut controller.0).await.is_err() {
+        if tokio::time::timeout(drain_timeout, &mut controller).await.is_err() {
             tracing::warn!(?drain_timeout, "reconciles outlasted the drain timeout; aborting them");
-            controller.0.abort();
-            let _ = (&mut controller.0).await;
+            controller.abort();
+            let _ = (&mut controller).await;
         }
         drop(gains);
         let group = Arc::into_inner(group).ok_or(ShardError::GroupInUse)?;
@@ -312,20 +305,13 @@ where
             })
             .await;
     });
-    Ok(ShardController { group, shutdown, controller: AbortOnDrop(task), gains: AbortOnDrop(gains) })
+    let (controller, gains) = (AbortOnDropHandle::new(task), AbortOnDropHandle::new(gains));
+    Ok(ShardController { group, shutdown, controller, gains })
 }
 
 /// Logs one item of the controller's output stream: reconciles (and skips) at debug, failures as
 /// warnings.
-fn log_outcome<K, E, W>(
-    identity: &str,
-    result: Result<(kube::runtime::reflector::ObjectRef<K>, Action), ControllerError<E, W>>,
-) where
-    K: Resource,
-    K::DynamicType: Debug,
-    E: std::error::Error,
-    W: std::error::Error,
-{
+fn log_outcome<K: Resource<DynamicType: Debug>, E: Error, W: Error>(identity: &str, result: Outcome<K, E, W>) {
     match result {
         Ok((object, action)) => tracing::debug!(identity, %object, ?action, "reconciled or skipped"),
         Err(ControllerError::ReconcilerFailed(error, object)) => {

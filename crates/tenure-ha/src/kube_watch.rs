@@ -124,26 +124,22 @@ impl WatchMetrics {
     /// `tenure_ha_watch_retries_total` and `tenure_ha_watch_retry_pending`.
     pub fn register(registry: &mut Registry) -> WatchMetrics {
         let metrics = WatchMetrics::default();
-        registry.register(
-            "tenure_ha_watch_resume_failures",
-            "Resumes from a checkpoint the server no longer keeps (relisted, garbage collected)",
-            metrics.resume_failures.clone(),
-        );
-        registry.register(
-            "tenure_ha_watch_reconciles",
-            "Calls of the leader's handler, retries included",
-            metrics.reconciles.clone(),
-        );
-        registry.register(
-            "tenure_ha_watch_handler_failures",
-            "Calls of the leader's handler that returned an error",
-            metrics.handler_failures.clone(),
-        );
-        registry.register(
-            "tenure_ha_watch_retries",
-            "Calls of the leader's handler that retried a failed change",
-            metrics.retries.clone(),
-        );
+        for (name, help, counter) in [
+            (
+                "tenure_ha_watch_resume_failures",
+                "Resumes from a checkpoint the server no longer keeps (relisted, garbage collected)",
+                &metrics.resume_failures,
+            ),
+            ("tenure_ha_watch_reconciles", "Calls of the leader's handler, retries included", &metrics.reconciles),
+            (
+                "tenure_ha_watch_handler_failures",
+                "Calls of the leader's handler that returned an error",
+                &metrics.handler_failures,
+            ),
+            ("tenure_ha_watch_retries", "Calls of the leader's handler that retried a failed change", &metrics.retries),
+        ] {
+            registry.register(name, help, counter.clone());
+        }
         registry.register(
             "tenure_ha_watch_retry_pending",
             "Objects whose failed change waits for a retry (the checkpoint holds before the oldest)",
@@ -209,7 +205,7 @@ pub struct GatedWatch<K: Resource> {
     gc: Option<GcTrigger>,
     metrics: WatchMetrics,
     retry: (Duration, Duration),
-    gate: Option<Box<dyn FnOnce(GateBuilder) -> GateBuilder + Send>>,
+    gate: Box<dyn FnOnce(GateBuilder) -> GateBuilder + Send>,
 }
 
 impl<K> GatedWatch<K>
@@ -228,7 +224,7 @@ where
             gc: None,
             metrics: WatchMetrics::default(),
             retry: RETRY_BACKOFF,
-            gate: None,
+            gate: Box::new(|builder| builder),
         }
     }
 
@@ -240,38 +236,25 @@ where
         self
     }
 
-    /// Selectors, timeouts and back-off of the watch.
-    #[must_use]
-    pub fn config(mut self, config: ResumeConfig) -> Self {
-        self.config = config;
-        self
-    }
-
-    /// The standby mode (default [`Standby::Cold`]).
-    #[must_use]
-    pub fn standby(mut self, standby: Standby) -> Self {
-        self.standby = standby;
-        self
+    setters! {
+        /// Selectors, timeouts and back-off of the watch.
+        #[must_use]
+        config: ResumeConfig;
+        /// The standby mode (default [`Standby::Cold`]).
+        #[must_use]
+        standby: Standby;
+        /// Reports into these metrics.
+        #[must_use]
+        metrics: WatchMetrics;
+        /// Adjusts the gate the leader work runs in (drain timeout, back-off, gate metrics).
+        #[must_use]
+        gate: impl FnOnce(GateBuilder) -> GateBuilder + Send + 'static => Box::new(gate);
     }
 
     /// Runs a garbage collection pass through `trigger` after every failed resume.
     #[must_use]
     pub fn gc_trigger(mut self, trigger: GcTrigger) -> Self {
         self.gc = Some(trigger);
-        self
-    }
-
-    /// Reports into these metrics.
-    #[must_use]
-    pub fn metrics(mut self, metrics: WatchMetrics) -> Self {
-        self.metrics = metrics;
-        self
-    }
-
-    /// Adjusts the gate the leader work runs in (drain timeout, back-off, gate metrics).
-    #[must_use]
-    pub fn gate(mut self, adjust: impl FnOnce(GateBuilder) -> GateBuilder + Send + 'static) -> Self {
-        self.gate = Some(Box::new(adjust));
         self
     }
 
@@ -287,37 +270,22 @@ where
     {
         let handler: Handler<K> =
             Arc::new(move |change, tenure| handler(change, tenure).map(|r| r.map_err(|e| e.to_string())).boxed());
-        let mut builder = Gate::builder(elector);
-        if let Some(adjust) = self.gate {
-            builder = adjust(builder);
-        }
+        let GatedWatch { api, resource, store, config, standby, gc, metrics, retry, gate } = self;
+        let builder = gate(Gate::builder(elector));
         let stop = CancellationToken::new();
         // The checkpoint's own object, when this watch can see it: its events are skipped.
-        let own = self.store.object().filter(|object| object.is_in(self.api.resource_url()));
-        let shared = Arc::new(Leader {
-            api: self.api,
-            resource: self.resource,
-            store: self.store,
-            config: self.config,
-            gc: self.gc,
-            metrics: self.metrics.clone(),
-            retry: self.retry,
-            own: own.clone(),
-            handler,
-        });
-        let (gate, follower) = match self.standby {
-            Standby::Cold => {
-                let shared = shared.clone();
-                (builder.spawn(move |ctx| shared.clone().lead_cold(ctx)), None)
-            }
+        let own = store.object().filter(|object| object.is_in(api.resource_url()));
+        let leader = Leader { api, resource, store, config, gc, metrics: metrics.clone(), retry, own, handler };
+        let shared = Arc::new(leader);
+        let (gate, follower) = match standby {
+            Standby::Cold => (builder.spawn(move |ctx| shared.clone().lead_cold(ctx)), None),
             Standby::Warm => {
-                let cache = Arc::new(WarmCache::new(own));
+                let cache = Arc::new(WarmCache::new(shared.own.clone()));
                 let follower = tokio::spawn(shared.clone().follow(cache.clone(), stop.clone()));
-                let shared = shared.clone();
                 (builder.spawn(move |ctx| shared.clone().lead_warm(ctx, cache.clone())), Some(follower))
             }
         };
-        GatedWatchHandle { gate, follower, stop, metrics: self.metrics }
+        GatedWatchHandle { gate, follower, stop, metrics }
     }
 }
 
@@ -370,46 +338,26 @@ impl<K> Leader<K>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
-    /// Whether `object` is the one the checkpoint is kept in (its events are skipped).
-    fn is_own(&self, object: &K) -> bool {
-        is_own(self.own.as_ref(), object)
-    }
-
     /// One call of the handler, counted.
     async fn attempt(&self, change: Change<K>, tenure: &Tenure) -> Result<(), String> {
         self.metrics.reconciles.inc();
-        let result = (self.handler)(change, tenure.clone()).await;
-        if result.is_err() {
+        (self.handler)(change, tenure.clone()).await.inspect_err(|_| {
             self.metrics.handler_failures.inc();
-        }
-        result
+        })
     }
 
-    /// Hands `change` of the object `key` to the handler, unless an earlier change of the object
-    /// is still failing (then it waits behind it). A failure is kept for retry with the watermark
-    /// `hold`: the version delivered before this change.
-    async fn offer(
-        &self,
-        retries: &mut Retries<K>,
-        key: String,
-        change: Queued<K>,
-        hold: Option<String>,
-        tenure: &Tenure,
-    ) {
-        if retries.is_pending(&key) {
+    /// Hands `change` to the handler, unless an earlier change of its object is still failing
+    /// (then it waits behind it). A failure is kept for retry with the watermark `hold`: the
+    /// version delivered before this change.
+    async fn offer(&self, retries: &mut Retries<K>, change: Queued<K>, hold: Option<String>, tenure: &Tenure) {
+        let key = key(change.change.object());
+        if retries.pending.contains_key(&key) {
             retries.enqueue(&key, change);
             return;
         }
         if let Err(error) = self.attempt(change.change.clone(), tenure).await {
             let delay = retries.failed(key.clone(), change, hold, Instant::now());
-            tracing::warn!(
-                resource = %self.resource,
-                object = %key,
-                %error,
-                attempts = 1,
-                retry_in = ?delay,
-                "handler failed; retrying with back-off (the checkpoint stays before this change)"
-            );
+            self.warn_failed(&key, &error, 1, delay);
         }
         self.metrics.retry_pending.set(i64::try_from(retries.len()).unwrap_or(i64::MAX));
     }
@@ -433,28 +381,28 @@ where
                 }
                 Err(error) => {
                     let (delay, attempts) = retries.failed_again(&key, Instant::now());
-                    tracing::warn!(
-                        resource = %self.resource,
-                        object = %key,
-                        %error,
-                        attempts,
-                        retry_in = ?delay,
-                        "handler failed; retrying with back-off (the checkpoint stays before this change)"
-                    );
+                    self.warn_failed(&key, &error, attempts, delay);
                 }
             }
         }
         self.metrics.retry_pending.set(i64::try_from(retries.len()).unwrap_or(i64::MAX));
     }
 
+    fn warn_failed(&self, key: &str, error: &str, attempts: u32, delay: Duration) {
+        tracing::warn!(
+            resource = %self.resource,
+            object = %key,
+            %error,
+            attempts,
+            retry_in = ?delay,
+            "handler failed; retrying with back-off (the checkpoint stays before this change)"
+        );
+    }
+
     /// Records how far the checkpoint may go: the last delivered version, or, while changes are
     /// failing, the version before the oldest of them. Recording an unchanged version costs nothing.
     fn record(&self, checkpointer: &Checkpointer, retries: &Retries<K>, delivered: Option<&str>) {
-        let watermark = match retries.watermark() {
-            Some(hold) => hold,
-            None => delivered,
-        };
-        if let Some(version) = watermark {
+        if let Some(version) = retries.watermark().unwrap_or(delivered) {
             checkpointer.record(self.resource.clone(), version);
         }
     }
@@ -503,19 +451,13 @@ where
             let version = event.resource_version();
             let hold = delivered.clone();
             match event {
-                ResumeEvent::Applied(object) | ResumeEvent::Deleted(object) if self.is_own(&object) => {
+                ResumeEvent::Applied(object) | ResumeEvent::Deleted(object) if is_own(self.own.as_ref(), &object) => {
                     // The checkpoint's own write: neither handled nor recorded, or each write
                     // would cause the next.
                     continue;
                 }
-                ResumeEvent::Applied(object) => {
-                    let key = key(&object);
-                    self.offer(&mut retries, key, Queued::applied(object), hold, ctx.tenure()).await;
-                }
-                ResumeEvent::Deleted(object) => {
-                    let key = key(&object);
-                    self.offer(&mut retries, key, Queued::deleted(object, None), hold, ctx.tenure()).await;
-                }
+                ResumeEvent::Applied(o) => self.offer(&mut retries, Queued::applied(o), hold, ctx.tenure()).await,
+                ResumeEvent::Deleted(o) => self.offer(&mut retries, Queued::deleted(o, None), hold, ctx.tenure()).await,
                 ResumeEvent::Progress(_) => {}
                 ResumeEvent::Listed { objects, cause, .. } => {
                     if cause.resume_failed() {
@@ -532,20 +474,17 @@ where
                             gc.run_now();
                         }
                     }
-                    let objects: Vec<K> = objects.into_iter().filter(|o| !self.is_own(o)).collect();
+                    let objects: Vec<K> = objects.into_iter().filter(|o| !is_own(self.own.as_ref(), o)).collect();
                     retries.listed(&objects.iter().map(key).collect());
                     for object in objects {
                         if ctx.is_cancelled() {
                             break 'tenure;
                         }
-                        let key = key(&object);
-                        self.offer(&mut retries, key, Queued::applied(object), hold.clone(), ctx.tenure()).await;
+                        self.offer(&mut retries, Queued::applied(object), hold.clone(), ctx.tenure()).await;
                     }
                 }
             }
-            if let Some(version) = version {
-                delivered = Some(version);
-            }
+            delivered = version.or(delivered);
             self.record(&checkpointer, &retries, delivered.as_deref());
         }
         self.leaving(&retries);
@@ -554,8 +493,7 @@ where
 
     /// Warm standby, every replica: keep the cache and the per-object changes up to date.
     async fn follow(self: Arc<Self>, cache: Arc<WarmCache<K>>, stop: CancellationToken) {
-        let watcher = ResumableWatcher::new(self.api.clone(), self.config.clone(), None);
-        let mut watcher = match watcher {
+        let mut watcher = match ResumableWatcher::new(self.api.clone(), self.config.clone(), None) {
             Ok(watcher) => watcher,
             Err(error) => {
                 tracing::error!(resource = %self.resource, %error, "warm standby cannot watch");
@@ -596,11 +534,9 @@ where
                     cache.put_back(std::iter::once((key, change)).chain(changes));
                     break 'tenure;
                 }
-                self.offer(&mut retries, key, change, hold.clone(), ctx.tenure()).await;
+                self.offer(&mut retries, change, hold.clone(), ctx.tenure()).await;
             }
-            if let Some(version) = version {
-                after = Some(version);
-            }
+            after = version.or(after);
             self.record(&checkpointer, &retries, after.map(|v| v.to_string()).as_deref());
             let due = retries.next_due();
             tokio::select! {
@@ -672,10 +608,6 @@ struct Pending<K> {
 impl<K: Clone> Retries<K> {
     fn new((initial, max): (Duration, Duration)) -> Retries<K> {
         Retries { pending: BTreeMap::new(), backoff: Backoff::new(initial, max), next_order: 0 }
-    }
-
-    fn is_pending(&self, key: &str) -> bool {
-        self.pending.contains_key(key)
     }
 
     fn is_empty(&self) -> bool {
@@ -758,10 +690,7 @@ impl<K: Clone> Retries<K> {
     /// A relist: a failing object missing from it was deleted while the watch was away, so what
     /// waits for it becomes its deletion (its last known state).
     fn listed(&mut self, present: &BTreeSet<String>) {
-        for (key, pending) in &mut self.pending {
-            if present.contains(key) {
-                continue;
-            }
+        for (_, pending) in self.pending.iter_mut().filter(|(key, _)| !present.contains(*key)) {
             if let Some(last) = pending.changes.back_mut() {
                 if let Change::Applied(object) = &last.change {
                     last.change = Change::Deleted(object.clone());
@@ -788,11 +717,8 @@ struct WarmCache<K> {
 
 impl<K> WarmCache<K> {
     fn new(own: Option<CheckpointObject>) -> Self {
-        WarmCache {
-            state: Mutex::new(WarmState { objects: BTreeMap::new(), changes: BTreeMap::new(), version: None }),
-            changed: Notify::new(),
-            own,
-        }
+        let state = Mutex::new(WarmState { objects: BTreeMap::new(), changes: BTreeMap::new(), version: None });
+        WarmCache { state, changed: Notify::new(), own }
     }
 }
 
@@ -822,15 +748,9 @@ impl<K: Resource + Clone> WarmCache<K> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn is_own(&self, object: &K) -> bool {
-        is_own(self.own.as_ref(), object)
-    }
-
     fn apply(&self, event: ResumeEvent<K>) {
-        if let ResumeEvent::Applied(object) | ResumeEvent::Deleted(object) = &event {
-            if self.is_own(object) {
-                return;
-            }
+        if matches!(&event, ResumeEvent::Applied(o) | ResumeEvent::Deleted(o) if is_own(self.own.as_ref(), o)) {
+            return;
         }
         let mut state = self.state();
         let reached = event.resource_version().and_then(|v| v.parse::<u64>().ok());
@@ -848,16 +768,12 @@ impl<K: Resource + Clone> WarmCache<K> {
             ResumeEvent::Progress(_) => {}
             ResumeEvent::Listed { objects, .. } => {
                 let listed: BTreeMap<String, K> =
-                    objects.into_iter().filter(|o| !self.is_own(o)).map(|o| (key(&o), o)).collect();
-                let gone: Vec<(String, K)> = state
-                    .objects
-                    .iter()
-                    .filter(|(k, _)| !listed.contains_key(*k))
-                    .map(|(k, o)| (k.clone(), o.clone()))
-                    .collect();
-                for (key, object) in gone {
+                    objects.into_iter().filter(|o| !is_own(self.own.as_ref(), o)).map(|o| (key(&o), o)).collect();
+                let state = &mut *state;
+                for (key, object) in state.objects.iter().filter(|(k, _)| !listed.contains_key(*k)) {
                     // Deleted while this watch was away: the list's version is when it was seen gone.
-                    state.changes.insert(key, Queued { version: reached, change: Change::Deleted(object) });
+                    let deleted = Queued { version: reached, change: Change::Deleted(object.clone()) };
+                    state.changes.insert(key.clone(), deleted);
                 }
                 for (key, object) in &listed {
                     let unchanged =
@@ -882,10 +798,7 @@ impl<K: Resource + Clone> WarmCache<K> {
         let mut state = self.state();
         let mut taken: Vec<(String, Queued<K>)> = std::mem::take(&mut state.changes)
             .into_iter()
-            .filter(|(_, queued)| match (after, queued.version) {
-                (Some(after), Some(version)) => version > after,
-                _ => true,
-            })
+            .filter(|(_, queued)| after.zip(queued.version).is_none_or(|(after, version)| version > after))
             .collect();
         taken.sort_by_key(|(_, queued)| queued.version);
         (taken, state.version)

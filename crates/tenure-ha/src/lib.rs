@@ -46,6 +46,21 @@
 //! ```
 #![warn(missing_docs)]
 
+/// Builder methods that each set the field of their name: `name: Type` with its doc comment (and
+/// attributes), or `name: Type => value` to store `value` made of the argument `name`, so that a
+/// builder's plain options read as a list instead of a method each.
+macro_rules! setters {
+    ($($(#[$attr:meta])* $name:ident: $type:ty $(=> $value:expr)?;)*) => {$(
+        $(#[$attr])*
+        pub fn $name(mut self, $name: $type) -> Self {
+            self.$name = setters!(@value $name $($value)?);
+            self
+        }
+    )*};
+    (@value $name:ident) => { $name };
+    (@value $name:ident $value:expr) => { $value };
+}
+
 pub mod backoff;
 pub mod checkpoint;
 pub mod gate;

@@ -28,13 +28,9 @@ pub struct GateMetrics {
 
 impl Default for GateMetrics {
     fn default() -> Self {
-        GateMetrics {
-            running: Gauge::default(),
-            starts: Counter::default(),
-            stops: Family::default(),
-            // 1 ms .. about 65 s.
-            drain_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
-        }
+        // 1 ms .. about 65 s.
+        let drain_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 17));
+        GateMetrics { running: Gauge::default(), starts: Counter::default(), stops: Family::default(), drain_seconds }
     }
 }
 
@@ -80,19 +76,19 @@ impl GcMetrics {
     /// New metrics registered in `registry` under `tenure_ha_gc_*`.
     pub fn register(registry: &mut Registry) -> GcMetrics {
         let metrics = GcMetrics::default();
-        registry.register("tenure_ha_gc_passes", "Garbage collection passes completed", metrics.passes.clone());
-        registry.register(
-            "tenure_ha_gc_skipped_passes",
-            "Garbage collection passes skipped because listing failed",
-            metrics.skipped_passes.clone(),
-        );
-        registry.register("tenure_ha_gc_orphans_found", "Orphans found per pass", metrics.orphans_found.clone());
-        registry.register("tenure_ha_gc_orphans_deleted", "Orphans deleted", metrics.orphans_deleted.clone());
-        registry.register(
-            "tenure_ha_gc_delete_failures",
-            "Deletions of orphans that failed",
-            metrics.delete_failures.clone(),
-        );
+        for (name, help, counter) in [
+            ("tenure_ha_gc_passes", "Garbage collection passes completed", &metrics.passes),
+            (
+                "tenure_ha_gc_skipped_passes",
+                "Garbage collection passes skipped because listing failed",
+                &metrics.skipped_passes,
+            ),
+            ("tenure_ha_gc_orphans_found", "Orphans found per pass", &metrics.orphans_found),
+            ("tenure_ha_gc_orphans_deleted", "Orphans deleted", &metrics.orphans_deleted),
+            ("tenure_ha_gc_delete_failures", "Deletions of orphans that failed", &metrics.delete_failures),
+        ] {
+            registry.register(name, help, counter.clone());
+        }
         metrics
     }
 }

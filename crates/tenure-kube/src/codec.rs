@@ -37,11 +37,8 @@ pub trait RecordObject:
 
     /// A new object named `name` in `namespace` holding `record`.
     fn with_record(namespace: &str, name: &str, record: &LeaderElectionRecord) -> Result<Self, LockError> {
-        let mut object = Self::empty(ObjectMeta {
-            name: Some(name.to_owned()),
-            namespace: Some(namespace.to_owned()),
-            ..ObjectMeta::default()
-        });
+        let metadata = ObjectMeta { name: Some(name.into()), namespace: Some(namespace.into()), ..Default::default() };
+        let mut object = Self::empty(metadata);
         object.set_record(record)?;
         Ok(object)
     }
@@ -78,7 +75,7 @@ pub fn validate(record: LeaderElectionRecord) -> Result<LeaderElectionRecord, Re
 
 /// The record a Lease spec holds; a Lease without spec or holder is free.
 pub fn record_from_lease_spec(spec: Option<&LeaseSpec>) -> Result<LeaderElectionRecord, RecordError> {
-    let Some(spec) = spec else { return Ok(free_record()) };
+    let Some(spec) = spec else { return Ok(LeaderElectionRecord::default()) };
     validate(LeaderElectionRecord {
         holder_identity: spec.holder_identity.clone().unwrap_or_default(),
         lease_duration_seconds: spec.lease_duration_seconds.map_or(0, i64::from),
@@ -133,25 +130,13 @@ pub fn record_from_annotations(
 ) -> Result<LeaderElectionRecord, RecordError> {
     match annotations.and_then(|a| a.get(LEADER_ANNOTATION)) {
         Some(text) => LeaderElectionRecord::from_json(text),
-        None => Ok(free_record()),
+        None => Ok(LeaderElectionRecord::default()),
     }
 }
 
 /// Writes the record into the leader annotation, keeping every other annotation.
 pub fn set_annotation(metadata: &mut ObjectMeta, record: &LeaderElectionRecord) {
     metadata.annotations.get_or_insert_with(BTreeMap::new).insert(LEADER_ANNOTATION.to_owned(), record.to_json());
-}
-
-/// The record of an object that holds none: nobody holds the lock, no transitions yet.
-fn free_record() -> LeaderElectionRecord {
-    LeaderElectionRecord {
-        holder_identity: String::new(),
-        lease_duration_seconds: 0,
-        acquire_time: None,
-        renew_time: None,
-        leader_transitions: 0,
-        ..Default::default()
-    }
 }
 
 impl RecordObject for Lease {

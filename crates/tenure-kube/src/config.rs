@@ -203,10 +203,7 @@ impl ClusterOptions {
             .transpose()?;
         let mut config = match (&self.kubeconfig, &self.context, &server) {
             _ if self.in_cluster => kube::Config::incluster().map_err(KubeError::InCluster)?,
-            (Some(path), _, _) => {
-                let kubeconfig = Kubeconfig::read_from(path)?;
-                kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?
-            }
+            (Some(path), _, _) => kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(path)?, &options).await?,
             // A context names a kubeconfig entry: the in-cluster account has none.
             (None, Some(_), _) => kube::Config::from_kubeconfig(&options).await?,
             (None, None, None) => kube::Config::infer().await?,

@@ -224,20 +224,13 @@ impl Keeper {
             renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
             ping_time: None,
         };
-        let patch = serde_json::json!({ "spec": {
-            "leaseName": spec.lease_name,
-            "binaryVersion": spec.binary_version,
-            "emulationVersion": spec.emulation_version,
-            "strategy": spec.strategy,
-            "renewTime": spec.renew_time,
-        }});
+        // `pingTime` is `None`, which the spec leaves out of the patch.
+        let patch = serde_json::json!({ "spec": &spec });
         match self.api.patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.is_not_found() => {
-                let candidate = LeaseCandidate {
-                    metadata: ObjectMeta { name: Some(self.name.clone()), ..ObjectMeta::default() },
-                    spec: Some(spec),
-                };
+                let metadata = ObjectMeta { name: Some(self.name.clone()), ..ObjectMeta::default() };
+                let candidate = LeaseCandidate { metadata, spec: Some(spec) };
                 self.api.create(&PostParams::default(), &candidate).await?;
                 tracing::info!(
                     candidate = %self.name,

@@ -72,25 +72,15 @@ impl LeadershipChange {
 /// `None`): a new term is a stop of the old tenure and a start of the new one, even if the
 /// follower state in between was never seen.
 pub fn changes(before: Option<Term>, after: Option<Term>) -> Vec<LeadershipChange> {
-    let mut changes = Vec::new();
     if before == after {
-        return changes;
+        return Vec::new();
     }
-    if before.is_some() {
-        changes.push(LeadershipChange::StoppedLeading);
-    }
-    if after.is_some() {
-        changes.push(LeadershipChange::BecameLeader);
-    }
-    changes
+    let stopped = before.map(|_| LeadershipChange::StoppedLeading);
+    stopped.into_iter().chain(after.map(|_| LeadershipChange::BecameLeader)).collect()
 }
 
 fn leading_term(leadership: &Leadership) -> Option<Term> {
-    if leadership.is_leader() {
-        Some(leadership.term.unwrap_or(Term(0)))
-    } else {
-        None
-    }
+    leadership.is_leader().then(|| leadership.term.unwrap_or(Term(0)))
 }
 
 impl EventRecorder {
@@ -113,16 +103,13 @@ impl EventRecorder {
 
     /// The Event client-go's recorder would post about `subject` for `change`, at `now`.
     pub fn event(&self, subject: &ObjectReference, change: LeadershipChange, now: chrono::DateTime<Utc>) -> Event {
-        let name = subject.name.clone().unwrap_or_default();
         let nanos = now.timestamp_nanos_opt().unwrap_or_default();
+        // client-go: "<object name>.<unix nanoseconds in hex>".
+        let name = format!("{}.{nanos:x}", subject.name.as_deref().unwrap_or_default());
+        let metadata = ObjectMeta { name: Some(name), namespace: subject.namespace.clone(), ..ObjectMeta::default() };
         let time = crate::codec::to_kube_time(now).ok().map(Time);
         Event {
-            metadata: ObjectMeta {
-                // client-go: "<object name>.<unix nanoseconds in hex>".
-                name: Some(format!("{name}.{nanos:x}")),
-                namespace: subject.namespace.clone(),
-                ..ObjectMeta::default()
-            },
+            metadata,
             involved_object: subject.clone(),
             reason: Some(EVENT_REASON.to_owned()),
             message: Some(format!("{} {}", self.identity, change.as_str())),

@@ -187,11 +187,8 @@ impl GroupStore for KubeGroupStore {
         let meta = match (key, value) {
             (Key::Table, Value::Table(table)) => {
                 let text = serde_json::to_string(table).map_err(|e| StoreError::Rejected(e.to_string()))?;
-                let map = ConfigMap {
-                    metadata: self.meta(self.table_name(), expected),
-                    data: Some(BTreeMap::from([(TABLE_KEY.to_owned(), text)])),
-                    ..ConfigMap::default()
-                };
+                let data = Some(BTreeMap::from([(TABLE_KEY.to_owned(), text)]));
+                let map = ConfigMap { metadata: self.meta(self.table_name(), expected), data, ..ConfigMap::default() };
                 let written = match expected {
                     None => self.config_maps.create(&params, &map).await,
                     Some(_) => self.config_maps.replace(&self.table_name(), &params, &map).await,
@@ -203,14 +200,12 @@ impl GroupStore for KubeGroupStore {
                 let name = self.member_name(identity);
                 let mut metadata = self.meta(name.clone(), expected);
                 metadata.annotations = Some(BTreeMap::from([(MEMBER_ANNOTATION.to_owned(), text)]));
-                let lease = Lease {
-                    metadata,
-                    spec: Some(LeaseSpec {
-                        holder_identity: Some(identity.clone()),
-                        lease_duration_seconds: i32::try_from(record.lease_millis.div_ceil(1000)).ok(),
-                        ..LeaseSpec::default()
-                    }),
+                let spec = LeaseSpec {
+                    holder_identity: Some(identity.clone()),
+                    lease_duration_seconds: i32::try_from(record.lease_millis.div_ceil(1000)).ok(),
+                    ..LeaseSpec::default()
                 };
+                let lease = Lease { metadata, spec: Some(spec) };
                 let written = match expected {
                     None => self.leases.create(&params, &lease).await,
                     Some(_) => self.leases.replace(&name, &params, &lease).await,

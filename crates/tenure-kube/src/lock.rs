@@ -1,7 +1,7 @@
 //! [`KubeLock`]: the lock a `kube://NAMESPACE/KIND/NAME` URL names, whatever its kind, as one type.
 //!
 //! Why one type: the CLI and programs choose the kind at run time from a URL, and need both a
-//! [`RecordLock`] for the elector and the lock objects for Events; an enum over the five kinds
+//! [`RecordLock`] for the elector and the lock objects for Events; one trait object over the five kinds
 //! gives them that without generics.
 
 use std::sync::Arc;
@@ -12,18 +12,36 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, ObjectReference};
 use tenure::{ChangeStream, Elector, LeaderElectionRecord, LockError, RecordLock, StoredRecord, Version};
 
+use crate::codec::RecordObject;
 use crate::config::{KubeLockRef, LockKind};
 use crate::events::{EventRecorder, LeadershipEvents};
 use crate::multilock::MultiLock;
 use crate::object::ObjectLock;
 
-#[derive(Clone)]
-enum Kind {
-    Leases(ObjectLock<Lease>),
-    Endpoints(ObjectLock<Endpoints>),
-    ConfigMaps(ObjectLock<ConfigMap>),
-    EndpointsLeases(MultiLock<Endpoints>),
-    ConfigMapsLeases(MultiLock<ConfigMap>),
+/// What a [`KubeLock`] needs of a lock of each kind, beside the [`RecordLock`] itself.
+trait Objects: RecordLock {
+    fn references(&self) -> Vec<ObjectReference>;
+    fn with_timeout(&self, timeout: Duration) -> Arc<dyn Objects>;
+}
+
+impl<K: RecordObject> Objects for ObjectLock<K> {
+    fn references(&self) -> Vec<ObjectReference> {
+        vec![self.object_reference()]
+    }
+
+    fn with_timeout(&self, timeout: Duration) -> Arc<dyn Objects> {
+        Arc::new(self.clone().with_watch_open_timeout(timeout))
+    }
+}
+
+impl<P: RecordObject> Objects for MultiLock<P> {
+    fn references(&self) -> Vec<ObjectReference> {
+        self.object_references()
+    }
+
+    fn with_timeout(&self, timeout: Duration) -> Arc<dyn Objects> {
+        Arc::new(self.clone().with_watch_open_timeout(timeout))
+    }
 }
 
 /// A Kubernetes lock of any kind, for one candidate: a [`RecordLock`] to give the elector, and
@@ -38,7 +56,7 @@ enum Kind {
 /// ```
 #[derive(Clone)]
 pub struct KubeLock {
-    kind: Kind,
+    lock: Arc<dyn Objects>,
     client: kube::Client,
     identity: String,
 }
@@ -66,30 +84,21 @@ impl KubeLock {
     pub fn new(client: kube::Client, reference: &KubeLockRef, identity: &str) -> Self {
         let (namespace, name) = (reference.namespace.as_str(), reference.name.as_str());
         let lease = || ObjectLock::<Lease>::new(client.clone(), namespace, name);
-        let kind = match reference.kind {
-            LockKind::Leases => Kind::Leases(lease()),
-            LockKind::Endpoints => Kind::Endpoints(ObjectLock::new(client.clone(), namespace, name)),
-            LockKind::ConfigMaps => Kind::ConfigMaps(ObjectLock::new(client.clone(), namespace, name)),
-            LockKind::EndpointsLeases => {
-                Kind::EndpointsLeases(MultiLock::new(ObjectLock::new(client.clone(), namespace, name), lease()))
-            }
-            LockKind::ConfigMapsLeases => {
-                Kind::ConfigMapsLeases(MultiLock::new(ObjectLock::new(client.clone(), namespace, name), lease()))
-            }
+        let endpoints = || ObjectLock::<Endpoints>::new(client.clone(), namespace, name);
+        let config_map = || ObjectLock::<ConfigMap>::new(client.clone(), namespace, name);
+        let lock: Arc<dyn Objects> = match reference.kind {
+            LockKind::Leases => Arc::new(lease()),
+            LockKind::Endpoints => Arc::new(endpoints()),
+            LockKind::ConfigMaps => Arc::new(config_map()),
+            LockKind::EndpointsLeases => Arc::new(MultiLock::new(endpoints(), lease())),
+            LockKind::ConfigMapsLeases => Arc::new(MultiLock::new(config_map(), lease())),
         };
-        KubeLock { kind, client, identity: identity.to_owned() }
+        KubeLock { lock, client, identity: identity.to_owned() }
     }
 
     /// Bounds how long opening a watch may take (see [`crate::KubeLockConfig::watch_open_timeout`]).
     pub fn with_watch_open_timeout(self, timeout: Duration) -> Self {
-        let kind = match self.kind {
-            Kind::Leases(l) => Kind::Leases(l.with_watch_open_timeout(timeout)),
-            Kind::Endpoints(l) => Kind::Endpoints(l.with_watch_open_timeout(timeout)),
-            Kind::ConfigMaps(l) => Kind::ConfigMaps(l.with_watch_open_timeout(timeout)),
-            Kind::EndpointsLeases(l) => Kind::EndpointsLeases(l.with_watch_open_timeout(timeout)),
-            Kind::ConfigMapsLeases(l) => Kind::ConfigMapsLeases(l.with_watch_open_timeout(timeout)),
-        };
-        KubeLock { kind, ..self }
+        KubeLock { lock: self.lock.with_timeout(timeout), ..self }
     }
 
     /// The lock as a shared [`RecordLock`], for code that takes any lock.
@@ -104,13 +113,7 @@ impl KubeLock {
 
     /// References to the lock's objects (two for a multi-lock), with the uid and version last seen.
     pub fn object_references(&self) -> Vec<ObjectReference> {
-        match &self.kind {
-            Kind::Leases(l) => vec![l.object_reference()],
-            Kind::Endpoints(l) => vec![l.object_reference()],
-            Kind::ConfigMaps(l) => vec![l.object_reference()],
-            Kind::EndpointsLeases(l) => l.object_references(),
-            Kind::ConfigMapsLeases(l) => l.object_references(),
-        }
+        self.lock.references()
     }
 
     /// An event recorder for this candidate, using this lock's client.
@@ -124,37 +127,27 @@ impl KubeLock {
         let lock = self.clone();
         self.event_recorder().spawn(elector.subscribe(), move || lock.object_references())
     }
-
-    fn inner(&self) -> &dyn RecordLock {
-        match &self.kind {
-            Kind::Leases(l) => l,
-            Kind::Endpoints(l) => l,
-            Kind::ConfigMaps(l) => l,
-            Kind::EndpointsLeases(l) => l,
-            Kind::ConfigMapsLeases(l) => l,
-        }
-    }
 }
 
 #[async_trait]
 impl RecordLock for KubeLock {
     fn describe(&self) -> String {
-        self.inner().describe()
+        self.lock.describe()
     }
 
     async fn get(&self) -> Result<Option<StoredRecord>, LockError> {
-        self.inner().get().await
+        self.lock.get().await
     }
 
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Version, LockError> {
-        self.inner().create(record).await
+        self.lock.create(record).await
     }
 
     async fn update(&self, expected: &Version, record: &LeaderElectionRecord) -> Result<Version, LockError> {
-        self.inner().update(expected, record).await
+        self.lock.update(expected, record).await
     }
 
     fn watch(&self) -> Option<ChangeStream> {
-        self.inner().watch()
+        self.lock.watch()
     }
 }

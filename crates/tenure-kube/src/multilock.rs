@@ -158,20 +158,11 @@ impl Drop for InFlight<'_> {
 
 /// A record held in an old-style object `P` (Endpoints or ConfigMap) and a Lease of the same name,
 /// for migrating from the former to the latter without two leaders. See the module documentation.
+#[derive(Clone)]
 pub struct MultiLock<P: RecordObject> {
     primary: ObjectLock<P>,
     secondary: ObjectLock<Lease>,
     own_writes: Arc<watch::Sender<OwnWrites>>,
-}
-
-impl<P: RecordObject> Clone for MultiLock<P> {
-    fn clone(&self) -> Self {
-        MultiLock {
-            primary: self.primary.clone(),
-            secondary: self.secondary.clone(),
-            own_writes: self.own_writes.clone(),
-        }
-    }
 }
 
 impl<P: RecordObject> MultiLock<P> {
@@ -219,8 +210,7 @@ impl<P: RecordObject> MultiLock<P> {
 #[async_trait]
 impl<P: RecordObject> RecordLock for MultiLock<P> {
     fn describe(&self) -> String {
-        let (primary, secondary) = (self.primary.describe(), self.secondary.describe());
-        format!("{primary}+{secondary}")
+        format!("{}+{}", self.primary.describe(), self.secondary.describe())
     }
 
     async fn get(&self) -> Result<Option<StoredRecord>, LockError> {
@@ -233,11 +223,10 @@ impl<P: RecordObject> RecordLock for MultiLock<P> {
     }
 
     async fn update(&self, expected: &Version, record: &LeaderElectionRecord) -> Result<Version, LockError> {
-        // A version that is not a pair cannot be the current one.
-        let expected = PairVersion::decode(expected).ok_or(LockError::Conflict)?;
-        if expected.primary.is_none() && expected.secondary.is_none() {
-            return Err(LockError::Conflict);
-        }
+        // A version that is not a pair, or a pair of two absent objects, cannot be the current one.
+        let expected = PairVersion::decode(expected)
+            .filter(|pair| pair.primary.is_some() || pair.secondary.is_some())
+            .ok_or(LockError::Conflict)?;
         // Creating an object expected absent is a compare-and-swap too: it existing now is a conflict.
         self.write(&expected, record).await.map_err(|e| match e {
             LockError::AlreadyExists => LockError::Conflict,
@@ -308,10 +297,8 @@ impl WatchMerger {
     /// this lock is writing, not the intermediate state of its last write, and not twice.
     fn next_report(&mut self, writes: &OwnWrites) -> Option<Option<StoredRecord>> {
         let (Some(primary), Some(secondary)) = (&self.primary, &self.secondary) else { return None };
-        if writes.in_flight > 0 {
-            return None;
-        }
-        if writes.intermediate.as_ref() == Some(&PairVersion::of(primary.as_ref(), secondary.as_ref())) {
+        let intermediate = writes.intermediate.as_ref() == Some(&PairVersion::of(primary.as_ref(), secondary.as_ref()));
+        if writes.in_flight > 0 || intermediate {
             return None;
         }
         let state = combine(primary.clone(), secondary.clone());

@@ -78,6 +78,7 @@ pub(crate) type ObjectChanges<K> = Pin<Box<dyn Stream<Item = Result<Option<K>, L
 /// is one PUT (the object as read, with the new record) rather than a GET and a PUT; the PUT
 /// carries the expected `resourceVersion`, so a stale memory can only cause a conflict, never a
 /// lost write.
+#[derive(Clone)]
 pub struct ObjectLock<K: RecordObject> {
     api: Api<K>,
     namespace: String,
@@ -117,18 +118,6 @@ impl<K: Clone> LastSeen<K> {
         if ticket >= self.ticket {
             self.ticket = ticket;
             self.object = object.cloned();
-        }
-    }
-}
-
-impl<K: RecordObject> Clone for ObjectLock<K> {
-    fn clone(&self) -> Self {
-        ObjectLock {
-            api: self.api.clone(),
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-            last_seen: self.last_seen.clone(),
-            watch_open_timeout: self.watch_open_timeout,
         }
     }
 }
@@ -190,9 +179,8 @@ impl<K: RecordObject> ObjectLock<K> {
         let mut object = K::with_record(&self.namespace, &self.name, record)?;
         object.stamp_write(chrono::Utc::now());
         let ticket = self.ticket();
-        let created = versioned(
-            self.api.create(&PostParams::default(), &object).await.map_err(|e| lock_error(Call::Create, e))?,
-        )?;
+        let created = self.api.create(&PostParams::default(), &object).await;
+        let created = versioned(created.map_err(|e| lock_error(Call::Create, e))?)?;
         self.remember(ticket, Some(&created));
         Ok(created)
     }
@@ -209,24 +197,16 @@ impl<K: RecordObject> ObjectLock<K> {
         }
         let mut object = match self.remembered_at(expected) {
             Some(object) => object,
-            None => {
-                let current = self.get_object().await?.ok_or(LockError::Conflict)?;
-                if current.resource_version().as_deref() != Some(expected.0.as_str()) {
-                    return Err(LockError::Conflict);
-                }
-                current
-            }
+            None => self.get_object().await?
+                .filter(|current| current.resource_version().as_deref() == Some(expected.0.as_str()))
+                .ok_or(LockError::Conflict)?,
         };
         object.set_record(record)?;
         object.stamp_write(chrono::Utc::now());
         object.meta_mut().resource_version = Some(expected.0.clone());
         let ticket = self.ticket();
-        let updated = versioned(
-            self.api
-                .replace(&self.name, &PostParams::default(), &object)
-                .await
-                .map_err(|e| lock_error(Call::Update, e))?,
-        )?;
+        let replaced = self.api.replace(&self.name, &PostParams::default(), &object).await;
+        let updated = versioned(replaced.map_err(|e| lock_error(Call::Update, e))?)?;
         self.remember(ticket, Some(&updated));
         if updated.resource_version().as_deref() == Some(expected.0.as_str()) {
             // Applied as a no-op: nobody watching saw a change, so it must not count as one.

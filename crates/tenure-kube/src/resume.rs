@@ -197,21 +197,14 @@ impl ResumeConfig {
     }
 
     fn list_params(&self) -> ListParams {
-        ListParams {
-            label_selector: self.label_selector.clone(),
-            field_selector: self.field_selector.clone(),
-            limit: self.page_size,
-            ..ListParams::default()
-        }
+        let (label_selector, field_selector) = (self.label_selector.clone(), self.field_selector.clone());
+        ListParams { label_selector, field_selector, limit: self.page_size, ..ListParams::default() }
     }
 
     fn watch_params(&self) -> WatchParams {
-        WatchParams {
-            label_selector: self.label_selector.clone(),
-            field_selector: self.field_selector.clone(),
-            bookmarks: self.bookmarks,
-            ..WatchParams::default().timeout(self.timeout_seconds)
-        }
+        let (label_selector, field_selector) = (self.label_selector.clone(), self.field_selector.clone());
+        let timed = WatchParams::default().timeout(self.timeout_seconds);
+        WatchParams { label_selector, field_selector, bookmarks: self.bookmarks, ..timed }
     }
 }
 
@@ -353,14 +346,8 @@ where
                         self.phase = Phase::OpenWatch;
                         continue;
                     }
-                    Some(Ok(WatchEvent::Added(object) | WatchEvent::Modified(object))) => {
-                        self.stats.changes += 1;
-                        Step::Deliver(ResumeEvent::Applied(object))
-                    }
-                    Some(Ok(WatchEvent::Deleted(object))) => {
-                        self.stats.changes += 1;
-                        Step::Deliver(ResumeEvent::Deleted(object))
-                    }
+                    Some(Ok(WatchEvent::Added(o) | WatchEvent::Modified(o))) => Step::Deliver(ResumeEvent::Applied(o)),
+                    Some(Ok(WatchEvent::Deleted(o))) => Step::Deliver(ResumeEvent::Deleted(o)),
                     Some(Ok(WatchEvent::Bookmark(bookmark))) => {
                         Step::Deliver(ResumeEvent::Progress(bookmark.metadata.resource_version))
                     }
@@ -372,6 +359,7 @@ where
             };
             match step {
                 Step::Deliver(event) => {
+                    self.stats.changes += u64::from(matches!(event, ResumeEvent::Applied(_) | ResumeEvent::Deleted(_)));
                     // Only a watch that delivers proves the server healthy: a list alone does not.
                     self.unconfirmed_list = matches!(event, ResumeEvent::Listed { .. });
                     if self.unconfirmed_list {
@@ -379,9 +367,7 @@ where
                     } else {
                         self.failures = 0;
                     }
-                    if let Some(version) = event.resource_version().filter(|v| !v.is_empty()) {
-                        self.version = Some(version);
-                    }
+                    self.version = event.resource_version().filter(|v| !v.is_empty()).or(self.version.take());
                     return Ok(event);
                 }
                 Step::Relist(cause) => {
@@ -411,10 +397,7 @@ where
     /// The events as a stream, for `StreamExt` combinators; each event carries its version
     /// ([`ResumeEvent::resource_version`]) for checkpoints.
     pub fn into_stream(self) -> impl Stream<Item = Result<ResumeEvent<K>, ResumeError>> + Send {
-        futures::stream::unfold(self, |mut watcher| async move {
-            let event = watcher.next_event().await;
-            Some((event, watcher))
-        })
+        futures::stream::unfold(self, |mut watcher| async move { Some((watcher.next_event().await, watcher)) })
     }
 
     /// Counts a failure and schedules the next attempt after the back-off.
@@ -425,10 +408,7 @@ where
 
     /// A watch failure: a relist if the server refused the version, else an error.
     fn refused_or(&self, error: kube::Error) -> Step<K> {
-        let refused = match &error {
-            kube::Error::Api(response) => self.relist_if_refused(response),
-            _ => None,
-        };
+        let refused = if let kube::Error::Api(response) = &error { self.relist_if_refused(response) } else { None };
         refused.unwrap_or(Step::Fail(ResumeError::Watch(error)))
     }
 

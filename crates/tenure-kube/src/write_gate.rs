@@ -131,13 +131,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// ```
 pub fn object_key(namespace: Option<&str>, name: &str) -> String {
     match namespace {
-        Some(namespace) => {
-            let mut key = String::with_capacity(namespace.len() + 1 + name.len());
-            key.push_str(namespace);
-            key.push('/');
-            key.push_str(name);
-            key
-        }
+        Some(namespace) => [namespace, "/", name].concat(),
         None => name.to_owned(),
     }
 }
@@ -146,10 +140,7 @@ pub fn object_key(namespace: Option<&str>, name: &str) -> String {
 /// `HEAD` and `OPTIONS`, and those too when they ask for a protocol upgrade (`exec`, `attach`,
 /// `portforward` run something in a pod).
 fn is_write(method: &Method, headers: &HeaderMap) -> bool {
-    match *method {
-        Method::GET | Method::HEAD | Method::OPTIONS => headers.contains_key(http::header::UPGRADE),
-        _ => true,
-    }
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) || headers.contains_key(http::header::UPGRADE)
 }
 
 /// What a write addresses, parsed from its path (and, for a create, the body's `metadata.name`)
@@ -191,28 +182,19 @@ impl<'a> WriteTarget<'a> {
     /// assert_eq!(target.object_key().as_deref(), Some("shop/web"));
     /// ```
     pub fn parse(path: &'a str) -> WriteTarget<'a> {
-        let mut target = WriteTarget {
-            path: Cow::Borrowed(path),
-            group: Cow::Borrowed(""),
-            version: Cow::Borrowed(""),
-            resource: Cow::Borrowed(""),
-            namespace: None,
-            name: None,
-            subresource: None,
-            name_from_body: false,
-        };
         let mut segments = path.split('/').filter(|s| !s.is_empty());
         let (group, version) = match segments.next() {
             Some("api") => (Some(""), segments.next()),
             Some("apis") => (segments.next(), segments.next()),
             _ => (None, None),
         };
-        let (Some(group), Some(version)) = (group, version) else { return target };
-        target.group = decode(group);
-        target.version = decode(version);
+        // Not a resource path: no group, version or resource (a version is never empty).
+        let (group, version) = group.zip(version).unwrap_or_default();
         let mut rest: [Option<&'a str>; 5] = [None; 5];
-        for (slot, segment) in rest.iter_mut().zip(segments) {
-            *slot = Some(segment);
+        if !version.is_empty() {
+            for (slot, segment) in rest.iter_mut().zip(segments) {
+                *slot = Some(segment);
+            }
         }
         let (resource, namespace, name, subresource) = match rest {
             // namespaces/NS/RESOURCE[/NAME[/SUBRESOURCE[/...]]]
@@ -224,13 +206,18 @@ impl<'a> WriteTarget<'a> {
             // RESOURCE[/NAME[/SUBRESOURCE[/...]]]: cluster-scoped (a Namespace itself included), or
             // a collection across all namespaces.
             [Some(resource), name, subresource, ..] => (resource, None, name, subresource),
-            [None, ..] => return target,
+            [None, ..] => ("", None, None, None),
         };
-        target.resource = decode(resource);
-        target.namespace = namespace.map(decode);
-        target.name = name.map(decode);
-        target.subresource = subresource.map(decode);
-        target
+        WriteTarget {
+            path: Cow::Borrowed(path),
+            group: decode(group),
+            version: decode(version),
+            resource: decode(resource),
+            namespace: namespace.map(decode),
+            name: name.map(decode),
+            subresource: subresource.map(decode),
+            name_from_body: false,
+        }
     }
 
     /// The request path.
@@ -311,28 +298,10 @@ impl fmt::Display for WriteTarget<'_> {
     }
 }
 
-/// A path segment, percent-decoded if it needs it (names never do in practice: a DNS label).
+/// A path segment, percent-decoded if it needs it (names never do in practice: a DNS label); an
+/// invalid escape stays as it is, and so does the whole segment if its decoded bytes are not UTF-8.
 fn decode(segment: &str) -> Cow<'_, str> {
-    if !segment.contains('%') {
-        return Cow::Borrowed(segment);
-    }
-    let bytes = segment.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
-            (b'%', Some(high), Some(low)) => {
-                decoded.push((high * 16 + low) as u8);
-                i += 3;
-            }
-            (byte, _, _) => {
-                decoded.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(decoded).map_or(Cow::Borrowed(segment), Cow::Owned)
+    percent_encoding::percent_decode_str(segment).decode_utf8().unwrap_or(Cow::Borrowed(segment))
 }
 
 /// The `metadata.name` of a JSON object (a create's body), if it has a non-empty one; `Err` if
@@ -422,23 +391,13 @@ fn key_note(key: &Option<String>) -> String {
 impl WriteRefused {
     /// The refusal inside an error of a gated client, if that is what it is.
     pub fn find(error: &kube::Error) -> Option<&WriteRefused> {
-        match error {
-            kube::Error::Service(inner) => inner.downcast_ref::<WriteRefused>(),
-            _ => None,
-        }
+        if let kube::Error::Service(inner) = error { inner.downcast_ref::<WriteRefused>() } else { None }
     }
 
     /// The refusal anywhere in an error's chain of sources (a reconciler's error that wraps the
     /// client's, kube-runtime's `Error::ReconcilerFailed`).
     pub fn find_in<'e>(error: &'e (dyn std::error::Error + 'static)) -> Option<&'e WriteRefused> {
-        let mut current = Some(error);
-        while let Some(error) = current {
-            if let Some(refused) = error.downcast_ref::<WriteRefused>() {
-                return Some(refused);
-            }
-            current = error.source();
-        }
-        None
+        std::iter::successors(Some(error), |error| error.source()).find_map(|error| error.downcast_ref())
     }
 }
 
@@ -594,10 +553,7 @@ impl WriteGate {
         ownership: Ownership,
         key: impl Fn(&WriteTarget<'_>) -> Option<String> + Send + Sync + 'static,
     ) -> WriteGate {
-        WriteGate {
-            permission: Permission::Owner { ownership, key: Some(Arc::new(key)) },
-            metrics: WriteGateMetrics::default(),
-        }
+        WriteGate { permission: Permission::Owner { ownership, key: Some(Arc::new(key)) }, metrics: Default::default() }
     }
 
     /// Counts refusals and cancellations into these metrics (e.g. from
@@ -629,10 +585,6 @@ impl WriteGate {
         kube::Client::new(service, namespace).with_valid_until(valid_until)
     }
 
-    fn refused(&self, method: Method, target: WriteTarget<'_>, key: Option<String>, reason: RefusalReason) -> BoxError {
-        self.metrics.refused(method, target, key, reason)
-    }
-
     /// The decision for one request, before it is sent: `None` for a read (no permission
     /// needed), else the permission to hold while the write is in flight, or the refusal. No
     /// I/O; for a create under an Active/Active gate, the body (already in memory) is read
@@ -643,10 +595,11 @@ impl WriteGate {
         }
         let (method, path) = (request.method(), request.uri().path());
         let admitted = |permit, key| Admitted { permit, method: method.clone(), uri: request.uri().clone(), key };
+        let refused = |target, key, reason| self.metrics.refused(method.clone(), target, key, reason);
         Some(match &self.permission {
             Permission::Leader(source) => match source.tenure() {
                 Some(tenure) => Ok(admitted(Permit::Tenure(tenure), None)),
-                None => Err(self.refused(method.clone(), WriteTarget::parse(path), None, RefusalReason::NotLeader)),
+                None => Err(refused(WriteTarget::parse(path), None, RefusalReason::NotLeader)),
             },
             Permission::Owner { ownership, key: key_fn } => {
                 let mut target = WriteTarget::parse(path);
@@ -662,10 +615,7 @@ impl WriteGate {
                     Some(None | Some(Err(()))) => true,
                     None => false,
                 };
-                let key = match key_fn {
-                    Some(key_fn) => key_fn(&target),
-                    None => target.object_key(),
-                };
+                let key = key_fn.as_ref().map_or_else(|| target.object_key(), |key_fn| key_fn(&target));
                 let permit = match &key {
                     Some(key) => ownership.guard_for_key(key).map(Permit::Partition).ok_or(RefusalReason::NotOwner),
                     // The default key names no object. A create is of a new object, which no
@@ -677,7 +627,7 @@ impl WriteGate {
                 };
                 match permit {
                     Ok(permit) => Ok(admitted(permit, key)),
-                    Err(reason) => Err(self.refused(method.clone(), target, key, reason)),
+                    Err(reason) => Err(refused(target, key, reason)),
                 }
             }
         })
@@ -719,14 +669,9 @@ impl Permit {
 /// on this clock (even if the elector's task has not run since).
 async fn tenure_over(tenure: &Tenure) {
     loop {
-        let deadline = tenure.valid_until();
         tokio::select! {
             _ = tenure.ended() => return,
-            _ = tokio::time::sleep_until(deadline) => {
-                if !tenure.is_valid() {
-                    return;
-                }
-            }
+            _ = tokio::time::sleep_until(tenure.valid_until()) => if !tenure.is_valid() { return },
         }
     }
 }

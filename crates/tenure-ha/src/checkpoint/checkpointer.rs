@@ -36,10 +36,6 @@ impl std::fmt::Debug for Shared {
     }
 }
 
-/// Dropped with the last clone of a [`Checkpointer`]: tells the flusher to write one last time.
-#[derive(Debug)]
-struct LastHandle(#[allow(dead_code)] oneshot::Sender<()>);
-
 /// What the leader's work records its progress into.
 ///
 /// Why not write on every event: a controller sees thousands of events a minute; the checkpoint
@@ -68,7 +64,8 @@ struct LastHandle(#[allow(dead_code)] oneshot::Sender<()>);
 #[derive(Debug, Clone)]
 pub struct Checkpointer {
     shared: Arc<Shared>,
-    _last: Arc<LastHandle>,
+    /// Dropped with the last clone: tells the flusher to write one last time.
+    _last: Arc<oneshot::Sender<()>>,
 }
 
 impl Checkpointer {
@@ -88,23 +85,16 @@ impl Checkpointer {
         let resumed_from = loaded.as_ref().map(|stored| stored.term);
         let checkpoint = loaded.map(|stored| stored.checkpoint).unwrap_or_else(|| Checkpoint::new(store.controller()));
         store.save(term, &checkpoint).await?;
+        let described = store.describe();
         match resumed_from {
-            Some(from) => {
-                tracing::info!(store = %store.describe(), term = term.0, from = from.0, "resuming from checkpoint")
-            }
-            None => {
-                tracing::info!(store = %store.describe(), term = term.0, "no usable checkpoint; the controller relists")
-            }
+            Some(from) => tracing::info!(store = %described, term = term.0, from = from.0, "resuming from checkpoint"),
+            None => tracing::info!(store = %described, term = term.0, "no usable checkpoint; the controller relists"),
         }
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State { checkpoint, dirty: false, superseded: false }),
-            store,
-            term,
-            resumed_from,
-        });
+        let state = Mutex::new(State { checkpoint, dirty: false, superseded: false });
+        let shared = Arc::new(Shared { state, store, term, resumed_from });
         let (last, dropped) = oneshot::channel();
         tokio::spawn(flush_periodically(shared.clone(), tenure.clone(), period, dropped));
-        Ok(Checkpointer { shared, _last: Arc::new(LastHandle(last)) })
+        Ok(Checkpointer { shared, _last: Arc::new(last) })
     }
 
     /// [`Checkpointer::resume`] for gated work: the context's tenure, flushing once per the
@@ -116,10 +106,6 @@ impl Checkpointer {
         Checkpointer::resume(store, ctx.tenure(), ctx.timing().retry_period).await
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.shared.state()
-    }
-
     /// The term of the checkpoint this tenure resumed from; `None` means there was none (or it was
     /// unusable): list everything, then watch.
     pub fn resumed_from(&self) -> Option<Term> {
@@ -128,17 +114,17 @@ impl Checkpointer {
 
     /// The last resourceVersion recorded for `resource` (resumed or recorded since).
     pub fn resource_version(&self, resource: &str) -> Option<String> {
-        self.state().checkpoint.resource_version(resource).map(str::to_owned)
+        self.shared.state().checkpoint.resource_version(resource).map(str::to_owned)
     }
 
     /// The user value (resumed or set since); `null` when never set.
     pub fn user_value(&self) -> serde_json::Value {
-        self.state().checkpoint.user_value.clone()
+        self.shared.state().checkpoint.user_value.clone()
     }
 
     /// The checkpoint as it stands in memory.
     pub fn checkpoint(&self) -> Checkpoint {
-        self.state().checkpoint.clone()
+        self.shared.state().checkpoint.clone()
     }
 
     /// Records that everything of `resource` up to `resource_version` has been processed. Memory
@@ -146,7 +132,7 @@ impl Checkpointer {
     /// and costs no write.
     pub fn record(&self, resource: impl Into<String>, resource_version: impl Into<String>) {
         let (resource, resource_version) = (resource.into(), resource_version.into());
-        let mut state = self.state();
+        let mut state = self.shared.state();
         if state.checkpoint.resource_versions.get(&resource) != Some(&resource_version) {
             state.checkpoint.resource_versions.insert(resource, resource_version);
             state.dirty = true;
@@ -155,7 +141,7 @@ impl Checkpointer {
 
     /// Replaces the user value. Memory only; written by the next flush (none if it is unchanged).
     pub fn set_user_value(&self, value: serde_json::Value) {
-        let mut state = self.state();
+        let mut state = self.shared.state();
         if state.checkpoint.user_value != value {
             state.checkpoint.user_value = value;
             state.dirty = true;
@@ -171,7 +157,7 @@ impl Checkpointer {
     /// True once the store rejected a write because a newer term has written: this replica's
     /// tenure is over, whatever it believes.
     pub fn is_superseded(&self) -> bool {
-        self.state().superseded
+        self.shared.state().superseded
     }
 }
 

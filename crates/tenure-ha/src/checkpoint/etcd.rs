@@ -77,27 +77,17 @@ impl CheckpointStore for EtcdCheckpointStore {
         let superseded = CheckpointError::Superseded { ours: term, newer: None };
         let document = encode(term, checkpoint);
         for _ in 0..SAVE_ATTEMPTS {
-            let Some(leader_key) = self.leader_key(term).await? else {
-                return Err(superseded);
-            };
+            let Some(leader_key) = self.leader_key(term).await? else { return Err(superseded) };
             let stored = self.election.get(&self.key).await.map_err(|e| self.error(e))?;
             check_not_superseded(stored.as_ref().map(|kv| kv.value.as_slice()), term)?;
             let unchanged = match &stored {
                 Some(kv) => revision_is(&self.key, compare::CompareTarget::Mod, kv.mod_revision),
                 None => revision_is(&self.key, compare::CompareTarget::Create, 0),
             };
-            let put = RequestOp {
-                request: Some(request_op::Request::RequestPut(PutRequest {
-                    key: self.key.as_bytes().to_vec(),
-                    value: document.clone(),
-                    ..Default::default()
-                })),
-            };
-            let request = TxnRequest {
-                compare: vec![leader_compare(&leader_key, term), unchanged],
-                success: vec![put],
-                failure: Vec::new(),
-            };
+            let put = PutRequest { key: self.key.as_bytes().to_vec(), value: document.clone(), ..Default::default() };
+            let put = RequestOp { request: Some(request_op::Request::RequestPut(put)) };
+            let compare = vec![leader_compare(&leader_key, term), unchanged];
+            let request = TxnRequest { compare, success: vec![put], failure: Vec::new() };
             if self.election.txn(request).await.map_err(|e| self.error(e))?.succeeded {
                 return Ok(());
             }
@@ -122,11 +112,6 @@ fn revision_is(key: &str, target: compare::CompareTarget, revision: i64) -> Comp
         compare::CompareTarget::Mod => compare::TargetUnion::ModRevision(revision),
         _ => compare::TargetUnion::CreateRevision(revision),
     };
-    Compare {
-        result: compare::CompareResult::Equal as i32,
-        target: target as i32,
-        key: key.as_bytes().to_vec(),
-        range_end: Vec::new(),
-        target_union: Some(target_union),
-    }
+    let (result, target) = (compare::CompareResult::Equal as i32, target as i32);
+    Compare { result, target, key: key.as_bytes().to_vec(), range_end: Vec::new(), target_union: Some(target_union) }
 }

@@ -5,9 +5,8 @@
 //! renames it over the checkpoint: readers see the old or the new document, never a torn one, and
 //! no two writers interleave their comparison and write.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, Write};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -79,7 +78,8 @@ impl FileCheckpointStore {
             .append(true)
             .open(PathBuf::from(sidecar))
             .map_err(|e| self.error("open the lock file", e))?;
-        let _locked = Flock::exclusive(&sidecar, LOCK_WAIT).map_err(|e| self.error("flock", e))?;
+        // Released when `sidecar` is closed, at the end of the save.
+        lock_exclusive(&sidecar, LOCK_WAIT).map_err(|e| self.error("flock", e))?;
         let stored = read_document(path).map_err(|e| self.error("read", e))?;
         check_not_superseded(stored.as_deref(), term)?;
         let counter = self.temp_counter.fetch_add(1, Ordering::Relaxed);
@@ -107,34 +107,20 @@ fn read_document(path: &Path) -> io::Result<Option<Vec<u8>>> {
     }
 }
 
-/// An exclusive flock, released when dropped.
-struct Flock<'a>(&'a File);
-
-impl<'a> Flock<'a> {
-    /// Takes the lock, polling for at most `wait`.
-    fn exclusive(file: &'a File, wait: Duration) -> io::Result<Flock<'a>> {
-        let deadline = Instant::now() + wait;
-        loop {
-            // SAFETY: flock on a descriptor this function borrows; no memory is involved.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return Ok(Flock(file));
-            }
-            let error = io::Error::last_os_error();
-            if error.kind() != io::ErrorKind::WouldBlock && error.kind() != io::ErrorKind::Interrupted {
-                return Err(error);
-            }
-            if Instant::now() >= deadline {
-                return Err(io::Error::new(io::ErrorKind::TimedOut, format!("another writer held it for {wait:?}")));
-            }
-            std::thread::sleep(LOCK_RETRY);
+/// Takes an exclusive flock of `file` (`File::try_lock` is `flock` on Unix), polling for at most
+/// `wait`; closing the file releases it.
+fn lock_exclusive(file: &File, wait: Duration) -> io::Result<()> {
+    let deadline = Instant::now() + wait;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(TryLockError::Error(error)) if error.kind() != io::ErrorKind::Interrupted => return Err(error),
+            Err(_) => {}
         }
-    }
-}
-
-impl Drop for Flock<'_> {
-    fn drop(&mut self) {
-        // SAFETY: as above; unlocking cannot fail in a way that matters (closing unlocks too).
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("another writer held it for {wait:?}")));
+        }
+        std::thread::sleep(LOCK_RETRY);
     }
 }
 

@@ -8,11 +8,11 @@
 //! and only when something changed, to a ConfigMap of its own.
 //!
 //! Every save reads the object (or reuses the object as this store last read or wrote it, so a
-//! steady leader makes one request per save, and a new leader's claim right after its load one), refuses if the stored term is newer
-//! ([`super::check_not_superseded`], invariant C1), and replaces it with that `resourceVersion` as
-//! precondition: a concurrent writer makes the replace fail with `409 Conflict`, and the save
-//! starts over from a fresh read, so
-//! the term comparison and the write act as one step.
+//! steady leader makes one request per save, and a new leader's claim right after its load one),
+//! refuses if the stored term is newer ([`super::check_not_superseded`], invariant C1), and replaces
+//! it with that `resourceVersion` as precondition: a concurrent writer makes the replace fail with
+//! `409 Conflict`, and the save starts over from a fresh read, so the term comparison and the write
+//! act as one step.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ObjectMeta, PostParams};
-use kube::{Api, Resource};
+use kube::{Api, Resource, ResourceExt};
 use tenure::Term;
 
 use super::{
@@ -57,12 +57,7 @@ pub struct KubeCheckpointStore {
 
 impl KubeCheckpointStore {
     /// The checkpoint of `controller` in the ConfigMap `namespace/name`.
-    pub fn new(
-        client: kube::Client,
-        namespace: &str,
-        name: impl Into<String>,
-        controller: impl Into<String>,
-    ) -> KubeCheckpointStore {
+    pub fn new(client: kube::Client, namespace: &str, name: impl Into<String>, controller: impl Into<String>) -> Self {
         KubeCheckpointStore {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_owned(),
@@ -87,30 +82,20 @@ impl KubeCheckpointStore {
             Some(object) => Some(object),
             None => self.api.get_opt(&self.name).await.map_err(|e| self.error(e))?,
         };
-        let result = match current {
-            None => {
-                let object = ConfigMap {
-                    metadata: ObjectMeta {
-                        name: Some(self.name.clone()),
-                        annotations: Some(BTreeMap::from([(CHECKPOINT_ANNOTATION.to_owned(), document.to_owned())])),
-                        ..ObjectMeta::default()
-                    },
-                    ..ConfigMap::default()
-                };
-                self.api.create(&PostParams::default(), &object).await
-            }
-            Some(mut object) => {
-                let stored = object.metadata.annotations.as_ref().and_then(|a| a.get(CHECKPOINT_ANNOTATION));
-                check_not_superseded(stored.map(String::as_bytes), term)?;
-                // `object` carries the resourceVersion it was read at: the replace is a
-                // compare-and-swap against it.
-                object
-                    .metadata
-                    .annotations
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert(CHECKPOINT_ANNOTATION.to_owned(), document.to_owned());
-                self.api.replace(&self.name, &PostParams::default(), &object).await
-            }
+        let exists = current.is_some();
+        let mut object = current.unwrap_or_else(|| ConfigMap {
+            metadata: ObjectMeta { name: Some(self.name.clone()), ..ObjectMeta::default() },
+            ..ConfigMap::default()
+        });
+        let annotations = object.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        check_not_superseded(annotations.get(CHECKPOINT_ANNOTATION).map(String::as_bytes), term)?;
+        annotations.insert(CHECKPOINT_ANNOTATION.to_owned(), document.to_owned());
+        // An object read carries the resourceVersion it was read at: the replace is a
+        // compare-and-swap against it.
+        let result = if exists {
+            self.api.replace(&self.name, &PostParams::default(), &object).await
+        } else {
+            self.api.create(&PostParams::default(), &object).await
         };
         match result {
             Ok(written) => {
@@ -127,11 +112,7 @@ impl KubeCheckpointStore {
 impl CheckpointStore for KubeCheckpointStore {
     async fn load(&self) -> Result<Option<StoredCheckpoint>, CheckpointError> {
         let object = self.api.get_opt(&self.name).await.map_err(|e| self.error(e))?;
-        let document = object
-            .as_ref()
-            .and_then(|o| o.metadata.annotations.as_ref())
-            .and_then(|a| a.get(CHECKPOINT_ANNOTATION))
-            .cloned();
+        let document = object.as_ref().and_then(|o| o.annotations().get(CHECKPOINT_ANNOTATION)).cloned();
         // A new leader loads, then claims the checkpoint with a save at once: that save replaces
         // the object just read instead of reading it again (one request less on every takeover;
         // had anyone written in between, the replace conflicts and the save reads afresh).
@@ -146,10 +127,8 @@ impl CheckpointStore for KubeCheckpointStore {
                 return Ok(());
             }
         }
-        Err(CheckpointError::Store {
-            store: self.describe(),
-            reason: format!("{SAVE_ATTEMPTS} conflicting writes in a row"),
-        })
+        let reason = format!("{SAVE_ATTEMPTS} conflicting writes in a row");
+        Err(CheckpointError::Store { store: self.describe(), reason })
     }
 
     fn controller(&self) -> &str {
@@ -157,12 +136,9 @@ impl CheckpointStore for KubeCheckpointStore {
     }
 
     fn object(&self) -> Option<CheckpointObject> {
-        Some(CheckpointObject {
-            all_namespaces_url: ConfigMap::url_path(&(), None),
-            namespace_url: ConfigMap::url_path(&(), Some(&self.namespace)),
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-        })
+        let namespace_url = ConfigMap::url_path(&(), Some(&self.namespace));
+        let (namespace, name) = (self.namespace.clone(), self.name.clone());
+        Some(CheckpointObject { all_namespaces_url: ConfigMap::url_path(&(), None), namespace_url, namespace, name })
     }
 
     fn describe(&self) -> String {

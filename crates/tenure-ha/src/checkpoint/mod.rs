@@ -24,6 +24,7 @@ pub mod memory;
 #[cfg(feature = "zk")]
 pub mod zk;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
@@ -175,27 +176,19 @@ impl CheckpointObject {
     }
 }
 
-/// The stored document: a checkpoint plus the term that wrote it.
-#[derive(Serialize)]
+/// The stored document: a checkpoint plus the term that wrote it (borrowed to write, owned when read).
+#[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Document<'a> {
     term: Term,
     #[serde(flatten)]
-    checkpoint: &'a Checkpoint,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct OwnedDocument {
-    term: Term,
-    #[serde(flatten)]
-    checkpoint: Checkpoint,
+    checkpoint: Cow<'a, Checkpoint>,
 }
 
 /// The bytes a store writes for `checkpoint` under `term` (JSON).
 pub fn encode(term: Term, checkpoint: &Checkpoint) -> Vec<u8> {
     // Serialising plain strings, maps and a JSON value into memory cannot fail.
-    serde_json::to_vec(&Document { term, checkpoint }).unwrap_or_default()
+    serde_json::to_vec(&Document { term, checkpoint: Cow::Borrowed(checkpoint) }).unwrap_or_default()
 }
 
 /// The term a stored document was written under, read as leniently as possible (any JSON object
@@ -209,14 +202,14 @@ pub fn stored_term(bytes: &[u8]) -> Option<Term> {
 /// reason and `source`) and answered with `None`, which the caller treats as "no checkpoint": it
 /// relists. Never panics.
 pub fn decode(bytes: &[u8], controller: &str, source: &str) -> Option<StoredCheckpoint> {
-    let document: OwnedDocument = match serde_json::from_slice(bytes) {
+    let document: Document<'_> = match serde_json::from_slice(bytes) {
         Ok(document) => document,
         Err(error) => {
             tracing::warn!(%source, %error, "checkpoint does not parse; ignoring it (the controller relists)");
             return None;
         }
     };
-    let checkpoint = document.checkpoint;
+    let checkpoint = document.checkpoint.into_owned();
     if checkpoint.format_version > FORMAT_VERSION {
         tracing::warn!(
             %source,

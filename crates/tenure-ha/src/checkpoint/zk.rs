@@ -102,15 +102,6 @@ impl ZkCheckpointStore {
     }
 }
 
-/// How one guarded write ended.
-enum Outcome {
-    Written,
-    /// The election node of the term is gone: the tenure is over.
-    Deposed,
-    /// The checkpoint node changed since it was read: read again.
-    Changed,
-}
-
 #[async_trait]
 impl CheckpointStore for ZkCheckpointStore {
     async fn load(&self) -> Result<Option<StoredCheckpoint>, CheckpointError> {
@@ -121,9 +112,7 @@ impl CheckpointStore for ZkCheckpointStore {
         let superseded = CheckpointError::Superseded { ours: term, newer: None };
         let document = encode(term, checkpoint);
         for _ in 0..SAVE_ATTEMPTS {
-            let Some(node) = self.leader_node(term).await? else {
-                return Err(superseded);
-            };
+            let Some(node) = self.leader_node(term).await? else { return Err(superseded) };
             let stored = self.read().await?;
             check_not_superseded(stored.as_ref().map(|(data, _)| data.as_slice()), term)?;
             let client = self.election.client();
@@ -139,24 +128,21 @@ impl CheckpointStore for ZkCheckpointStore {
                 // Only an invalid path fails here: a configuration error, not a transient one.
                 return Err(CheckpointError::Store { store: self.describe(), reason: error.to_string() });
             }
-            let outcome = match multi.commit().await {
-                Ok(_) => Outcome::Written,
-                Err(zk::MultiWriteError::OperationFailed { index: 0, source: zk::Error::NoNode }) => Outcome::Deposed,
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 1,
-                    source: zk::Error::BadVersion | zk::Error::NodeExists | zk::Error::NoNode,
-                }) => Outcome::Changed,
-                Err(
-                    zk::MultiWriteError::OperationFailed { source, .. } | zk::MultiWriteError::RequestFailed { source },
-                ) => return Err(self.error(ZkError::Request(source)).await),
-            };
-            match outcome {
-                Outcome::Written => return Ok(()),
-                Outcome::Deposed => {
+            match multi.commit().await {
+                Ok(_) => return Ok(()),
+                // The election node of the term is gone: the tenure is over.
+                Err(zk::MultiWriteError::OperationFailed { index: 0, source: zk::Error::NoNode }) => {
                     *self.leader_node.lock().unwrap_or_else(|e| e.into_inner()) = None;
                     return Err(superseded);
                 }
-                Outcome::Changed => {}
+                // The checkpoint node changed since it was read: read again.
+                Err(zk::MultiWriteError::OperationFailed {
+                    index: 1,
+                    source: zk::Error::BadVersion | zk::Error::NodeExists | zk::Error::NoNode,
+                }) => {}
+                Err(
+                    zk::MultiWriteError::OperationFailed { source, .. } | zk::MultiWriteError::RequestFailed { source },
+                ) => return Err(self.error(ZkError::Request(source)).await),
             }
         }
         Err(kept_changing(self.describe()))
