@@ -152,16 +152,8 @@ pub async fn run<C: ElectionCore, T: Transport<C>>(
     let mut transport = transport;
     transport.attach(origin);
     let mut shell = Shell {
-        origin,
-        core,
-        transport,
-        publisher,
-        drain_timeout,
-        failures: FailureLog::new(),
-        handover_requested: false,
-        calls: FuturesUnordered::new(),
-        guards: None,
-        stopping: None,
+        origin, core, transport, publisher, drain_timeout, failures: FailureLog::new(), handover_requested: false,
+        calls: FuturesUnordered::new(), guards: None, stopping: None,
     };
     shell.run(commands).await;
     shell.publisher.end_tenure();
@@ -357,10 +349,7 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
             match report {
                 Report::Failed { what, error } => self.failures.failed(recorder, identity, what, &error),
                 Report::Reached => self.failures.reached(recorder, identity),
-                Report::Renewed { started, latency } => {
-                    let started = self.origin + started.0.min(FAR_FUTURE);
-                    recorder.record_renew(started, latency.ok_or(()));
-                }
+                Report::Renewed { started, latency } => recorder.record_renew(self.instant(started), latency.ok_or(())),
                 Report::Event(event) => self.publish_event(event),
             }
         }
