@@ -25,7 +25,7 @@ use tenure_group::store::{Change, GroupStore, Key, RecordStream, Snapshot, Store
 use tonic::Code;
 
 use crate::client::{self, Connection};
-use crate::proto::etcdserverpb::{compare, request_op, Compare, DeleteRangeRequest, PutRequest, RequestOp, TxnRequest};
+use crate::proto::etcdserverpb::{compare, request_op, DeleteRangeRequest, PutRequest, RequestOp, TxnRequest};
 use crate::proto::mvccpb::event::EventType;
 use crate::{EtcdError, EtcdOptions};
 
@@ -98,20 +98,11 @@ impl EtcdGroupStore {
     /// does not exist).
     fn if_at(etcd_key: &str, expected: Option<Version>, then: request_op::Request) -> TxnRequest {
         let condition = match expected {
-            None => Compare {
-                result: compare::CompareResult::Equal as i32,
-                target: compare::CompareTarget::Create as i32,
-                key: etcd_key.as_bytes().to_vec(),
-                range_end: Vec::new(),
-                target_union: Some(compare::TargetUnion::CreateRevision(0)),
-            },
-            Some(version) => Compare {
-                result: compare::CompareResult::Equal as i32,
-                target: compare::CompareTarget::Mod as i32,
-                key: etcd_key.as_bytes().to_vec(),
-                range_end: Vec::new(),
-                target_union: Some(compare::TargetUnion::ModRevision(i64::try_from(version.0).unwrap_or(i64::MAX))),
-            },
+            None => client::create_revision_is(etcd_key, 0),
+            Some(version) => {
+                let revision = i64::try_from(version.0).unwrap_or(i64::MAX);
+                client::revision_is(etcd_key, compare::CompareTarget::Mod, compare::TargetUnion::ModRevision(revision))
+            }
         };
         TxnRequest { compare: vec![condition], success: vec![RequestOp { request: Some(then) }], failure: Vec::new() }
     }

@@ -215,13 +215,8 @@ impl EtcdElection {
         let timing = session_timing(ttl)?;
         let drain_timeout = self.drain_timeout.unwrap_or(timing.renew_deadline);
         let campaign = campaign::EtcdCampaign::new(identity.clone(), self.prefix.clone(), timing);
-        let transport = transport::EtcdTransport::new(
-            self.conn.clone(),
-            self.prefix.clone(),
-            identity.clone(),
-            timing.call_timeout,
-            timing.retry_period,
-        );
+        let (conn, prefix, id) = (self.conn.clone(), self.prefix.clone(), identity.clone());
+        let transport = transport::EtcdTransport::new(conn, prefix, id, timing.call_timeout, timing.retry_period);
         Ok(Elector::from_driver(identity, timing, move |publisher, commands| {
             tenure::shell::run(campaign, transport, publisher, drain_timeout, commands)
         }))
