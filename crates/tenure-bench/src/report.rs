@@ -122,14 +122,10 @@ impl Report {
                 goals.insert(row.key.clone(), json!({ "at_most": at_most, "unit": row.unit, "pass": pass }));
             }
         }
-        let mut summary = Map::new();
-        summary.insert("bench".to_owned(), json!(self.bench));
-        summary.insert("pass".to_owned(), json!(self.passes()));
-        summary.insert("results".to_owned(), Value::Object(results));
-        summary.insert("goals".to_owned(), Value::Object(goals));
-        for (key, value) in &self.extra {
-            summary.insert(key.clone(), value.clone());
-        }
+        let (bench, pass) = (json!(self.bench), json!(self.passes()));
+        let fixed = [("bench", bench), ("pass", pass), ("results", results.into()), ("goals", goals.into())];
+        let mut summary: Map<String, Value> = fixed.into_iter().map(|(key, value)| (key.to_owned(), value)).collect();
+        summary.extend(self.extra.clone());
         Value::Object(summary)
     }
 
