@@ -401,8 +401,8 @@ impl Publisher {
             stats.last_renew_started = Some(Instant::now());
         }
         let shared = Arc::new(TenureShared {
-            term, valid_until: Mutex::new(valid_until), is_over: AtomicBool::new(false), ended: CancellationToken::new(),
-            guards: AtomicUsize::new(0), all_dropped: Notify::new(),
+            term, valid_until: Mutex::new(valid_until), is_over: AtomicBool::new(false),
+            ended: CancellationToken::new(), guards: AtomicUsize::new(0), all_dropped: Notify::new(),
         });
         self.current.send_replace(Some(shared));
     }
@@ -421,12 +421,11 @@ impl Publisher {
             None => return true,
             Some(shared) => {
                 let mut deadline = shared.valid_until.lock().unwrap_or_else(|e| e.into_inner());
-                if Instant::now() >= *deadline {
-                    true
-                } else {
+                let lapsed = Instant::now() >= *deadline;
+                if !lapsed {
                     *deadline = (*deadline).max(valid_until);
-                    false
                 }
+                lapsed
             }
         };
         if lapsed {

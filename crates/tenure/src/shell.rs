@@ -373,21 +373,13 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
                 tracing::info!(identity = %identity, term = term.0, reason, "stopped leading");
             }
             Event::HandoverRequested { term, to } => {
-                tracing::info!(
-                    identity = %identity,
-                    term = term.0,
-                    preferred = %to,
-                    "the coordinator prefers another candidate: handing over (drain, then release)"
-                );
+                let message = "the coordinator prefers another candidate: handing over (drain, then release)";
+                tracing::info!(identity = %identity, term = term.0, preferred = %to, "{message}");
                 self.handover_requested = true;
             }
             Event::LeaderObserved { leader, term } => {
-                tracing::info!(
-                    identity = %identity,
-                    leader = leader.as_deref().unwrap_or(""),
-                    term = term.map(|t| t.0),
-                    "leader observed"
-                );
+                let leader = leader.as_deref().unwrap_or("");
+                tracing::info!(identity = %identity, leader, term = term.map(|t| t.0), "leader observed");
             }
         }
     }
@@ -407,13 +399,10 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
                 tracing::info!(identity, "not taking the lock: {}", wait.reason.describe());
             } else if let Some(wait) = wait {
                 let until = chrono::DateTime::<chrono::Utc>::from(wait.until_wall);
-                tracing::info!(
-                    identity,
-                    until = %until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                    in_seconds = wait.until.saturating_duration_since(Instant::now()).as_secs_f64().round(),
-                    "waiting before taking the lock: {}",
-                    wait.reason.describe()
-                );
+                let until = until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                let in_seconds = wait.until.saturating_duration_since(Instant::now()).as_secs_f64().round();
+                let reason = wait.reason.describe();
+                tracing::info!(identity, %until, in_seconds, "waiting before taking the lock: {reason}");
             }
         }
     }
