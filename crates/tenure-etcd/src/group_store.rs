@@ -53,20 +53,15 @@ impl EtcdGroupStore {
     /// access as an election's ([`crate::EtcdElection::connect_with`]), so a group can live on a
     /// secured cluster.
     pub async fn connect_with(
-        endpoints: &[String],
-        group: &str,
-        options: &EtcdOptions,
+        endpoints: &[String], group: &str, options: &EtcdOptions,
     ) -> Result<EtcdGroupStore, EtcdError> {
         if group.is_empty() {
             return Err(EtcdError::EmptyElection);
         }
         let store =
             EtcdGroupStore { conn: Arc::new(Connection::new(endpoints, options)?), prefix: format!("{group}/") };
-        let probe = crate::proto::etcdserverpb::RangeRequest {
-            limit: 1,
-            keys_only: true,
-            ..client::prefix_range(&store.prefix)
-        };
+        let prefix = client::prefix_range(&store.prefix);
+        let probe = crate::proto::etcdserverpb::RangeRequest { limit: 1, keys_only: true, ..prefix };
         store.conn.range(CALL_TIMEOUT, probe).await?;
         Ok(store)
     }
@@ -174,35 +169,23 @@ impl GroupStore for EtcdGroupStore {
     async fn write(&self, key: &Key, expected: Option<Version>, value: &Value) -> Result<Version, StoreError> {
         let document = codec::encode(key, value)?;
         let etcd_key = self.key_of(key);
-        let put = request_op::Request::RequestPut(PutRequest {
-            key: etcd_key.clone().into_bytes(),
-            value: document,
-            ..Default::default()
-        });
+        let put = PutRequest { key: etcd_key.clone().into_bytes(), value: document, ..Default::default() };
+        let put = request_op::Request::RequestPut(put);
         let response = self.conn.txn(CALL_TIMEOUT, Self::if_at(&etcd_key, expected, put)).await.map_err(store_error)?;
         if !response.succeeded {
             return Err(if expected.is_none() { StoreError::AlreadyExists } else { StoreError::Conflict });
         }
-        let revision = response
-            .header
-            .map(|header| header.revision)
-            .ok_or_else(|| StoreError::Unavailable("etcd answered a transaction without a header".into()))?;
-        version_of(revision)
+        let no_header = || StoreError::Unavailable("etcd answered a transaction without a header".into());
+        version_of(response.header.ok_or_else(no_header)?.revision)
     }
 
     async fn delete(&self, key: &Key, expected: Version) -> Result<(), StoreError> {
         let etcd_key = self.key_of(key);
-        let delete = request_op::Request::RequestDeleteRange(DeleteRangeRequest {
-            key: etcd_key.clone().into_bytes(),
-            ..Default::default()
-        });
+        let delete = DeleteRangeRequest { key: etcd_key.clone().into_bytes(), ..Default::default() };
+        let delete = request_op::Request::RequestDeleteRange(delete);
         let response =
             self.conn.txn(CALL_TIMEOUT, Self::if_at(&etcd_key, Some(expected), delete)).await.map_err(store_error)?;
-        if response.succeeded {
-            Ok(())
-        } else {
-            Err(StoreError::Conflict)
-        }
+        response.succeeded.then_some(()).ok_or(StoreError::Conflict)
     }
 
     fn watch_records(&self) -> Option<RecordStream> {

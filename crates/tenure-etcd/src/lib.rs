@@ -169,9 +169,7 @@ impl EtcdElection {
     /// user, as `options` say. The first call (a read of the election) authenticates, so a wrong
     /// CA, a refused client certificate or a wrong password fail here, before any campaign.
     pub async fn connect_with(
-        endpoints: &[String],
-        election: &str,
-        options: &EtcdOptions,
+        endpoints: &[String], election: &str, options: &EtcdOptions,
     ) -> Result<EtcdElection, EtcdError> {
         if election.is_empty() {
             return Err(EtcdError::EmptyElection);
