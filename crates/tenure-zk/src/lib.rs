@@ -168,10 +168,7 @@ impl ZkElection {
     /// exists and its ACL shuts this user out (a wrong password), fails with
     /// [`ZkError::NotAuthorized`] here rather than campaigning in vain.
     pub async fn connect_with(
-        servers: &str,
-        path: &str,
-        session_timeout: Duration,
-        options: ZkOptions,
+        servers: &str, path: &str, session_timeout: Duration, options: ZkOptions,
     ) -> Result<ZkElection, ZkError> {
         validate_path(path)?;
         if session_timeout < Duration::from_millis(100) {
