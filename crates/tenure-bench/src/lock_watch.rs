@@ -72,10 +72,7 @@ impl LockWatcher {
     /// Waits until a state satisfies `wanted`, at most `limit`; every state seen on the way
     /// (including the one returned) is passed to `each` first.
     pub fn wait_for(
-        &mut self,
-        limit: Duration,
-        mut each: impl FnMut(&Seen),
-        mut wanted: impl FnMut(&Seen) -> bool,
+        &mut self, limit: Duration, mut each: impl FnMut(&Seen), mut wanted: impl FnMut(&Seen) -> bool,
     ) -> Option<Seen> {
         let deadline = Instant::now() + limit;
         while let Some(seen) = self.next_until(deadline) {
@@ -118,9 +115,7 @@ impl Drop for LockWatcher {
 }
 
 fn watch_thread(
-    lock: FileLock,
-    sender: mpsc::Sender<Result<Seen, String>>,
-    mut stopped: oneshot::Receiver<()>,
+    lock: FileLock, sender: mpsc::Sender<Result<Seen, String>>, mut stopped: oneshot::Receiver<()>,
     ready: mpsc::Sender<Result<(), String>>,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
