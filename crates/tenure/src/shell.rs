@@ -240,13 +240,12 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
                 Wake::Input(input) => self.core.handle(now, input),
                 Wake::Timer => {}
                 Wake::Command(command) => {
+                    // Commands are only received while the channel is open: None closes it.
+                    commands_open = command.is_some();
                     let (after, reply) = match command {
                         Some(ElectorCommand::Resign(reply)) => (AfterRelease::Campaign, Some(reply)),
                         Some(ElectorCommand::Shutdown(reply)) => (AfterRelease::Stop, Some(reply)),
-                        None => {
-                            commands_open = false;
-                            (AfterRelease::Stop, None)
-                        }
+                        None => (AfterRelease::Stop, None),
                     };
                     self.begin_stop(after, reply);
                 }

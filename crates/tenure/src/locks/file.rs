@@ -233,11 +233,8 @@ impl FileLock {
         if fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
             return Err(FileLockError::NotAFile(path));
         }
-        create_directories(dir).map_err(|error| FileLockError::Io {
-            action: "create directory",
-            path: dir.to_owned(),
-            error,
-        })?;
+        let create_error = |error| FileLockError::Io { action: "create directory", path: dir.to_owned(), error };
+        create_directories(dir).map_err(create_error)?;
 
         // A long name is cut, with a hash of the whole name so that two locks whose names
         // share the cut part never share temporary files or claims.
@@ -723,9 +720,7 @@ impl OtherClaims {
 fn take_over(paths: &Paths, claim: &Path, inode: (u64, u64)) -> bool {
     let Ok(entries) = fs::read_dir(&paths.dir) else { return false };
     for entry in entries.flatten() {
-        if temp_pid(paths, entry.file_name().as_bytes()).is_none() {
-            continue;
-        }
+        let Some(_pid) = temp_pid(paths, entry.file_name().as_bytes()) else { continue };
         let path = entry.path();
         let same = fs::symlink_metadata(&path).is_ok_and(|m| (m.dev(), m.ino()) == inode && m.nlink() >= 2);
         if same && inode_of(claim) == Some(inode) && fs::remove_file(&path).is_ok() {
