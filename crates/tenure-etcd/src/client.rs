@@ -258,8 +258,7 @@ impl Connection {
             })
             .await;
         match result {
-            Ok(_) => Ok(()),
-            Err(EtcdError::Rpc { code: Code::NotFound, .. }) => Ok(()),
+            Ok(_) | Err(EtcdError::Rpc { code: Code::NotFound, .. }) => Ok(()),
             Err(error) => Err(error),
         }
     }
