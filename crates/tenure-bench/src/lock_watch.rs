@@ -59,10 +59,7 @@ impl LockWatcher {
     pub fn next_until(&mut self, deadline: Instant) -> Option<Seen> {
         let wait = deadline.saturating_duration_since(Instant::now());
         match self.seen.recv_timeout(wait) {
-            Ok(Ok(seen)) => {
-                self.last = Some(seen.clone());
-                Some(seen)
-            }
+            Ok(Ok(seen)) => Some(self.last.insert(seen).clone()),
             Ok(Err(error)) => panic!("the watch of the lock failed: {error}"),
             Err(mpsc::RecvTimeoutError::Timeout) => None,
             Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the watcher thread stopped"),

@@ -53,12 +53,7 @@ impl Report {
 
     /// The p50, p99 and max of a distribution as three rows, the goal (if any) applying to p99.
     pub fn distribution(
-        &mut self,
-        key: &str,
-        label: &str,
-        summary: &Summary,
-        unit: &'static str,
-        p99_at_most: Option<f64>,
+        &mut self, key: &str, label: &str, summary: &Summary, unit: &'static str, p99_at_most: Option<f64>,
     ) -> &mut Self {
         self.info(&format!("{key}_p50"), &format!("{label} p50"), summary.p50, unit);
         match p99_at_most {

@@ -124,11 +124,7 @@ fn record_binary(binary: &Path, scratch: &Path, kubeconfig: &Path, steady: Durat
 /// A leader and a follower of one scenario under callgrind: the functions they ran from the
 /// moment they knew the leader to the end of the probes.
 fn record(
-    binary: &Path,
-    scratch: &Path,
-    scenario: &str,
-    arguments: &dyn Fn(&str) -> Vec<String>,
-    kubeconfig: Option<&Path>,
+    binary: &Path, scratch: &Path, scenario: &str, arguments: &dyn Fn(&str) -> Vec<String>, kubeconfig: Option<&Path>,
     steady: Duration,
 ) -> BTreeSet<String> {
     let mut candidates = Vec::new();
