@@ -25,15 +25,8 @@ pub struct Cluster {
 impl Cluster {
     /// An empty cluster whose lock and logs live in `dir`.
     pub fn new(binary: &Path, dir: &Path, election: &str, ttl: &str) -> Cluster {
-        Cluster {
-            binary: binary.to_owned(),
-            dir: dir.to_owned(),
-            lock: dir.join(format!("{election}.json")),
-            election: election.to_owned(),
-            ttl: ttl.to_owned(),
-            next_id: 1,
-            members: Vec::new(),
-        }
+        let (binary, lock, election) = (binary.to_owned(), dir.join(format!("{election}.json")), election.to_owned());
+        Cluster { binary, dir: dir.to_owned(), lock, election, ttl: ttl.to_owned(), next_id: 1, members: Vec::new() }
     }
 
     /// The lock file the candidates share.
@@ -56,11 +49,8 @@ impl Cluster {
 
     /// Takes the candidate `id` out of the cluster (to signal it and wait for its exit).
     pub fn remove(&mut self, id: &str) -> ChildGuard {
-        let index = self
-            .members
-            .iter()
-            .position(|m| m.name() == id)
-            .unwrap_or_else(|| panic!("{id} is not a running candidate of this cluster"));
+        let index = self.members.iter().position(|m| m.name() == id);
+        let index = index.unwrap_or_else(|| panic!("{id} is not a running candidate of this cluster"));
         self.members.swap_remove(index)
     }
 

@@ -28,15 +28,10 @@ pub fn get(address: SocketAddr, path: &str) -> Option<Answer> {
     let mut response = Vec::new();
     let mut buffer = [0u8; 1024];
     let mut answered_at = None;
-    loop {
-        match stream.read(&mut buffer) {
-            Ok(0) => break,
-            Ok(n) => {
-                answered_at.get_or_insert_with(Instant::now);
-                response.extend_from_slice(&buffer[..n]);
-            }
-            Err(_) => break,
-        }
+    // Until the end of the stream or an error.
+    while let Ok(n @ 1..) = stream.read(&mut buffer) {
+        answered_at.get_or_insert_with(Instant::now);
+        response.extend_from_slice(&buffer[..n]);
     }
     let text = String::from_utf8_lossy(&response).into_owned();
     if !text.starts_with("HTTP/1.") {

@@ -38,10 +38,7 @@ pub fn env_usize(name: &str, default: usize) -> usize {
 
 /// Reads a duration setting in whole seconds from the environment (`name`), or `default`.
 pub fn env_seconds(name: &str, default: Duration) -> Duration {
-    match std::env::var(name) {
-        Ok(_) => Duration::from_secs(env_usize(name, 1) as u64),
-        Err(_) => default,
-    }
+    std::env::var(name).map_or(default, |_| Duration::from_secs(env_usize(name, 1) as u64))
 }
 
 /// Milliseconds as a float, the unit every latency is reported in.

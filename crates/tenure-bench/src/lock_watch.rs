@@ -59,10 +59,7 @@ impl LockWatcher {
     pub fn next_until(&mut self, deadline: Instant) -> Option<Seen> {
         let wait = deadline.saturating_duration_since(Instant::now());
         match self.seen.recv_timeout(wait) {
-            Ok(Ok(seen)) => {
-                self.last = Some(seen.clone());
-                Some(seen)
-            }
+            Ok(Ok(seen)) => Some(self.last.insert(seen).clone()),
             Ok(Err(error)) => panic!("the watch of the lock failed: {error}"),
             Err(mpsc::RecvTimeoutError::Timeout) => None,
             Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the watcher thread stopped"),
@@ -72,10 +69,7 @@ impl LockWatcher {
     /// Waits until a state satisfies `wanted`, at most `limit`; every state seen on the way
     /// (including the one returned) is passed to `each` first.
     pub fn wait_for(
-        &mut self,
-        limit: Duration,
-        mut each: impl FnMut(&Seen),
-        mut wanted: impl FnMut(&Seen) -> bool,
+        &mut self, limit: Duration, mut each: impl FnMut(&Seen), mut wanted: impl FnMut(&Seen) -> bool,
     ) -> Option<Seen> {
         let deadline = Instant::now() + limit;
         while let Some(seen) = self.next_until(deadline) {
@@ -118,9 +112,7 @@ impl Drop for LockWatcher {
 }
 
 fn watch_thread(
-    lock: FileLock,
-    sender: mpsc::Sender<Result<Seen, String>>,
-    mut stopped: oneshot::Receiver<()>,
+    lock: FileLock, sender: mpsc::Sender<Result<Seen, String>>, mut stopped: oneshot::Receiver<()>,
     ready: mpsc::Sender<Result<(), String>>,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {

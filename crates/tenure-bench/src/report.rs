@@ -53,12 +53,7 @@ impl Report {
 
     /// The p50, p99 and max of a distribution as three rows, the goal (if any) applying to p99.
     pub fn distribution(
-        &mut self,
-        key: &str,
-        label: &str,
-        summary: &Summary,
-        unit: &'static str,
-        p99_at_most: Option<f64>,
+        &mut self, key: &str, label: &str, summary: &Summary, unit: &'static str, p99_at_most: Option<f64>,
     ) -> &mut Self {
         self.info(&format!("{key}_p50"), &format!("{label} p50"), summary.p50, unit);
         match p99_at_most {
@@ -122,14 +117,10 @@ impl Report {
                 goals.insert(row.key.clone(), json!({ "at_most": at_most, "unit": row.unit, "pass": pass }));
             }
         }
-        let mut summary = Map::new();
-        summary.insert("bench".to_owned(), json!(self.bench));
-        summary.insert("pass".to_owned(), json!(self.passes()));
-        summary.insert("results".to_owned(), Value::Object(results));
-        summary.insert("goals".to_owned(), Value::Object(goals));
-        for (key, value) in &self.extra {
-            summary.insert(key.clone(), value.clone());
-        }
+        let (bench, pass) = (json!(self.bench), json!(self.passes()));
+        let fixed = [("bench", bench), ("pass", pass), ("results", results.into()), ("goals", goals.into())];
+        let mut summary: Map<String, Value> = fixed.into_iter().map(|(key, value)| (key.to_owned(), value)).collect();
+        summary.extend(self.extra.clone());
         Value::Object(summary)
     }
 

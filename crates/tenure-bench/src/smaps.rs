@@ -44,14 +44,8 @@ pub struct Breakdown {
 impl Breakdown {
     /// The sum of all kinds.
     pub fn total_kib(&self) -> u64 {
-        self.binary_file_kib
-            + self.binary_private_kib
-            + self.libraries_kib
-            + self.heap_kib
-            + self.arenas_kib
-            + self.stacks_kib
-            + self.other_anon_kib
-            + self.kernel_kib
+        self.binary_file_kib + self.binary_private_kib + self.libraries_kib + self.heap_kib + self.arenas_kib
+            + self.stacks_kib + self.other_anon_kib + self.kernel_kib
     }
 }
 

@@ -109,12 +109,7 @@ impl EtcdTls {
     /// other: the system's roots are not used, as etcd clusters have their own CA.
     pub fn new(ca_pem: impl Into<Vec<u8>>) -> Result<Self, EtcdError> {
         let ca_pem = ca_pem.into();
-        let certificates = CertificateDer::pem_slice_iter(&ca_pem).collect::<Result<Vec<_>, _>>();
-        match certificates {
-            Ok(certificates) if !certificates.is_empty() => {}
-            Ok(_) => return Err(EtcdError::Tls("the CA bundle holds no PEM certificate".into())),
-            Err(e) => return Err(EtcdError::Tls(format!("the CA bundle is not valid PEM: {e}"))),
-        }
+        check_certificates(&ca_pem, "the CA bundle holds no PEM certificate", "the CA bundle is not valid PEM")?;
         Ok(EtcdTls { ca_pem, identity: None, server_name: None })
     }
 
@@ -126,11 +121,9 @@ impl EtcdTls {
         key_pem: impl Into<Vec<u8>>,
     ) -> Result<Self, EtcdError> {
         let (cert_pem, key_pem) = (cert_pem.into(), key_pem.into());
-        match CertificateDer::pem_slice_iter(&cert_pem).collect::<Result<Vec<_>, _>>() {
-            Ok(certificates) if !certificates.is_empty() => {}
-            Ok(_) => return Err(EtcdError::Tls("the client certificate file holds no PEM certificate".into())),
-            Err(e) => return Err(EtcdError::Tls(format!("the client certificate is not valid PEM: {e}"))),
-        }
+        let (empty, invalid) =
+            ("the client certificate file holds no PEM certificate", "the client certificate is not valid PEM");
+        check_certificates(&cert_pem, empty, invalid)?;
         if let Err(e) = PrivateKeyDer::from_pem_slice(&key_pem) {
             return Err(EtcdError::Tls(format!("the client key holds no usable PEM private key: {e}")));
         }
@@ -159,6 +152,15 @@ impl EtcdTls {
             config = config.domain_name(name.clone());
         }
         config
+    }
+}
+
+/// Checks that `pem` holds one or more certificates; else says `empty` or `invalid: <why>`.
+fn check_certificates(pem: &[u8], empty: &str, invalid: &str) -> Result<(), EtcdError> {
+    match CertificateDer::pem_slice_iter(pem).collect::<Result<Vec<_>, _>>() {
+        Ok(certificates) if !certificates.is_empty() => Ok(()),
+        Ok(_) => Err(EtcdError::Tls(empty.into())),
+        Err(e) => Err(EtcdError::Tls(format!("{invalid}: {e}"))),
     }
 }
 
@@ -208,10 +210,7 @@ impl Authenticator {
     /// The interceptor for the next call on `channel` (at `endpoint`), authenticating first if no
     /// token is held.
     pub(crate) async fn interceptor(
-        &self,
-        endpoint: &str,
-        channel: &Channel,
-        limit: Duration,
+        &self, endpoint: &str, channel: &Channel, limit: Duration,
     ) -> Result<TokenInterceptor, EtcdError> {
         if let Some(token) = self.current() {
             return Ok(TokenInterceptor { token: Some(token) });
@@ -225,19 +224,13 @@ impl Authenticator {
         let answer = tokio::time::timeout(limit, AuthClient::new(channel.clone()).authenticate(request)).await;
         let response = match answer {
             Err(_) => return Err(EtcdError::Timeout(limit)),
-            Ok(Err(status)) if is_credentials_refusal(&status) => {
-                return Err(EtcdError::Authentication {
-                    endpoint: endpoint.to_owned(),
-                    user: self.credentials.user.clone(),
-                    message: status.message().to_owned(),
-                })
-            }
             Ok(Err(status)) => {
-                return Err(EtcdError::Rpc {
-                    endpoint: endpoint.to_owned(),
-                    code: status.code(),
-                    message: status.message().to_owned(),
-                })
+                let (endpoint, message) = (endpoint.to_owned(), status.message().to_owned());
+                return Err(if is_credentials_refusal(&status) {
+                    EtcdError::Authentication { endpoint, user: self.credentials.user.clone(), message }
+                } else {
+                    EtcdError::Rpc { endpoint, code: status.code(), message }
+                });
             }
             Ok(Ok(response)) => response.into_inner(),
         };

@@ -265,21 +265,9 @@ impl EtcdCampaign {
     /// session's ([`crate::session_timing`]).
     pub fn new(identity: String, prefix: String, timing: Timing) -> EtcdCampaign {
         EtcdCampaign {
-            identity,
-            prefix,
-            timing,
-            session: 0,
-            phase: Phase::Idle { at: MonotonicTime::ZERO },
-            stale_leases: Vec::new(),
-            revoke_queue: Vec::new(),
-            revoking: false,
-            queued_calls: VecDeque::new(),
-            keeping_alive: false,
-            drain_before_revoking: None,
-            failures: 0,
-            resign: None,
-            observed: None,
-            reports: VecDeque::new(),
+            identity, prefix, timing, session: 0, phase: Phase::Idle { at: MonotonicTime::ZERO }, stale_leases: vec![],
+            revoke_queue: vec![], revoking: false, queued_calls: VecDeque::new(), keeping_alive: false,
+            drain_before_revoking: None, failures: 0, resign: None, observed: None, reports: VecDeque::new(),
         }
     }
 
@@ -344,24 +332,14 @@ impl EtcdCampaign {
     fn view(&self) -> Leadership {
         let Phase::Queued(s) = &self.phase else { return Leadership::unknown() };
         if matches!(self.resign, Some(Resign::Holding | Resign::Deleting)) {
-            return Leadership {
-                leader: Some(self.identity.clone()),
-                term: Some(Term::from_count(s.my_revision)),
-                role: Role::Releasing,
-            };
+            let (leader, term) = (Some(self.identity.clone()), Some(Term::from_count(s.my_revision)));
+            return Leadership { leader, term, role: Role::Releasing };
         }
         let role = if s.leading { Role::Leader } else { Role::Follower };
-        if !s.loaded {
-            return Leadership { leader: None, term: None, role };
-        }
-        match s.leader() {
-            // Our own key first but not (yet) claimed: say nobody rather than ourselves.
-            Some((key, _, _)) if key == s.key && !s.leading => Leadership { leader: None, term: None, role },
-            Some((_, revision, identity)) => {
-                Leadership { leader: Some(identity.to_owned()), term: Some(Term::from_count(revision)), role }
-            }
-            None => Leadership { leader: None, term: None, role },
-        }
+        // Our own key first but not (yet) claimed: say nobody rather than ourselves.
+        let leader = s.leader().filter(|(key, _, _)| s.loaded && (*key != s.key || s.leading));
+        let term = leader.map(|(_, revision, _)| Term::from_count(revision));
+        Leadership { leader: leader.map(|(_, _, identity)| identity.to_owned()), term, role }
     }
 
     /// Ends the session if the lease is gone, the self-fencing deadline has passed, or the own
@@ -437,8 +415,7 @@ impl ElectionCore for EtcdCampaign {
                 if !self.revoking && self.drain_before_revoking.is_none() && !self.revoke_queue.is_empty() =>
             {
                 self.revoking = true;
-                let lease = self.revoke_queue.remove(0);
-                Some(EtcdCall::Revoke { lease })
+                Some(EtcdCall::Revoke { lease: self.revoke_queue.remove(0) })
             }
             Phase::Idle { at } if !self.revoking && self.drain_before_revoking.is_none() && now >= *at => {
                 self.session += 1;
@@ -504,16 +481,8 @@ impl ElectionCore for EtcdCampaign {
                         let key = format!("{}{:x}", self.prefix, lease.id);
                         tracing::debug!(identity = %self.identity, key = %key, revision = my_revision, "queued");
                         self.phase = Phase::Queued(Queued {
-                            key,
-                            lease,
-                            my_revision,
-                            keys: Keys::new(),
-                            loaded: false,
-                            watching: false,
-                            resync_at: now,
-                            calling: false,
-                            leading: false,
-                            stepped_down: false,
+                            key, lease, my_revision, keys: Keys::new(), loaded: false, watching: false, resync_at: now,
+                            calling: false, leading: false, stepped_down: false,
                         });
                     }
                 }
@@ -660,10 +629,7 @@ impl ElectionCore for EtcdCampaign {
             Phase::Queued(q) => Some(q.lease.valid_until),
             _ => None,
         };
-        match (phase, self.drain_before_revoking) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        phase.into_iter().chain(self.drain_before_revoking).min()
     }
 
     fn poll_report(&mut self) -> Option<Report> {
@@ -702,17 +668,14 @@ impl ElectionCore for EtcdCampaign {
             },
             AfterRelease::Stop => {
                 self.resign = None;
-                let (key, released) = match &self.phase {
+                let (key, released, lease) = match &self.phase {
                     Phase::Queued(q) => {
-                        (Some(q.key.clone()), Released::KeyDeleted { deleted: false, lease: q.lease.id })
+                        let lease = q.lease.id;
+                        (Some(q.key.clone()), Released::KeyDeleted { deleted: false, lease }, Some(lease))
                     }
-                    Phase::Creating { .. } | Phase::Idle { .. } => (None, Released::LeasesRevoked),
-                    _ => (None, Released::Nothing),
-                };
-                let lease = match &self.phase {
-                    Phase::Queued(q) => Some(q.lease.id),
-                    Phase::Creating { lease } => Some(lease.id),
-                    _ => None,
+                    Phase::Creating { lease } => (None, Released::LeasesRevoked, Some(lease.id)),
+                    Phase::Idle { .. } => (None, Released::LeasesRevoked, None),
+                    _ => (None, Released::Nothing, None),
                 };
                 self.end_session(now, lease);
                 self.phase = Phase::Stopping { deleting: key.is_some(), released };
@@ -749,9 +712,7 @@ impl ElectionCore for EtcdCampaign {
     }
 
     fn lapse(&mut self) {
-        if matches!(&self.phase, Phase::Queued(q) if q.leading) {
-            let Phase::Queued(q) = &self.phase else { return };
-            let now = q.lease.valid_until;
+        if let Some(now) = self.valid_until() {
             self.lost(now, "keep-alive handled after the deadline (self-fenced)", StopReason::RenewDeadlineExceeded);
         }
     }

@@ -98,6 +98,12 @@ impl Connection {
         self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A call on the endpoint `index` took longer than `limit`: the next call tries another.
+    fn timed_out<T>(&self, index: usize, limit: Duration) -> Result<T, EtcdError> {
+        self.failed(index);
+        Err(EtcdError::Timeout(limit))
+    }
+
     /// The endpoint in use, with its index (to report a failure of exactly this one).
     pub(crate) fn pick(&self) -> (usize, Channel) {
         let index = self.current.load(Ordering::Acquire) % self.endpoints.len();
@@ -198,14 +204,7 @@ impl Connection {
             }
             Err(last.unwrap_or(EtcdError::NoEndpoints))
         };
-        match timeout(limit, attempts).await {
-            Ok(result) => result,
-            Err(_) => {
-                let (index, _) = self.pick();
-                self.failed(index);
-                Err(EtcdError::Timeout(limit))
-            }
-        }
+        timeout(limit, attempts).await.unwrap_or_else(|_| self.timed_out(self.pick().0, limit))
     }
 
     /// Range over `[key, range_end)` (or the single `key` when `range_end` is empty).
@@ -259,8 +258,7 @@ impl Connection {
             })
             .await;
         match result {
-            Ok(_) => Ok(()),
-            Err(EtcdError::Rpc { code: Code::NotFound, .. }) => Ok(()),
+            Ok(_) | Err(EtcdError::Rpc { code: Code::NotFound, .. }) => Ok(()),
             Err(error) => Err(error),
         }
     }
@@ -281,10 +279,7 @@ impl Connection {
                 Ok(KeepAliveStream { index, lease, requests, responses: response.into_inner(), first: true })
             }
             Ok(Err(status)) => Err(self.status_error(index, &status)),
-            Err(_) => {
-                self.failed(index);
-                Err(EtcdError::Timeout(limit))
-            }
+            Err(_) => self.timed_out(index, limit),
         }
     }
 
@@ -292,20 +287,13 @@ impl Connection {
     /// confirm it. The watch requires a raft leader: a member cut off from the cluster cancels it,
     /// so that a watcher never waits on a member that cannot see changes.
     pub(crate) async fn watch_prefix(
-        &self,
-        limit: Duration,
-        prefix: &str,
-        start_revision: i64,
+        &self, limit: Duration, prefix: &str, start_revision: i64,
     ) -> Result<WatchStream, EtcdError> {
         let (index, channel) = self.pick_authed(limit).await?;
         self.count();
         let (requests, receiver) = mpsc::channel(1);
-        let create = WatchCreateRequest {
-            key: prefix.as_bytes().to_vec(),
-            range_end: prefix_end(prefix),
-            start_revision,
-            ..Default::default()
-        };
+        let (key, range_end) = (prefix.as_bytes().to_vec(), prefix_end(prefix));
+        let create = WatchCreateRequest { key, range_end, start_revision, ..Default::default() };
         requests
             .try_send(WatchRequest { request_union: Some(watch_request::RequestUnion::CreateRequest(create)) })
             .map_err(|_| EtcdError::Protocol("watch queue".into()))?;
@@ -325,10 +313,7 @@ impl Connection {
                 first.map(|f| f.cancel_reason).unwrap_or_else(|| "stream ended".into())
             ))),
             Ok(Err(status)) => Err(self.status_error(index, &status)),
-            Err(_) => {
-                self.failed(index);
-                Err(EtcdError::Timeout(limit))
-            }
+            Err(_) => self.timed_out(index, limit),
         }
     }
 }
@@ -366,9 +351,7 @@ pub(crate) struct KeepAliveStream {
 impl KeepAliveStream {
     /// Sends one keep-alive (the first was sent on opening) and waits for its answer.
     pub(crate) async fn renew(
-        &mut self,
-        conn: &Connection,
-        limit: Duration,
+        &mut self, conn: &Connection, limit: Duration,
     ) -> Result<LeaseKeepAliveResponse, EtcdError> {
         if !self.first {
             conn.count();
@@ -385,25 +368,17 @@ impl KeepAliveStream {
                 Err(EtcdError::Protocol("keep-alive stream ended".into()))
             }
             Ok(Err(status)) => Err(conn.status_error(self.index, &status)),
-            Err(_) => {
-                conn.failed(self.index);
-                Err(EtcdError::Timeout(limit))
-            }
+            Err(_) => conn.timed_out(self.index, limit),
         }
     }
-}
 
-impl KeepAliveStream {
     /// Completes when the idle stream fails or ends (nothing is expected between keep-alives; an
     /// unexpected answer is ignored).
     pub(crate) async fn broken(&mut self, conn: &Connection) {
         loop {
             match self.responses.message().await {
                 Ok(Some(_)) => continue,
-                Ok(None) => {
-                    conn.failed(self.index);
-                    return;
-                }
+                Ok(None) => return conn.failed(self.index),
                 Err(status) => {
                     let _ = conn.status_error(self.index, &status);
                     return;
@@ -469,13 +444,13 @@ pub(crate) fn first_created(prefix: &str) -> RangeRequest {
 
 /// `create_revision(key) == revision`: true exactly while the key written at `revision` exists.
 pub(crate) fn create_revision_is(key: &str, revision: i64) -> Compare {
-    Compare {
-        result: compare::CompareResult::Equal as i32,
-        target: compare::CompareTarget::Create as i32,
-        key: key.as_bytes().to_vec(),
-        range_end: Vec::new(),
-        target_union: Some(compare::TargetUnion::CreateRevision(revision)),
-    }
+    revision_is(key, compare::CompareTarget::Create, compare::TargetUnion::CreateRevision(revision))
+}
+
+/// `target(key) == value`, one of the key's revisions.
+pub(crate) fn revision_is(key: &str, target: compare::CompareTarget, value: compare::TargetUnion) -> Compare {
+    let (result, key) = (compare::CompareResult::Equal as i32, key.as_bytes().to_vec());
+    Compare { result, target: target as i32, key, range_end: Vec::new(), target_union: Some(value) }
 }
 
 /// A put of `key = value` bound to `lease`, as a transaction operation.
@@ -492,12 +467,8 @@ pub(crate) fn put_op(key: &str, value: &str, lease: i64) -> RequestOp {
 
 /// A read of one key, as a transaction operation.
 pub(crate) fn get_op(key: &str) -> RequestOp {
-    RequestOp {
-        request: Some(request_op::Request::RequestRange(RangeRequest {
-            key: key.as_bytes().to_vec(),
-            ..Default::default()
-        })),
-    }
+    let range = RangeRequest { key: key.as_bytes().to_vec(), ..Default::default() };
+    RequestOp { request: Some(request_op::Request::RequestRange(range)) }
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use tenure_group::store::{Change, GroupStore, Key, RecordStream, Snapshot, Store
 use tonic::Code;
 
 use crate::client::{self, Connection};
-use crate::proto::etcdserverpb::{compare, request_op, Compare, DeleteRangeRequest, PutRequest, RequestOp, TxnRequest};
+use crate::proto::etcdserverpb::{compare, request_op, DeleteRangeRequest, PutRequest, RequestOp, TxnRequest};
 use crate::proto::mvccpb::event::EventType;
 use crate::{EtcdError, EtcdOptions};
 
@@ -53,20 +53,15 @@ impl EtcdGroupStore {
     /// access as an election's ([`crate::EtcdElection::connect_with`]), so a group can live on a
     /// secured cluster.
     pub async fn connect_with(
-        endpoints: &[String],
-        group: &str,
-        options: &EtcdOptions,
+        endpoints: &[String], group: &str, options: &EtcdOptions,
     ) -> Result<EtcdGroupStore, EtcdError> {
         if group.is_empty() {
             return Err(EtcdError::EmptyElection);
         }
         let store =
             EtcdGroupStore { conn: Arc::new(Connection::new(endpoints, options)?), prefix: format!("{group}/") };
-        let probe = crate::proto::etcdserverpb::RangeRequest {
-            limit: 1,
-            keys_only: true,
-            ..client::prefix_range(&store.prefix)
-        };
+        let prefix = client::prefix_range(&store.prefix);
+        let probe = crate::proto::etcdserverpb::RangeRequest { limit: 1, keys_only: true, ..prefix };
         store.conn.range(CALL_TIMEOUT, probe).await?;
         Ok(store)
     }
@@ -98,20 +93,11 @@ impl EtcdGroupStore {
     /// does not exist).
     fn if_at(etcd_key: &str, expected: Option<Version>, then: request_op::Request) -> TxnRequest {
         let condition = match expected {
-            None => Compare {
-                result: compare::CompareResult::Equal as i32,
-                target: compare::CompareTarget::Create as i32,
-                key: etcd_key.as_bytes().to_vec(),
-                range_end: Vec::new(),
-                target_union: Some(compare::TargetUnion::CreateRevision(0)),
-            },
-            Some(version) => Compare {
-                result: compare::CompareResult::Equal as i32,
-                target: compare::CompareTarget::Mod as i32,
-                key: etcd_key.as_bytes().to_vec(),
-                range_end: Vec::new(),
-                target_union: Some(compare::TargetUnion::ModRevision(i64::try_from(version.0).unwrap_or(i64::MAX))),
-            },
+            None => client::create_revision_is(etcd_key, 0),
+            Some(version) => {
+                let revision = i64::try_from(version.0).unwrap_or(i64::MAX);
+                client::revision_is(etcd_key, compare::CompareTarget::Mod, compare::TargetUnion::ModRevision(revision))
+            }
         };
         TxnRequest { compare: vec![condition], success: vec![RequestOp { request: Some(then) }], failure: Vec::new() }
     }
@@ -183,35 +169,23 @@ impl GroupStore for EtcdGroupStore {
     async fn write(&self, key: &Key, expected: Option<Version>, value: &Value) -> Result<Version, StoreError> {
         let document = codec::encode(key, value)?;
         let etcd_key = self.key_of(key);
-        let put = request_op::Request::RequestPut(PutRequest {
-            key: etcd_key.clone().into_bytes(),
-            value: document,
-            ..Default::default()
-        });
+        let put = PutRequest { key: etcd_key.clone().into_bytes(), value: document, ..Default::default() };
+        let put = request_op::Request::RequestPut(put);
         let response = self.conn.txn(CALL_TIMEOUT, Self::if_at(&etcd_key, expected, put)).await.map_err(store_error)?;
         if !response.succeeded {
             return Err(if expected.is_none() { StoreError::AlreadyExists } else { StoreError::Conflict });
         }
-        let revision = response
-            .header
-            .map(|header| header.revision)
-            .ok_or_else(|| StoreError::Unavailable("etcd answered a transaction without a header".into()))?;
-        version_of(revision)
+        let no_header = || StoreError::Unavailable("etcd answered a transaction without a header".into());
+        version_of(response.header.ok_or_else(no_header)?.revision)
     }
 
     async fn delete(&self, key: &Key, expected: Version) -> Result<(), StoreError> {
         let etcd_key = self.key_of(key);
-        let delete = request_op::Request::RequestDeleteRange(DeleteRangeRequest {
-            key: etcd_key.clone().into_bytes(),
-            ..Default::default()
-        });
+        let delete = DeleteRangeRequest { key: etcd_key.clone().into_bytes(), ..Default::default() };
+        let delete = request_op::Request::RequestDeleteRange(delete);
         let response =
             self.conn.txn(CALL_TIMEOUT, Self::if_at(&etcd_key, Some(expected), delete)).await.map_err(store_error)?;
-        if response.succeeded {
-            Ok(())
-        } else {
-            Err(StoreError::Conflict)
-        }
+        response.succeeded.then_some(()).ok_or(StoreError::Conflict)
     }
 
     fn watch_records(&self) -> Option<RecordStream> {

@@ -169,9 +169,7 @@ impl EtcdElection {
     /// user, as `options` say. The first call (a read of the election) authenticates, so a wrong
     /// CA, a refused client certificate or a wrong password fail here, before any campaign.
     pub async fn connect_with(
-        endpoints: &[String],
-        election: &str,
-        options: &EtcdOptions,
+        endpoints: &[String], election: &str, options: &EtcdOptions,
     ) -> Result<EtcdElection, EtcdError> {
         if election.is_empty() {
             return Err(EtcdError::EmptyElection);
@@ -215,13 +213,8 @@ impl EtcdElection {
         let timing = session_timing(ttl)?;
         let drain_timeout = self.drain_timeout.unwrap_or(timing.renew_deadline);
         let campaign = campaign::EtcdCampaign::new(identity.clone(), self.prefix.clone(), timing);
-        let transport = transport::EtcdTransport::new(
-            self.conn.clone(),
-            self.prefix.clone(),
-            identity.clone(),
-            timing.call_timeout,
-            timing.retry_period,
-        );
+        let (conn, prefix, id) = (self.conn.clone(), self.prefix.clone(), identity.clone());
+        let transport = transport::EtcdTransport::new(conn, prefix, id, timing.call_timeout, timing.retry_period);
         Ok(Elector::from_driver(identity, timing, move |publisher, commands| {
             tenure::shell::run(campaign, transport, publisher, drain_timeout, commands)
         }))

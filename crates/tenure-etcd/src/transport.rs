@@ -51,24 +51,11 @@ pub(crate) struct EtcdTransport {
 
 impl EtcdTransport {
     pub(crate) fn new(
-        conn: Arc<Connection>,
-        prefix: String,
-        identity: String,
-        call_timeout: Duration,
-        interval: Duration,
+        conn: Arc<Connection>, prefix: String, identity: String, call_timeout: Duration, interval: Duration,
     ) -> Self {
-        EtcdTransport {
-            conn,
-            prefix,
-            identity,
-            call_timeout,
-            interval,
-            origin: Instant::now(),
-            pump: None,
-            pumped: mpsc::unbounded_channel(),
-            watch: None,
-            opened: Arc::default(),
-        }
+        let (origin, pumped, opened) = (Instant::now(), mpsc::unbounded_channel(), Arc::default());
+        let (pump, watch) = (None, None);
+        EtcdTransport { conn, prefix, identity, call_timeout, interval, origin, pump, pumped, watch, opened }
     }
 }
 
@@ -80,76 +67,74 @@ impl Transport<EtcdCampaign> for EtcdTransport {
     fn start(&mut self, call: EtcdCall) -> Option<ShellFuture<EtcdInput>> {
         let conn = self.conn.clone();
         let limit = self.call_timeout;
-        let future: ShellFuture<EtcdInput> =
-            match call {
-                EtcdCall::Grant { session, ttl_secs } => Box::pin(async move {
-                    let result = conn.grant(limit, ttl_secs).await.map(|granted| {
-                        (granted.id, Duration::from_secs(u64::try_from(granted.ttl.max(1)).unwrap_or(1)))
-                    });
-                    EtcdInput::Granted { session, result }
-                }),
-                EtcdCall::KeepAlive { session, lease } => {
-                    let pump =
-                        keep_alive(conn, session, lease, self.interval, limit, self.origin, self.pumped.0.clone());
-                    self.pump = Some(AbortOnDrop(tokio::spawn(pump)));
-                    return None;
-                }
-                EtcdCall::StopKeepAlive => {
-                    self.pump = None;
-                    return None;
-                }
-                EtcdCall::Create { session, key, lease } => {
-                    let create = TxnRequest {
-                        compare: vec![client::create_revision_is(&key, 0)],
-                        success: vec![client::put_op(&key, &self.identity, lease)],
-                        failure: vec![client::get_op(&key)],
-                    };
-                    Box::pin(async move {
-                        let result = conn.txn(limit, create).await.map(|response| {
-                            if response.succeeded {
-                                return response.header.map(|h| h.revision).unwrap_or(0);
-                            }
-                            let existing = response.responses.iter().find_map(|op| match &op.response {
-                                Some(response_op::Response::ResponseRange(range)) => range.kvs.first(),
-                                _ => None,
-                            });
-                            existing.map(|kv| kv.create_revision).unwrap_or(0)
+        Some(match call {
+            EtcdCall::Grant { session, ttl_secs } => Box::pin(async move {
+                let result = conn.grant(limit, ttl_secs).await.map(|granted| {
+                    (granted.id, Duration::from_secs(u64::try_from(granted.ttl.max(1)).unwrap_or(1)))
+                });
+                EtcdInput::Granted { session, result }
+            }),
+            EtcdCall::KeepAlive { session, lease } => {
+                let pump =
+                    keep_alive(conn, session, lease, self.interval, limit, self.origin, self.pumped.0.clone());
+                self.pump = Some(AbortOnDrop(tokio::spawn(pump)));
+                return None;
+            }
+            EtcdCall::StopKeepAlive => {
+                self.pump = None;
+                return None;
+            }
+            EtcdCall::Create { session, key, lease } => {
+                let create = TxnRequest {
+                    compare: vec![client::create_revision_is(&key, 0)],
+                    success: vec![client::put_op(&key, &self.identity, lease)],
+                    failure: vec![client::get_op(&key)],
+                };
+                Box::pin(async move {
+                    let result = conn.txn(limit, create).await.map(|response| {
+                        if response.succeeded {
+                            return response.header.map(|h| h.revision).unwrap_or(0);
+                        }
+                        let existing = response.responses.iter().find_map(|op| match &op.response {
+                            Some(response_op::Response::ResponseRange(range)) => range.kvs.first(),
+                            _ => None,
                         });
-                        EtcdInput::Created { session, result }
-                    })
-                }
-                EtcdCall::Resync { session } => {
-                    let prefix = self.prefix.clone();
-                    let opened = self.opened.clone();
-                    Box::pin(async move {
-                        let result = async {
-                            let response = conn.range(limit, client::prefix_range(&prefix)).await?;
-                            let revision = response.header.map(|h| h.revision).unwrap_or(0);
-                            let keys: Keys = response
-                                .kvs
-                                .into_iter()
-                                .map(|kv| (lossy(&kv.key), (kv.create_revision, lossy(&kv.value))))
-                                .collect();
-                            let watch = conn.watch_prefix(limit, &prefix, revision + 1).await?;
-                            *opened.lock().unwrap_or_else(|e| e.into_inner()) = Some((session, watch));
-                            Ok(keys)
-                        };
-                        EtcdInput::Loaded { session, result: result.await }
-                    })
-                }
-                EtcdCall::Claim { session, key } => Box::pin(async move {
-                    let read = RangeRequest { key: key.into_bytes(), ..Default::default() };
-                    let result = conn.range(limit, read).await.map(|r| r.kvs.first().map(|kv| kv.create_revision));
-                    EtcdInput::Claimed { session, result }
-                }),
-                EtcdCall::Delete { session, key } => Box::pin(async move {
-                    EtcdInput::Deleted { session, result: conn.delete(limit, &key).await.map(|_| ()) }
-                }),
-                EtcdCall::Revoke { lease } => {
-                    Box::pin(async move { EtcdInput::Revoked { lease, result: conn.revoke(limit, lease).await } })
-                }
-            };
-        Some(future)
+                        existing.map(|kv| kv.create_revision).unwrap_or(0)
+                    });
+                    EtcdInput::Created { session, result }
+                })
+            }
+            EtcdCall::Resync { session } => {
+                let prefix = self.prefix.clone();
+                let opened = self.opened.clone();
+                Box::pin(async move {
+                    let result = async {
+                        let response = conn.range(limit, client::prefix_range(&prefix)).await?;
+                        let revision = response.header.map(|h| h.revision).unwrap_or(0);
+                        let keys: Keys = response
+                            .kvs
+                            .into_iter()
+                            .map(|kv| (lossy(&kv.key), (kv.create_revision, lossy(&kv.value))))
+                            .collect();
+                        let watch = conn.watch_prefix(limit, &prefix, revision + 1).await?;
+                        *opened.lock().unwrap_or_else(|e| e.into_inner()) = Some((session, watch));
+                        Ok(keys)
+                    };
+                    EtcdInput::Loaded { session, result: result.await }
+                })
+            }
+            EtcdCall::Claim { session, key } => Box::pin(async move {
+                let read = RangeRequest { key: key.into_bytes(), ..Default::default() };
+                let result = conn.range(limit, read).await.map(|r| r.kvs.first().map(|kv| kv.create_revision));
+                EtcdInput::Claimed { session, result }
+            }),
+            EtcdCall::Delete { session, key } => Box::pin(async move {
+                EtcdInput::Deleted { session, result: conn.delete(limit, &key).await.map(|_| ()) }
+            }),
+            EtcdCall::Revoke { lease } => {
+                Box::pin(async move { EtcdInput::Revoked { lease, result: conn.revoke(limit, lease).await } })
+            }
+        })
     }
 
     async fn notice(&mut self) -> EtcdInput {
@@ -205,12 +190,7 @@ async fn next_watched(watch: &mut Option<(u64, WatchStream)>, conn: &Connection)
 /// Keeps `lease` alive every `interval`, one request at a time, and reports each keep-alive with
 /// the instant it was sent; ends once the server says the lease is gone.
 async fn keep_alive(
-    conn: Arc<Connection>,
-    session: u64,
-    lease: i64,
-    interval: Duration,
-    limit: Duration,
-    origin: Instant,
+    conn: Arc<Connection>, session: u64, lease: i64, interval: Duration, limit: Duration, origin: Instant,
     reports: mpsc::UnboundedSender<EtcdInput>,
 ) {
     let report = |sent: Instant, result| {

@@ -131,9 +131,7 @@ impl ZkOptions {
     /// nothing this session may be create a node in it: the usual sign of a wrong password (a
     /// digest "succeeds" with any password and only names another identity) or of another user.
     pub(crate) async fn check_may_campaign(&self, client: &zk::Client, path: &str) -> Result<(), ZkError> {
-        let Some((user, password)) = &self.digest else {
-            return Ok(());
-        };
+        let Some((user, password)) = &self.digest else { return Ok(()) };
         let acl = match client.get_acl(path).await {
             Ok((acl, _)) => acl,
             Err(zk::Error::NoNode) => return Ok(()),

@@ -77,14 +77,8 @@ impl ZkGroupStore {
         // A wrong password authenticates as another digest identity, which the group's nodes
         // shut out: say so now rather than failing every write.
         crate::with_timeout_of(session_timeout, options.check_may_campaign(&client, path)).await?;
-        Ok(ZkGroupStore {
-            servers,
-            path: path.to_owned(),
-            session_timeout,
-            access: options,
-            client: Arc::new(Mutex::new(client)),
-            requests: Arc::new(AtomicU64::new(0)),
-        })
+        let (path, client, requests) = (path.to_owned(), Arc::new(Mutex::new(client)), Arc::new(AtomicU64::new(0)));
+        Ok(ZkGroupStore { servers, path, session_timeout, access: options, client, requests })
     }
 
     /// How many requests this store has sent (reads count two: the member list and the

@@ -184,15 +184,17 @@ impl Session {
     fn call_timeout(&self) -> Duration {
         self.timeout / 2
     }
+
+    /// Connected, with no call of its own in flight.
+    fn idle(&self) -> bool {
+        self.connected && self.looking.is_none() && self.beating.is_none() && !self.deleting
+    }
 }
 
 #[derive(Debug)]
 enum Phase {
     /// No session: connect at `at` (unless a connect is in flight).
-    Connecting {
-        at: MonotonicTime,
-        in_flight: bool,
-    },
+    Connecting { at: MonotonicTime, in_flight: bool },
     InSession(Session),
     /// Done, with the shutdown's result.
     Stopped(Result<(), ElectorError>),
@@ -238,21 +240,10 @@ impl ZkLatch {
     /// A campaign of `identity` asking for sessions of `session_timeout`.
     pub fn new(identity: String, session_timeout: Duration) -> ZkLatch {
         ZkLatch {
-            identity,
-            session_timeout,
-            phase: Phase::Connecting { at: MonotonicTime::ZERO, in_flight: false },
-            leading: None,
-            valid_until: MonotonicTime::ZERO,
-            led_node: None,
-            spent: None,
-            spent_drain_until: MonotonicTime::ZERO,
-            guards_dropped: true,
-            connect_failures: 0,
-            release: None,
-            shown: Leadership::unknown(),
-            observed: None,
-            queued: VecDeque::new(),
-            reports: VecDeque::new(),
+            identity, session_timeout, phase: Phase::Connecting { at: MonotonicTime::ZERO, in_flight: false },
+            leading: None, valid_until: MonotonicTime::ZERO, led_node: None, spent: None,
+            spent_drain_until: MonotonicTime::ZERO, guards_dropped: true, connect_failures: 0, release: None,
+            shown: Leadership::unknown(), observed: None, queued: VecDeque::new(), reports: VecDeque::new(),
         }
     }
 
@@ -307,11 +298,9 @@ impl ZkLatch {
     fn session_lost(&mut self, now: MonotonicTime) {
         self.stop_leading("session expired or closed", StopReason::LockLost);
         self.show(Leadership::unknown());
-        if self.release.is_some() {
-            // Whatever was to be deleted went with the session.
-            if let Some(Release::Deleting(after)) = self.release {
-                self.finish_release(now, after, Ok(()));
-            }
+        // Whatever was to be deleted went with the session.
+        if let Some(Release::Deleting(after)) = self.release {
+            self.finish_release(now, after, Ok(()));
         }
         if !matches!(self.phase, Phase::Stopped(_)) {
             // The spent node went with the session too.
@@ -460,7 +449,7 @@ impl ElectionCore for ZkLatch {
                 *in_flight = true;
                 Some(ZkCall::Connect)
             }
-            Phase::InSession(s) if s.connected && s.looking.is_none() && s.beating.is_none() && !s.deleting => {
+            Phase::InSession(s) if s.idle() => {
                 // The call timeout, cut short at the self-fencing deadline while leading, so that
                 // no call outlasts the tenure (S1).
                 let limit = if leading { s.call_timeout().min(limit_leading - now) } else { s.call_timeout() };
@@ -489,10 +478,7 @@ impl ElectionCore for ZkLatch {
     }
 
     fn handle(&mut self, now: MonotonicTime, input: ZkInput) {
-        let current = match &self.phase {
-            Phase::InSession(s) => Some(s.id),
-            _ => None,
-        };
+        let current = self.session().map(|s| s.id);
         match input {
             ZkInput::Connected(result) => {
                 let Phase::Connecting { in_flight, .. } = &mut self.phase else { return };
@@ -501,21 +487,11 @@ impl ElectionCore for ZkLatch {
                     Ok((id, granted, guid)) => {
                         self.connect_failures = 0;
                         self.reports.push_back(Report::Reached);
-                        let timeout =
-                            if granted.is_zero() { self.session_timeout } else { granted.min(self.session_timeout) };
+                        let timeout = crate::granted_timeout(granted, self.session_timeout);
                         tracing::debug!(identity = %self.identity, session = id, ?timeout, "session established");
                         self.phase = Phase::InSession(Session {
-                            id,
-                            timeout,
-                            guid,
-                            own: None,
-                            connected: true,
-                            looking: None,
-                            look_at: Some(now),
-                            beating: None,
-                            next_heartbeat: now,
-                            deleting: false,
-                            failures: 0,
+                            id, timeout, guid, own: None, connected: true, looking: None, look_at: Some(now),
+                            beating: None, next_heartbeat: now, deleting: false, failures: 0,
                         });
                     }
                     Err(error) => {
@@ -609,10 +585,8 @@ impl ElectionCore for ZkLatch {
                     Ok(()) => tracing::debug!(identity = %self.identity, node = %node, "deleted node"),
                 }
                 if gone {
-                    if let Some(s) = self.session() {
-                        if s.own.as_ref().is_some_and(|own| own.name == node) {
-                            s.own = None;
-                        }
+                    if let Some(s) = self.session().filter(|s| s.own.as_ref().is_some_and(|own| own.name == node)) {
+                        s.own = None;
                     }
                     if self.spent.as_deref() == Some(node.as_str()) {
                         self.spent = None;
@@ -651,14 +625,7 @@ impl ElectionCore for ZkLatch {
             Phase::Connecting { at, in_flight: false } => times.push(*at),
             // What `poll_call` would start once its time comes; a call in flight, a spent node
             // (deleted first) or a release under way wake the core by other means.
-            Phase::InSession(s)
-                if s.connected
-                    && s.looking.is_none()
-                    && s.beating.is_none()
-                    && !s.deleting
-                    && !holding
-                    && self.spent.is_none() =>
-            {
+            Phase::InSession(s) if s.idle() && !holding && self.spent.is_none() => {
                 times.extend(s.look_at);
                 if self.leading.is_some() {
                     times.push(s.next_heartbeat);

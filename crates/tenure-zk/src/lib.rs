@@ -54,6 +54,7 @@ mod tls_probe;
 
 pub use group_store::ZkGroupStore;
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -167,10 +168,7 @@ impl ZkElection {
     /// exists and its ACL shuts this user out (a wrong password), fails with
     /// [`ZkError::NotAuthorized`] here rather than campaigning in vain.
     pub async fn connect_with(
-        servers: &str,
-        path: &str,
-        session_timeout: Duration,
-        options: ZkOptions,
+        servers: &str, path: &str, session_timeout: Duration, options: ZkOptions,
     ) -> Result<ZkElection, ZkError> {
         validate_path(path)?;
         if session_timeout < Duration::from_millis(100) {
@@ -204,15 +202,8 @@ impl ZkElection {
                 "ZooKeeper grants a different session timeout than asked for; the lease, the self-fencing deadline and the status follow what it grants"
             );
         }
-        Ok(ZkElection {
-            servers,
-            path: path.to_owned(),
-            session_timeout,
-            negotiated_timeout,
-            drain_timeout: negotiated_timeout * 2 / 3,
-            client: Arc::new(Mutex::new(client)),
-            access: options,
-        })
+        let (path, drain_timeout, client) = (path.to_owned(), negotiated_timeout * 2 / 3, Arc::new(Mutex::new(client)));
+        Ok(ZkElection { servers, path, session_timeout, negotiated_timeout, drain_timeout, client, access: options })
     }
 
     /// How long a resign or shutdown waits for the [`tenure::Tenure`] guards of the ending term
@@ -248,13 +239,11 @@ impl ZkElection {
         if identity.is_empty() {
             return Err(ZkError::EmptyIdentity);
         }
+        let (servers, path, access) = (self.servers.clone(), self.path.clone(), self.access.clone());
+        let address = tenure::redact::without_credentials(&servers).into_owned();
+        let (session_timeout, id) = (self.session_timeout, identity.clone());
         let transport = transport::ZkTransport::new(transport::Election {
-            servers: self.servers.clone(),
-            address: tenure::redact::without_credentials(&self.servers).into_owned(),
-            path: self.path.clone(),
-            session_timeout: self.session_timeout,
-            identity: identity.clone(),
-            access: self.access.clone(),
+            servers, address, path, session_timeout, identity: id, access,
         });
         let latch = latch::ZkLatch::new(identity.clone(), self.session_timeout);
         let drain_timeout = self.drain_timeout;
@@ -324,7 +313,7 @@ impl ZkElection {
 
     async fn read_leader(&self) -> Result<Option<ZkLeader>, ZkError> {
         let call_timeout = self.session_timeout;
-        let client = self.client.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let client = self.client();
         loop {
             let children = match with_timeout(call_timeout, client.list_children(&self.path)).await {
                 Ok(children) => children,
@@ -337,11 +326,8 @@ impl ZkElection {
             let node_path = format!("{}/{}", self.path, first);
             match with_timeout(call_timeout, client.get_data(&node_path)).await {
                 Ok((data, stat)) => {
-                    return Ok(Some(ZkLeader {
-                        identity: String::from_utf8_lossy(&data).into_owned(),
-                        term: term_of(stat.czxid),
-                        node: first,
-                    }))
+                    let identity = String::from_utf8_lossy(&data).into_owned();
+                    return Ok(Some(ZkLeader { identity, term: term_of(stat.czxid), node: first }));
                 }
                 // The leader left between the two reads: look again.
                 Err(ZkError::Request(zk::Error::NoNode)) => continue,
@@ -360,23 +346,15 @@ pub fn session_ended(error: &ZkError) -> bool {
 /// What a session really gets: the server's grant, never more than was asked for (a grant of
 /// zero, which no server sends, counts as the request).
 fn granted_timeout(granted: Duration, asked: Duration) -> Duration {
-    if granted.is_zero() {
-        asked
-    } else {
-        granted.min(asked)
-    }
+    if granted.is_zero() { asked } else { granted.min(asked) }
 }
 
 /// The core's timing that describes a ZooKeeper session: the lease is the session timeout, the
 /// renew deadline is the self-fencing margin (2/3), the retry period the leader's heartbeat (1/3).
 pub fn timing_of(session_timeout: Duration) -> Timing {
-    Timing {
-        lease_duration: session_timeout,
-        renew_deadline: session_timeout * 2 / 3,
-        retry_period: session_timeout / 3,
-        jitter_factor: 0.0,
-        call_timeout: session_timeout / 3,
-    }
+    let (lease_duration, retry_period) = (session_timeout, session_timeout / 3);
+    let renew_deadline = session_timeout * 2 / 3;
+    Timing { lease_duration, renew_deadline, retry_period, jitter_factor: 0.0, call_timeout: retry_period }
 }
 
 async fn open_session(servers: &str, session_timeout: Duration, options: &ZkOptions) -> Result<zk::Client, ZkError> {
@@ -388,20 +366,16 @@ async fn open_session(servers: &str, session_timeout: Duration, options: &ZkOpti
 }
 
 fn validate_path(path: &str) -> Result<(), ZkError> {
-    let invalid = |reason| Err(ZkError::InvalidPath { path: path.to_owned(), reason });
-    if !path.starts_with('/') {
-        return invalid("it must start with '/'");
+    let rules = [
+        (!path.starts_with('/'), "it must start with '/'"),
+        (path.len() < 2, "the root cannot be an election path"),
+        (path.ends_with('/'), "it must not end with '/'"),
+        (path.contains("//"), "it has an empty component"),
+    ];
+    match rules.into_iter().find(|(broken, _)| *broken) {
+        Some((_, reason)) => Err(ZkError::InvalidPath { path: path.to_owned(), reason }),
+        None => Ok(()),
     }
-    if path.len() < 2 {
-        return invalid("the root cannot be an election path");
-    }
-    if path.ends_with('/') {
-        return invalid("it must not end with '/'");
-    }
-    if path.contains("//") {
-        return invalid("it has an empty component");
-    }
-    Ok(())
 }
 
 /// A creation zxid as a term (zxids are positive).
@@ -409,21 +383,14 @@ fn term_of(czxid: i64) -> tenure::Term {
     tenure::Term::from_count(czxid)
 }
 
-async fn with_timeout<T>(
-    limit: Duration,
-    request: impl std::future::Future<Output = Result<T, zk::Error>>,
-) -> Result<T, ZkError> {
-    match tokio::time::timeout(limit, request).await {
-        Ok(result) => result.map_err(ZkError::Request),
-        Err(_) => Err(ZkError::Timeout(limit)),
-    }
+/// A request within `limit`.
+async fn with_timeout<T>(limit: Duration, request: impl Future<Output = Result<T, zk::Error>>) -> Result<T, ZkError> {
+    let answer = tokio::time::timeout(limit, request).await;
+    answer.map_or(Err(ZkError::Timeout(limit)), |result| result.map_err(ZkError::Request))
 }
 
 /// `check` within `limit`.
-async fn with_timeout_of<T>(
-    limit: Duration,
-    check: impl std::future::Future<Output = Result<T, ZkError>>,
-) -> Result<T, ZkError> {
+async fn with_timeout_of<T>(limit: Duration, check: impl Future<Output = Result<T, ZkError>>) -> Result<T, ZkError> {
     tokio::time::timeout(limit, check).await.unwrap_or(Err(ZkError::Timeout(limit)))
 }
 

@@ -51,14 +51,8 @@ pub(crate) struct ZkTransport {
 
 impl ZkTransport {
     pub(crate) fn new(election: Election) -> Self {
-        ZkTransport {
-            election: Arc::new(election),
-            sessions: 0,
-            client: None,
-            watches: None,
-            connected: Arc::default(),
-            looked: Arc::default(),
-        }
+        let (election, connected, looked) = (Arc::new(election), Arc::default(), Arc::default());
+        ZkTransport { election, sessions: 0, client: None, watches: None, connected, looked }
     }
 
     /// Takes over what finished calls handed over: a new session, the watches of a look.
@@ -114,41 +108,30 @@ impl Transport<ZkLatch> for ZkTransport {
                 return None;
             }
             ZkCall::Observe { session, own, guid, limit } => {
-                let client = self.client(session);
-                let looked = self.looked.clone();
+                let (client, looked) = (self.client(session), self.looked.clone());
                 Box::pin(async move {
-                    let result = match client {
-                        Ok(client) => observe(&client, &election, own, &guid, limit).await.map(|(look, watches)| {
-                            if let Some(watches) = watches {
-                                put(&looked, session, watches);
-                            }
-                            look
-                        }),
-                        Err(error) => Err(error),
+                    let result = async {
+                        let (look, watches) = observe(&client?, &election, own, &guid, limit).await?;
+                        if let Some(watches) = watches {
+                            put(&looked, session, watches);
+                        }
+                        Ok(look)
                     };
-                    ZkInput::Observed { session, result }
+                    ZkInput::Observed { session, result: result.await }
                 })
             }
             ZkCall::Heartbeat { session, node, limit } => {
-                let client = self.client(session);
+                let (client, path) = (self.client(session), node_path(&election, &node));
                 Box::pin(async move {
-                    let path = format!("{}/{node}", election.path);
-                    let result = match client {
-                        Ok(client) => with_timeout(limit, client.check_stat(&path)).await.map(|stat| stat.is_some()),
-                        Err(error) => Err(error),
-                    };
-                    ZkInput::Heartbeat { session, result }
+                    let result = async { with_timeout(limit, client?.check_stat(&path)).await };
+                    ZkInput::Heartbeat { session, result: result.await.map(|stat| stat.is_some()) }
                 })
             }
             ZkCall::Delete { session, node, limit } => {
-                let client = self.client(session);
+                let (client, path) = (self.client(session), node_path(&election, &node));
                 Box::pin(async move {
-                    let path = format!("{}/{node}", election.path);
-                    let result = match client {
-                        Ok(client) => match with_timeout(limit, client.delete(&path, None)).await {
-                            Ok(()) | Err(ZkError::Request(zk::Error::NoNode)) => Ok(()),
-                            Err(error) => Err(error),
-                        },
+                    let result = match async { with_timeout(limit, client?.delete(&path, None)).await }.await {
+                        Ok(()) | Err(ZkError::Request(zk::Error::NoNode)) => Ok(()),
                         Err(error) => Err(error),
                     };
                     ZkInput::Deleted { session, node, result }
@@ -208,11 +191,7 @@ fn node_path(election: &Election, name: &str) -> String {
 /// whose reply was lost is not repeated), and sets the watches of the own node, the predecessor
 /// and the leader.
 async fn observe(
-    client: &zk::Client,
-    election: &Election,
-    mut own: Option<OwnNode>,
-    guid: &str,
-    limit: Duration,
+    client: &zk::Client, election: &Election, mut own: Option<OwnNode>, guid: &str, limit: Duration,
 ) -> Result<(Look, Option<WatchFuture>), ZkError> {
     let again = |own| Ok((Look::Again { own, own_gone: false }, None));
     let children = match with_timeout(limit, client.list_children(&election.path)).await {
@@ -275,10 +254,7 @@ async fn make_path(client: &zk::Client, election: &Election, limit: Duration) ->
 
 /// Creates our ephemeral sequential node, named and filled as a LeaderLatch would.
 async fn create_node(
-    client: &zk::Client,
-    election: &Election,
-    guid: &str,
-    limit: Duration,
+    client: &zk::Client, election: &Election, guid: &str, limit: Duration,
 ) -> Result<Option<OwnNode>, ZkError> {
     let prefix = naming::node_prefix(&election.path, guid);
     let options = zk::CreateMode::EphemeralSequential.with_acls(election.access.acls());

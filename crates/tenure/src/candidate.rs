@@ -227,28 +227,11 @@ impl Candidate {
     /// does not poll); `seed` makes the jitter of its retries reproducible.
     pub fn new(identity: impl Into<String>, timing: Timing, has_watch: bool, seed: u64) -> Self {
         Candidate {
-            identity: identity.into(),
-            timing,
-            has_watch,
-            rng: SmallRng::seed_from_u64(seed),
-            mode: Mode::Campaigning,
-            observed: None,
-            tenure: None,
-            last_own_term: None,
-            highest_term_seen: Term(0),
-            pending: None,
-            needs_read: true,
-            next_attempt: MonotonicTime::ZERO,
-            hold_off_until: None,
-            published_holder: None,
-            events: VecDeque::new(),
-            notified_while_pending: None,
-            resync_after_pending: false,
-            deleted_lease_until: None,
-            consecutive_failures: 0,
-            coordinated: false,
-            granted: None,
-            handover_asked: None,
+            identity: identity.into(), timing, has_watch, rng: SmallRng::seed_from_u64(seed), mode: Mode::Campaigning,
+            observed: None, tenure: None, last_own_term: None, highest_term_seen: Term(0), pending: None,
+            needs_read: true, next_attempt: MonotonicTime::ZERO, hold_off_until: None, published_holder: None,
+            events: VecDeque::new(), notified_while_pending: None, resync_after_pending: false,
+            deleted_lease_until: None, consecutive_failures: 0, coordinated: false, granted: None, handover_asked: None,
         }
     }
 
@@ -390,10 +373,7 @@ impl Candidate {
         }
         let fence = self.tenure.as_ref().map(|t| t.valid_until);
         let attempt = if self.pending.is_some() { None } else { Some(self.next_attempt) };
-        match (fence, attempt) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        fence.into_iter().chain(attempt).min()
     }
 
     /// Decides what to do at `now`. `None`: nothing until [`Candidate::next_wakeup`] or a result or
@@ -422,24 +402,17 @@ impl Candidate {
             && (self.hold_off_until.is_none_or(|t| now >= t) || matches!(holder, Holder::Granted));
         match (self.mode, holder) {
             (Mode::Releasing(_), Holder::Ours) => {
-                let record = self.released_record(wall);
-                return self.write(now, WriteKind::Release, record);
+                return self.write(now, WriteKind::Release, self.released_record(wall));
             }
-            (Mode::Releasing(after), _) => {
-                self.finish_release(now, after);
-                return None;
-            }
+            (Mode::Releasing(after), _) => self.finish_release(now, after),
             (_, Holder::Ours) if self.tenure.is_some() => {
-                let record = self.renewed_record(wall);
-                return self.write(now, WriteKind::Renew, record);
+                return self.write(now, WriteKind::Renew, self.renewed_record(wall));
             }
             (_, Holder::Absent | Holder::Free | Holder::Ours | Holder::Granted) if may_acquire => {
-                let record = self.acquired_record(wall);
-                return self.write(now, WriteKind::Acquire, record);
+                return self.write(now, WriteKind::Acquire, self.acquired_record(wall));
             }
             (_, Holder::Other { expires_at }) if may_acquire && now >= expires_at => {
-                let record = self.acquired_record(wall);
-                return self.write(now, WriteKind::Acquire, record);
+                return self.write(now, WriteKind::Acquire, self.acquired_record(wall));
             }
             (Mode::Campaigning, Holder::Other { expires_at }) => {
                 // Wait for the exact moment the lease runs out; without notifications, look again
@@ -648,11 +621,9 @@ impl Candidate {
     }
 
     fn fence(&mut self, now: MonotonicTime) {
-        if let Some(tenure) = &self.tenure {
-            if now >= tenure.valid_until {
-                self.stop_leading(StopReason::RenewDeadlineExceeded);
-                self.tenure = None;
-            }
+        if self.tenure.as_ref().is_some_and(|t| now >= t.valid_until) {
+            self.stop_leading(StopReason::RenewDeadlineExceeded);
+            self.tenure = None;
         }
     }
 
@@ -664,10 +635,8 @@ impl Candidate {
     }
 
     fn same_as_observed(&self, stored: &Option<StoredRecord>) -> bool {
-        matches!(
-            (&self.observed, stored),
-            (Some(Observed { stored: Some(old), .. }), Some(new)) if old.version == new.version
-        ) || matches!((&self.observed, stored), (Some(Observed { stored: None, .. }), None))
+        let version = |stored: &Option<StoredRecord>| stored.as_ref().map(|s| s.version.clone());
+        self.observed.as_ref().is_some_and(|o| version(&o.stored) == version(stored))
     }
 
     fn observe(&mut self, now: MonotonicTime, stored: Option<StoredRecord>, authoritative: bool) {
@@ -742,13 +711,12 @@ impl Candidate {
     }
 
     fn publish_holder(&mut self) {
-        let (leader, term) = match self.observed_record() {
+        let current = match self.observed_record() {
             Some(r) if !r.holder_identity.is_empty() => {
                 (Some(r.holder_identity.clone()), Some(Term::from_count(r.leader_transitions)))
             }
             _ => (None, None),
         };
-        let current = (leader, term);
         if self.published_holder.as_ref() != Some(&current) {
             self.published_holder = Some(current.clone());
             self.events.push_back(Event::LeaderObserved { leader: current.0, term: current.1 });
@@ -790,10 +758,7 @@ impl Candidate {
     fn classify_record(&self) -> Holder {
         let Some(observed) = &self.observed else { return Holder::Absent };
         let Some(stored) = &observed.stored else {
-            return match self.deleted_lease_until {
-                Some(expires_at) => Holder::Other { expires_at },
-                None => Holder::Absent,
-            };
+            return self.deleted_lease_until.map_or(Holder::Absent, |expires_at| Holder::Other { expires_at });
         };
         if self.is_own_tenure(Some(stored)) {
             return Holder::Ours;
@@ -832,23 +797,19 @@ impl Candidate {
 
     fn acquired_record(&self, wall: DateTime<Utc>) -> LeaderElectionRecord {
         let observed = self.observed_record().map_or(0, |r| r.leader_transitions.max(0) as u64);
-        let term = Term(observed.max(self.highest_term_seen.0)).next();
-        LeaderElectionRecord {
-            holder_identity: self.identity.clone(),
-            lease_duration_seconds: i64::from(self.timing.lease_seconds()),
-            acquire_time: Some(wall),
-            renew_time: Some(wall),
-            leader_transitions: i64::try_from(term.0).unwrap_or(i64::MAX),
-            ..Default::default()
-        }
+        self.own_record(wall, Term(observed.max(self.highest_term_seen.0)).next(), Some(wall))
     }
 
     fn renewed_record(&self, wall: DateTime<Utc>) -> LeaderElectionRecord {
-        let term = self.tenure.as_ref().map_or(Term(0), |t| t.term);
+        let tenure = self.tenure.as_ref();
+        self.own_record(wall, tenure.map_or(Term(0), |t| t.term), tenure.and_then(|t| t.acquire_time))
+    }
+
+    fn own_record(&self, wall: DateTime<Utc>, term: Term, acquire_time: Option<DateTime<Utc>>) -> LeaderElectionRecord {
         LeaderElectionRecord {
             holder_identity: self.identity.clone(),
             lease_duration_seconds: i64::from(self.timing.lease_seconds()),
-            acquire_time: self.tenure.as_ref().and_then(|t| t.acquire_time),
+            acquire_time,
             renew_time: Some(wall),
             leader_transitions: i64::try_from(term.0).unwrap_or(i64::MAX),
             ..Default::default()

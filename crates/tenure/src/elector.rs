@@ -139,15 +139,8 @@ pub enum ElectorCommand {
 impl Elector {
     /// Starts building a candidate named `identity` on `lock`.
     pub fn builder(identity: impl Into<String>, lock: impl RecordLock) -> ElectorBuilder {
-        let timing = Timing::default();
-        ElectorBuilder {
-            identity: identity.into(),
-            lock: Arc::new(lock),
-            timing,
-            drain_timeout: timing.renew_deadline,
-            seed: None,
-            coordinated: false,
-        }
+        let (timing, identity, lock) = (Timing::default(), identity.into(), Arc::new(lock));
+        ElectorBuilder { identity, lock, timing, drain_timeout: timing.renew_deadline, seed: None, coordinated: false }
     }
 
     /// A handle around a native driver: `driver` receives the publishing half of the leadership
@@ -169,21 +162,6 @@ impl Elector {
         let (commands, command_rx) = mpsc::channel(8);
         let task = tokio::spawn(driver(publisher, command_rx));
         Elector { identity: identity.into(), timing, subscriber, commands, task: Some(task) }
-    }
-
-    /// This candidate's identity.
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
-    /// The timing it runs with.
-    pub fn timing(&self) -> &Timing {
-        &self.timing
-    }
-
-    /// A receiver that wakes on every change of leader, term or role.
-    pub fn subscribe(&self) -> watch::Receiver<Leadership> {
-        self.subscriber.leadership()
     }
 
     /// The latest leadership snapshot.
@@ -208,16 +186,6 @@ impl Elector {
         self.subscriber.stats()
     }
 
-    /// A guard for the current tenure, if this instance leads.
-    pub fn tenure(&self) -> Option<Tenure> {
-        self.subscriber.tenure()
-    }
-
-    /// Waits until this instance leads and returns the guard of its tenure.
-    pub async fn acquired(&self) -> Result<Tenure, ElectorError> {
-        self.subscriber.acquired().await.ok_or(ElectorError::Stopped)
-    }
-
     /// Gives up leadership if held: ends the tenure, waits for its guards (up to the drain
     /// timeout), releases the lock so another candidate takes over at once, and stays a candidate
     /// that will not take the lock back for one lease unless nobody else does.
@@ -227,12 +195,8 @@ impl Elector {
 
     /// A cloneable view of this elector that does not keep it running: see [`ElectorView`].
     pub fn view(&self) -> ElectorView {
-        ElectorView {
-            identity: self.identity.clone(),
-            timing: self.timing,
-            subscriber: self.subscriber.clone(),
-            commands: self.commands.downgrade(),
-        }
+        let (identity, subscriber) = (self.identity.clone(), self.subscriber.clone());
+        ElectorView { identity, timing: self.timing, subscriber, commands: self.commands.downgrade() }
     }
 
     /// Stops: ends the tenure if leading, waits for its guards (up to the drain timeout), writes
@@ -283,32 +247,41 @@ pub struct ElectorView {
     commands: mpsc::WeakSender<ElectorCommand>,
 }
 
+/// The accessors an [`Elector`] and its [`ElectorView`]s share, written once.
+macro_rules! shared_accessors {
+    ($($handle:ty),*) => {$(
+        impl $handle {
+            /// The candidate's identity.
+            pub fn identity(&self) -> &str {
+                &self.identity
+            }
+
+            /// The timing the elector runs with (bounds how long work may outlive a lost tenure).
+            pub fn timing(&self) -> &Timing {
+                &self.timing
+            }
+
+            /// A receiver that wakes on every change of leader, term or role.
+            pub fn subscribe(&self) -> watch::Receiver<Leadership> {
+                self.subscriber.leadership()
+            }
+
+            /// A guard for the current tenure, if this instance leads.
+            pub fn tenure(&self) -> Option<Tenure> {
+                self.subscriber.tenure()
+            }
+
+            /// Waits until this instance leads and returns the guard of its tenure;
+            /// [`ElectorError::Stopped`] once the elector has stopped.
+            pub async fn acquired(&self) -> Result<Tenure, ElectorError> {
+                self.subscriber.acquired().await.ok_or(ElectorError::Stopped)
+            }
+        }
+    )*};
+}
+shared_accessors!(Elector, ElectorView);
+
 impl ElectorView {
-    /// The candidate's identity.
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
-    /// The timing the elector runs with (bounds how long work may outlive a lost tenure).
-    pub fn timing(&self) -> &Timing {
-        &self.timing
-    }
-
-    /// A receiver that wakes on every change of leader, term or role.
-    pub fn subscribe(&self) -> watch::Receiver<Leadership> {
-        self.subscriber.leadership()
-    }
-
-    /// A guard for the current tenure, if this instance leads.
-    pub fn tenure(&self) -> Option<Tenure> {
-        self.subscriber.tenure()
-    }
-
-    /// Waits until this instance leads; [`ElectorError::Stopped`] once the elector has stopped.
-    pub async fn acquired(&self) -> Result<Tenure, ElectorError> {
-        self.subscriber.acquired().await.ok_or(ElectorError::Stopped)
-    }
-
     /// Resigns as [`Elector::resign`] does; [`ElectorError::Stopped`] if the elector is gone.
     pub async fn resign(&self) -> Result<(), ElectorError> {
         let commands = self.commands.upgrade().ok_or(ElectorError::Stopped)?;

@@ -60,13 +60,8 @@ impl FailureLog {
     pub fn reached(&mut self, stats: &StatsRecorder, identity: &str) {
         if let Some((failed_calls, since)) = stats.record_lock_reached() {
             self.last_warning = None;
-            let down_for = since.elapsed().unwrap_or_default();
-            tracing::info!(
-                identity,
-                failed_calls,
-                unreachable_for_seconds = down_for.as_secs_f64(),
-                "the lock is reachable again"
-            );
+            let unreachable_for_seconds = since.elapsed().unwrap_or_default().as_secs_f64();
+            tracing::info!(identity, failed_calls, unreachable_for_seconds, "the lock is reachable again");
         }
     }
 }

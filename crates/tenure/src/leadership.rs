@@ -236,11 +236,8 @@ impl Tenure {
 
     /// The term if the tenure is still valid: call before a side effect.
     pub fn check(&self) -> Result<Term, NotLeader> {
-        if self.is_valid() {
-            Ok(self.shared.term)
-        } else {
-            Err(NotLeader { term: self.shared.term })
-        }
+        let term = self.shared.term;
+        self.is_valid().then_some(term).ok_or(NotLeader { term })
     }
 
     /// The instant at which the tenure ends unless the next renew succeeds.
@@ -353,27 +350,19 @@ impl Publisher {
         let (leadership, leadership_rx) = watch::channel(Leadership::unknown());
         let (current, current_rx) = watch::channel(None);
         let stats = Arc::new(Mutex::new(ElectorStats::default()));
-        (
-            Publisher {
-                stats: stats.clone(),
-                recorder: StatsRecorder { stats: stats.clone() },
-                leadership,
-                current,
-                ending: Vec::new(),
-            },
-            Subscriber { stats, leadership: leadership_rx, current: current_rx },
-        )
+        let recorder = StatsRecorder { stats: stats.clone() };
+        let publisher = Publisher { stats: stats.clone(), recorder, leadership, current, ending: Vec::new() };
+        (publisher, Subscriber { stats, leadership: leadership_rx, current: current_rx })
     }
 
     /// Publishes a snapshot; subscribers wake only if it differs from the last one.
     pub fn publish(&self, leadership: Leadership) {
         self.leadership.send_if_modified(|old| {
-            if *old == leadership {
-                false
-            } else {
+            let changed = *old != leadership;
+            if changed {
                 *old = leadership;
-                true
             }
+            changed
         });
     }
 
@@ -412,12 +401,8 @@ impl Publisher {
             stats.last_renew_started = Some(Instant::now());
         }
         let shared = Arc::new(TenureShared {
-            term,
-            valid_until: Mutex::new(valid_until),
-            is_over: AtomicBool::new(false),
-            ended: CancellationToken::new(),
-            guards: AtomicUsize::new(0),
-            all_dropped: Notify::new(),
+            term, valid_until: Mutex::new(valid_until), is_over: AtomicBool::new(false),
+            ended: CancellationToken::new(), guards: AtomicUsize::new(0), all_dropped: Notify::new(),
         });
         self.current.send_replace(Some(shared));
     }
@@ -436,12 +421,11 @@ impl Publisher {
             None => return true,
             Some(shared) => {
                 let mut deadline = shared.valid_until.lock().unwrap_or_else(|e| e.into_inner());
-                if Instant::now() >= *deadline {
-                    true
-                } else {
+                let lapsed = Instant::now() >= *deadline;
+                if !lapsed {
                     *deadline = (*deadline).max(valid_until);
-                    false
                 }
+                lapsed
             }
         };
         if lapsed {

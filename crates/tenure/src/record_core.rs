@@ -98,9 +98,7 @@ impl ElectionCore for RecordCore {
                     self.reports.push_back(Report::Renewed { started, latency });
                 }
                 self.reports.push_back(match &result {
-                    Err(error) if !error.is_conflict() => {
-                        Report::Failed { what: "writing the lock", error: error.to_string() }
-                    }
+                    Err(e) if !e.is_conflict() => Report::Failed { what: "writing the lock", error: e.to_string() },
                     // A conflict is an answer: the store is reachable.
                     _ => Report::Reached,
                 });
@@ -131,10 +129,7 @@ impl ElectionCore for RecordCore {
     }
 
     fn poll_timeout(&self) -> Option<MonotonicTime> {
-        match (self.candidate.next_wakeup(), self.reopen_watch_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.candidate.next_wakeup().into_iter().chain(self.reopen_watch_at).min()
     }
 
     fn poll_report(&mut self) -> Option<Report> {
@@ -180,11 +175,8 @@ impl ElectionCore for RecordCore {
             let fenced_self = r.holder_identity == identity && role == Role::Follower;
             !r.holder_identity.is_empty() && !fenced_self
         });
-        Leadership {
-            leader: record.map(|r| r.holder_identity.clone()),
-            term: record.map(|r| Term::from_count(r.leader_transitions)),
-            role,
-        }
+        let term = record.map(|r| Term::from_count(r.leader_transitions));
+        Leadership { leader: record.map(|r| r.holder_identity.clone()), term, role }
     }
 
     fn wait(&self, now: MonotonicTime) -> Option<(WaitReason, MonotonicTime)> {

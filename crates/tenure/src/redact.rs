@@ -21,25 +21,14 @@ use std::borrow::Cow;
 /// assert_eq!(redact_credentials("127.0.0.1:2379"), "127.0.0.1:2379");
 /// ```
 pub fn redact_credentials(text: &str) -> Cow<'_, str> {
-    if !text.contains('@') {
-        return Cow::Borrowed(text);
-    }
-    let (scheme, rest) = match text.find("://") {
-        Some(index) => text.split_at(index + 3),
-        None => ("", text),
-    };
-    let servers: Vec<String> = rest
-        .split(',')
-        .map(|server| match server.rsplit_once('@') {
-            Some((userinfo, host)) => match userinfo.split_once(':') {
-                Some((user, _password)) => format!("{user}:***@{host}"),
-                // A user name alone is no secret.
-                None => server.to_owned(),
-            },
+    each_server(text, |server| match server.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{user}:***@{host}"),
+            // A user name alone is no secret.
             None => server.to_owned(),
-        })
-        .collect();
-    Cow::Owned(format!("{scheme}{}", servers.join(",")))
+        },
+        None => server.to_owned(),
+    })
 }
 
 /// `text` (an endpoint, a server list or a URL) without any `user:password@`, for the address a
@@ -52,6 +41,12 @@ pub fn redact_credentials(text: &str) -> Cow<'_, str> {
 /// assert_eq!(without_credentials("http://me:s3cret@10.0.0.1:2379"), "http://10.0.0.1:2379");
 /// ```
 pub fn without_credentials(text: &str) -> Cow<'_, str> {
+    each_server(text, |server| server.rsplit_once('@').map_or(server, |(_, host)| host).to_owned())
+}
+
+/// `text` with every server of its comma-separated list (after any `scheme://`) rewritten by
+/// `rewrite`; borrowed, unchanged, when it holds no `@` and so no user information.
+fn each_server(text: &str, rewrite: impl Fn(&str) -> String) -> Cow<'_, str> {
     if !text.contains('@') {
         return Cow::Borrowed(text);
     }
@@ -59,8 +54,7 @@ pub fn without_credentials(text: &str) -> Cow<'_, str> {
         Some(index) => text.split_at(index + 3),
         None => ("", text),
     };
-    let servers: Vec<&str> =
-        rest.split(',').map(|server| server.rsplit_once('@').map_or(server, |(_, host)| host)).collect();
+    let servers: Vec<String> = rest.split(',').map(rewrite).collect();
     Cow::Owned(format!("{scheme}{}", servers.join(",")))
 }
 

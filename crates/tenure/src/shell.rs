@@ -152,16 +152,8 @@ pub async fn run<C: ElectionCore, T: Transport<C>>(
     let mut transport = transport;
     transport.attach(origin);
     let mut shell = Shell {
-        origin,
-        core,
-        transport,
-        publisher,
-        drain_timeout,
-        failures: FailureLog::new(),
-        handover_requested: false,
-        calls: FuturesUnordered::new(),
-        guards: None,
-        stopping: None,
+        origin, core, transport, publisher, drain_timeout, failures: FailureLog::new(), handover_requested: false,
+        calls: FuturesUnordered::new(), guards: None, stopping: None,
     };
     shell.run(commands).await;
     shell.publisher.end_tenure();
@@ -248,13 +240,12 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
                 Wake::Input(input) => self.core.handle(now, input),
                 Wake::Timer => {}
                 Wake::Command(command) => {
+                    // Commands are only received while the channel is open: None closes it.
+                    commands_open = command.is_some();
                     let (after, reply) = match command {
                         Some(ElectorCommand::Resign(reply)) => (AfterRelease::Campaign, Some(reply)),
                         Some(ElectorCommand::Shutdown(reply)) => (AfterRelease::Stop, Some(reply)),
-                        None => {
-                            commands_open = false;
-                            (AfterRelease::Stop, None)
-                        }
+                        None => (AfterRelease::Stop, None),
                     };
                     self.begin_stop(after, reply);
                 }
@@ -357,10 +348,7 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
             match report {
                 Report::Failed { what, error } => self.failures.failed(recorder, identity, what, &error),
                 Report::Reached => self.failures.reached(recorder, identity),
-                Report::Renewed { started, latency } => {
-                    let started = self.origin + started.0.min(FAR_FUTURE);
-                    recorder.record_renew(started, latency.ok_or(()));
-                }
+                Report::Renewed { started, latency } => recorder.record_renew(self.instant(started), latency.ok_or(())),
                 Report::Event(event) => self.publish_event(event),
             }
         }
@@ -384,21 +372,13 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
                 tracing::info!(identity = %identity, term = term.0, reason, "stopped leading");
             }
             Event::HandoverRequested { term, to } => {
-                tracing::info!(
-                    identity = %identity,
-                    term = term.0,
-                    preferred = %to,
-                    "the coordinator prefers another candidate: handing over (drain, then release)"
-                );
+                let message = "the coordinator prefers another candidate: handing over (drain, then release)";
+                tracing::info!(identity = %identity, term = term.0, preferred = %to, "{message}");
                 self.handover_requested = true;
             }
             Event::LeaderObserved { leader, term } => {
-                tracing::info!(
-                    identity = %identity,
-                    leader = leader.as_deref().unwrap_or(""),
-                    term = term.map(|t| t.0),
-                    "leader observed"
-                );
+                let leader = leader.as_deref().unwrap_or("");
+                tracing::info!(identity = %identity, leader, term = term.map(|t| t.0), "leader observed");
             }
         }
     }
@@ -418,13 +398,10 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
                 tracing::info!(identity, "not taking the lock: {}", wait.reason.describe());
             } else if let Some(wait) = wait {
                 let until = chrono::DateTime::<chrono::Utc>::from(wait.until_wall);
-                tracing::info!(
-                    identity,
-                    until = %until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                    in_seconds = wait.until.saturating_duration_since(Instant::now()).as_secs_f64().round(),
-                    "waiting before taking the lock: {}",
-                    wait.reason.describe()
-                );
+                let until = until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                let in_seconds = wait.until.saturating_duration_since(Instant::now()).as_secs_f64().round();
+                let reason = wait.reason.describe();
+                tracing::info!(identity, %until, in_seconds, "waiting before taking the lock: {reason}");
             }
         }
     }

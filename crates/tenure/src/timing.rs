@@ -104,13 +104,8 @@ impl Timing {
         renew_deadline: Duration,
         retry_period: Duration,
     ) -> Result<Self, TimingError> {
-        let timing = Timing {
-            lease_duration,
-            renew_deadline,
-            retry_period,
-            jitter_factor: DEFAULT_JITTER_FACTOR,
-            call_timeout: renew_deadline / 2,
-        };
+        let (jitter_factor, call_timeout) = (DEFAULT_JITTER_FACTOR, renew_deadline / 2);
+        let timing = Timing { lease_duration, renew_deadline, retry_period, jitter_factor, call_timeout };
         timing.validate()?;
         Ok(timing)
     }
@@ -139,21 +134,16 @@ impl Timing {
         if self.lease_duration < Duration::from_secs(1) || self.lease_duration > Duration::from_secs(24 * 3600) {
             return Err(TimingError::LeaseOutOfRange(self.lease_duration));
         }
-        if self.lease_duration <= self.renew_deadline {
-            return Err(TimingError::LeaseNotAboveRenewDeadline {
-                lease: self.lease_duration,
-                renew: self.renew_deadline,
-            });
+        let (lease, renew) = (self.lease_duration, self.renew_deadline);
+        let (retry, jitter) = (self.retry_period, self.jitter_factor);
+        if lease <= renew {
+            return Err(TimingError::LeaseNotAboveRenewDeadline { lease, renew });
         }
-        if self.renew_deadline.as_secs_f64() <= self.jitter_factor * self.retry_period.as_secs_f64() {
-            return Err(TimingError::RenewDeadlineTooShort {
-                renew: self.renew_deadline,
-                retry: self.retry_period,
-                jitter: self.jitter_factor,
-            });
+        if renew.as_secs_f64() <= jitter * retry.as_secs_f64() {
+            return Err(TimingError::RenewDeadlineTooShort { renew, retry, jitter });
         }
-        if self.call_timeout >= self.renew_deadline {
-            return Err(TimingError::CallTimeoutTooLong { call: self.call_timeout, renew: self.renew_deadline });
+        if self.call_timeout >= renew {
+            return Err(TimingError::CallTimeoutTooLong { call: self.call_timeout, renew });
         }
         Ok(())
     }

@@ -86,14 +86,11 @@ fn main() -> ExitCode {
         .unwrap_or_else(|_| "rustc (version unknown)".to_owned());
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let workspace = std::fs::canonicalize(&workspace).unwrap_or(workspace);
-    let builds: Vec<String> = binaries
-        .iter()
-        .map(|b| {
-            let b = std::fs::canonicalize(b).unwrap_or_else(|_| b.clone());
-            b.strip_prefix(&workspace).unwrap_or(&b).display().to_string()
-        })
-        .collect();
-    let builds = builds.join(" and ");
+    let relative = |b: &PathBuf| {
+        let b = std::fs::canonicalize(b).unwrap_or_else(|_| b.clone());
+        b.strip_prefix(&workspace).unwrap_or(&b).display().to_string()
+    };
+    let builds = binaries.iter().map(relative).collect::<Vec<_>>().join(" and ");
     let recorded_with = format!(
         "{rustc}, {}-{}, {builds}; Kubernetes Lease and file lock, leader and follower with --http, {} s steady state, {} paths x {ASKS}",
         std::env::consts::ARCH,
@@ -127,11 +124,7 @@ fn record_binary(binary: &Path, scratch: &Path, kubeconfig: &Path, steady: Durat
 /// A leader and a follower of one scenario under callgrind: the functions they ran from the
 /// moment they knew the leader to the end of the probes.
 fn record(
-    binary: &Path,
-    scratch: &Path,
-    scenario: &str,
-    arguments: &dyn Fn(&str) -> Vec<String>,
-    kubeconfig: Option<&Path>,
+    binary: &Path, scratch: &Path, scenario: &str, arguments: &dyn Fn(&str) -> Vec<String>, kubeconfig: Option<&Path>,
     steady: Duration,
 ) -> BTreeSet<String> {
     let mut candidates = Vec::new();
@@ -196,13 +189,9 @@ fn start_apiserver(binary: &Path, scratch: &Path, kubeconfig: &Path) -> ChildGua
 }
 
 fn callgrind_control(child: &ChildGuard, arguments: &[&str]) {
-    let status = Command::new("callgrind_control")
-        .args(arguments)
-        .arg(child.pid().to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("run callgrind_control");
+    let mut command = Command::new("callgrind_control");
+    command.args(arguments).arg(child.pid().to_string()).stdout(Stdio::null()).stderr(Stdio::null());
+    let status = command.status().expect("run callgrind_control");
     assert!(status.success(), "callgrind_control {arguments:?} failed for {}", child.name());
 }
 

@@ -225,22 +225,16 @@ impl FileLock {
     /// directory now.
     pub fn open(path: impl AsRef<Path>) -> Result<FileLock, FileLockError> {
         let given = path.as_ref();
-        let path = std::path::absolute(given).map_err(|error| FileLockError::Io {
-            action: "resolve",
-            path: given.to_owned(),
-            error,
-        })?;
+        let resolve_error = |error| FileLockError::Io { action: "resolve", path: given.to_owned(), error };
+        let path = std::path::absolute(given).map_err(resolve_error)?;
         let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
             return Err(FileLockError::NotAFile(path));
         };
         if fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
             return Err(FileLockError::NotAFile(path));
         }
-        create_directories(dir).map_err(|error| FileLockError::Io {
-            action: "create directory",
-            path: dir.to_owned(),
-            error,
-        })?;
+        let create_error = |error| FileLockError::Io { action: "create directory", path: dir.to_owned(), error };
+        create_directories(dir).map_err(create_error)?;
 
         // A long name is cut, with a hash of the whole name so that two locks whose names
         // share the cut part never share temporary files or claims.
@@ -322,14 +316,8 @@ impl FileLock {
         let inotify = Inotify::init().map_err(|error| {
             LockError::Unavailable(format!("cannot watch {}: inotify is unavailable: {error}", dir.display()))
         })?;
-        let mask = WatchMask::MOVED_TO
-            | WatchMask::CREATE
-            | WatchMask::MOVED_FROM
-            | WatchMask::CLOSE_WRITE
-            | WatchMask::DELETE
-            | WatchMask::DELETE_SELF
-            | WatchMask::MOVE_SELF
-            | WatchMask::ONLYDIR;
+        let mask = WatchMask::MOVED_TO | WatchMask::CREATE | WatchMask::MOVED_FROM | WatchMask::CLOSE_WRITE
+            | WatchMask::DELETE | WatchMask::DELETE_SELF | WatchMask::MOVE_SELF | WatchMask::ONLYDIR;
         match inotify.watches().add(dir, mask) {
             Ok(_) => {}
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
@@ -452,10 +440,7 @@ fn read_snapshot(path: &Path) -> Result<Option<Snapshot>, LockError> {
         return Ok(Some(raw_snapshot(None, hash.0, "the path is not a regular file".to_owned())));
     }
     let mut content = Vec::new();
-    (&mut file)
-        .take(MAX_DOCUMENT_BYTES + 1)
-        .read_to_end(&mut content)
-        .map_err(|error| io_error("read", path, error))?;
+    (&mut file).take(MAX_DOCUMENT_BYTES + 1).read_to_end(&mut content).map_err(|error| io_error("read", path, error))?;
     let mut hash = ContentHash::new();
     hash.add(&content);
     if content.len() as u64 > MAX_DOCUMENT_BYTES {
@@ -469,13 +454,11 @@ fn read_snapshot(path: &Path) -> Result<Option<Snapshot>, LockError> {
 
 fn decode(content: &[u8], hash: u64) -> Snapshot {
     match serde_json::from_slice::<DocumentIn>(content) {
-        Ok(document) => Snapshot {
-            generation: Some(document.generation),
-            stored: StoredRecord {
-                version: document_version(document.generation, hash),
-                record: LeaderElectionRecord::from_json(&document.record.to_string()),
-            },
-        },
+        Ok(document) => {
+            let version = document_version(document.generation, hash);
+            let record = LeaderElectionRecord::from_json(&document.record.to_string());
+            Snapshot { generation: Some(document.generation), stored: StoredRecord { version, record } }
+        }
         Err(error) => {
             // Keep counting from a generation that survived, so versions keep increasing.
             let generation = serde_json::from_slice::<serde_json::Value>(content)
@@ -487,13 +470,8 @@ fn decode(content: &[u8], hash: u64) -> Snapshot {
 }
 
 fn raw_snapshot(generation: Option<u64>, hash: u64, reason: String) -> Snapshot {
-    Snapshot {
-        generation,
-        stored: StoredRecord {
-            version: Version(format!("raw-{hash:016x}")),
-            record: Err(RecordError::Malformed(reason)),
-        },
-    }
+    let version = Version(format!("raw-{hash:016x}"));
+    Snapshot { generation, stored: StoredRecord { version, record: Err(RecordError::Malformed(reason)) } }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -502,11 +480,8 @@ fn raw_snapshot(generation: Option<u64>, hash: u64, reason: String) -> Snapshot 
 /// Creates (`expected == None`) or updates the record by compare-and-swap, holding nothing that a
 /// stopped process could keep from others (see "Protocol" in the module documentation).
 fn write(
-    paths: &Paths,
-    steal_after: Duration,
-    cancelled: &AtomicBool,
-    expected: Option<&Version>,
-    record: &LeaderElectionRecord,
+    paths: &Paths, steal_after: Duration, cancelled: &AtomicBool,
+    expected: Option<&Version>, record: &LeaderElectionRecord,
 ) -> Result<Version, LockError> {
     let writes = paths.writes.fetch_add(1, Ordering::Relaxed);
     #[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; the workspace supports 1.80
@@ -725,11 +700,8 @@ impl OtherClaims {
 
     /// Waits for (or takes over) the lowest pending claim, if any.
     fn first_pending(
-        &mut self,
-        claims: &BTreeMap<u64, PathBuf>,
-        file_inode: Option<(u64, u64)>,
-        steal_after: Duration,
-        paths: &Paths,
+        &mut self, claims: &BTreeMap<u64, PathBuf>, file_inode: Option<(u64, u64)>,
+        steal_after: Duration, paths: &Paths,
     ) -> Wait {
         for claim in claims.values() {
             if let ClaimState::Pending(inode) = self.state(claim, file_inode) {
@@ -738,7 +710,6 @@ impl OtherClaims {
         }
         Wait::None
     }
-
 }
 
 /// Makes a pending claim dead: removes its writer's temporary file (found by inode, and only
@@ -749,9 +720,7 @@ impl OtherClaims {
 fn take_over(paths: &Paths, claim: &Path, inode: (u64, u64)) -> bool {
     let Ok(entries) = fs::read_dir(&paths.dir) else { return false };
     for entry in entries.flatten() {
-        if temp_pid(paths, entry.file_name().as_bytes()).is_none() {
-            continue;
-        }
+        let Some(_pid) = temp_pid(paths, entry.file_name().as_bytes()) else { continue };
         let path = entry.path();
         let same = fs::symlink_metadata(&path).is_ok_and(|m| (m.dev(), m.ino()) == inode && m.nlink() >= 2);
         if same && inode_of(claim) == Some(inode) && fs::remove_file(&path).is_ok() {
@@ -912,11 +881,10 @@ fn changes(
     let watch = Watch { paths, armed: Some(inotify), events: None, delivered: None };
     stream::unfold(Some(watch), |watch| async move {
         let mut watch = watch?;
-        match watch.next_change().await {
-            Some(Ok(stored)) => Some((Ok(stored), Some(watch))),
-            Some(Err(error)) => Some((Err(error), None)),
-            None => None,
-        }
+        let change = watch.next_change().await?;
+        // An error ends the stream.
+        let next = change.is_ok().then_some(watch);
+        Some((change, next))
     })
 }
 
@@ -981,10 +949,8 @@ impl Watch {
                 None if burst.touches_file || burst.broken.is_some() => break,
                 None => return None,
             }
-            match events.next().now_or_never() {
-                Some(event) => next = event,
-                None => break,
-            }
+            let Some(event) = events.next().now_or_never() else { break };
+            next = event;
         }
         Some(Ok(burst))
     }
@@ -1035,10 +1001,7 @@ fn validate_election_name(election: &str) -> Result<(), FileLockError> {
 
 /// [`FileLock::default_path`] with its environment passed in, for tests.
 fn default_path_in(
-    election: &str,
-    runtime_dir: Option<&OsStr>,
-    temp_dir: &Path,
-    uid: u32,
+    election: &str, runtime_dir: Option<&OsStr>, temp_dir: &Path, uid: u32,
 ) -> Result<PathBuf, FileLockError> {
     validate_election_name(election)?;
     let file_name = format!("{election}.json");

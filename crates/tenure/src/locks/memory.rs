@@ -243,10 +243,7 @@ impl RecordLock for MemoryLock {
     }
 
     fn watch(&self) -> Option<ChangeStream> {
-        {
-            let mut state = lock_state(&self.shared);
-            state.counts.entry(self.client.clone()).or_default().watch += 1;
-        }
+        lock_state(&self.shared).counts.entry(self.client.clone()).or_default().watch += 1;
         let mut changes = self.shared.changed.subscribe();
         changes.mark_unchanged();
         let lock = self.clone();
@@ -262,8 +259,7 @@ impl RecordLock for MemoryLock {
                     let error = LockError::Unavailable(format!("client {} is partitioned", lock.client));
                     return Some((Err(error), None));
                 }
-                let record = current(&state);
-                Some((Ok(record), Some(changes)))
+                Some((Ok(current(&state)), Some(changes)))
             }
         })))
     }
