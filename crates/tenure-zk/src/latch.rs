@@ -230,6 +230,8 @@ pub struct ZkLatch {
     guards_dropped: bool,
     connect_failures: u32,
     release: Option<Release>,
+    /// The step-down ended a tenure: a resign releases its node (whatever is shown meanwhile).
+    stepped_from_leading: bool,
     shown: Leadership,
     observed: Option<Option<(String, Term)>>,
     queued: VecDeque<ZkCall>,
@@ -243,6 +245,7 @@ impl ZkLatch {
             identity, session_timeout, phase: Phase::Connecting { at: MonotonicTime::ZERO, in_flight: false },
             leading: None, valid_until: MonotonicTime::ZERO, led_node: None, spent: None,
             spent_drain_until: MonotonicTime::ZERO, guards_dropped: true, connect_failures: 0, release: None,
+            stepped_from_leading: false,
             shown: Leadership::unknown(), observed: None, queued: VecDeque::new(), reports: VecDeque::new(),
         }
     }
@@ -344,7 +347,8 @@ impl ZkLatch {
         let valid_until = started + margin;
         // A node whose tenure ended is never led on again (S2): it is deleted first. A look
         // answered after the connection was lost proves nothing about the session.
-        let may_lead = connected && self.spent.is_none();
+        let releasing = matches!(self.release, Some(Release::Holding | Release::Deleting(_)));
+        let may_lead = connected && self.spent.is_none() && !releasing;
         let role = if is_leader && !may_lead && self.leading.is_none() {
             Role::Follower
         } else if is_leader && now >= valid_until {
@@ -379,8 +383,9 @@ impl ZkLatch {
         self.show(leadership);
         // A spent node goes first; a look that came too late to lead is taken again.
         let again = self.spent.is_some() || (is_leader && self.leading.is_none() && connected);
-        if let Some(s) = self.session() {
-            s.look_at = again.then_some(now);
+        if let Some(s) = self.session().filter(|_| again) {
+            // Otherwise a look asked for while this one was out (a watch that fired) stays.
+            s.look_at = Some(now);
         }
     }
 
@@ -642,6 +647,7 @@ impl ElectionCore for ZkLatch {
 
     fn step_down(&mut self, _now: MonotonicTime) {
         self.release = Some(Release::Holding);
+        self.stepped_from_leading = self.leading.is_some();
         if let Some(term) = self.leading {
             self.stop_leading("stepped down", StopReason::SteppedDown);
             // The own node stays until the release: nobody else leads while the work stops.
@@ -652,14 +658,20 @@ impl ElectionCore for ZkLatch {
     }
 
     fn release(&mut self, now: MonotonicTime, after: AfterRelease) {
-        let stepped_from_leading = self.shown.role == Role::Releasing;
-        let own = match &self.phase {
-            Phase::InSession(s) if s.connected => s.own.clone(),
-            _ => None,
+        let stepped_from_leading = std::mem::take(&mut self.stepped_from_leading);
+        let (own, connected) = match &self.phase {
+            Phase::InSession(s) => (s.own.clone(), s.connected),
+            _ => (None, false),
         };
         // A resign releases only a node it led on; a shutdown deletes its node in any case.
         match own.filter(|_| after == AfterRelease::Stop || stepped_from_leading) {
-            Some(own) => {
+            Some(own) if !connected && after == AfterRelease::Campaign => {
+                // Cut off: the node goes before this candidate leads again (never the same term).
+                self.spent = Some(own.name);
+                self.guards_dropped = true;
+                self.finish_release(now, after, Ok(()));
+            }
+            Some(own) if connected => {
                 self.release = Some(Release::Deleting(after));
                 let Some(s) = self.session() else { return };
                 let limit = s.call_timeout();
@@ -667,7 +679,7 @@ impl ElectionCore for ZkLatch {
                 s.deleting = true;
                 self.queued.push_back(ZkCall::Delete { session: id, node: own.name, limit });
             }
-            None => self.finish_release(now, after, Ok(())),
+            _ => self.finish_release(now, after, Ok(())),
         }
     }
 
