@@ -255,6 +255,8 @@ pub struct EtcdCampaign {
     /// Calls failed in a row, for the back-off before a new session.
     failures: u32,
     resign: Option<Resign>,
+    /// Stepped down and not released yet: a session started meanwhile never claims either.
+    stepping_down: bool,
     /// The leader (identity, term) last reported, so that each change is reported once.
     observed: Option<Option<(String, i64)>>,
     reports: VecDeque<Report>,
@@ -267,7 +269,8 @@ impl EtcdCampaign {
         EtcdCampaign {
             identity, prefix, timing, session: 0, phase: Phase::Idle { at: MonotonicTime::ZERO }, stale_leases: vec![],
             revoke_queue: vec![], revoking: false, queued_calls: VecDeque::new(), keeping_alive: false,
-            drain_before_revoking: None, failures: 0, resign: None, observed: None, reports: VecDeque::new(),
+            drain_before_revoking: None, failures: 0, resign: None, stepping_down: false, observed: None,
+            reports: VecDeque::new(),
         }
     }
 
@@ -482,7 +485,7 @@ impl ElectionCore for EtcdCampaign {
                         tracing::debug!(identity = %self.identity, key = %key, revision = my_revision, "queued");
                         self.phase = Phase::Queued(Queued {
                             key, lease, my_revision, keys: Keys::new(), loaded: false, watching: false, resync_at: now,
-                            calling: false, leading: false, stepped_down: false,
+                            calling: false, leading: false, stepped_down: self.stepping_down,
                         });
                     }
                 }
@@ -638,6 +641,7 @@ impl ElectionCore for EtcdCampaign {
 
     fn step_down(&mut self, _now: MonotonicTime) {
         self.resign = None;
+        self.stepping_down = true;
         if let Phase::Queued(q) = &mut self.phase {
             // No claim until the release says whether to campaign on.
             q.stepped_down = true;
@@ -652,6 +656,7 @@ impl ElectionCore for EtcdCampaign {
     }
 
     fn release(&mut self, now: MonotonicTime, after: AfterRelease) {
+        self.stepping_down = false;
         match after {
             AfterRelease::Campaign => match (&mut self.phase, &self.resign) {
                 (Phase::Queued(q), Some(Resign::Holding)) => {
