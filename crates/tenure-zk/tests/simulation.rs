@@ -1,7 +1,6 @@
 //! A randomized, deterministic simulation of the ZooKeeper campaign ([`ZkLatch`]), the very core
-//! the elector runs, against a model of ZooKeeper, under the shell's rules and checks of
-//! `tenure::simulation` (S1: one leader at a time, judged on each process's clock; S2: growing
-//! terms, no same-term revival).
+//! the elector runs, against a model of ZooKeeper, under the shell's rules, faults and checks of
+//! `tenure::simulation` (S1, S2, availability, busy loops, panics: see that module).
 //!
 //! - **2 to 5 candidates**, clock rates within 0.9 x the drift bound of the latch's self-fencing
 //!   (the leader stops 2/3 of the session timeout after the start of its last answered request on
@@ -13,70 +12,41 @@
 //!   predecessor and the leader's node. Each look at the election is applied atomically when it
 //!   arrives; requests and replies take 0.1 to 20 ms each.
 //! - **the client library**: pings every third of the timeout while the process runs; tells the
-//!   process when the connection is lost (store down), back, or the session expired.
-//! - **faults**: lost replies (applied, the caller times out), a store restart (down up to a
-//!   timeout; back up, every session gets a full timeout again, as ZooKeeper restores sessions), a
-//!   process paused up to two timeouts, a crash, a resign, a shutdown.
-//! - **liveness**: after five timeouts without a disturbance, with the store up and a candidate
-//!   up, somebody leads.
+//!   process when the connection is lost (store down), back, or the session expired; answers and
+//!   notifications arrive in order (one connection).
+//! - **faults**, besides the harness's (crashes and restarts, pauses up to two timeouts, resigns,
+//!   shutdowns): storms of lost replies (applied, the caller times out), a store restart (down up
+//!   to a timeout; back up, every session gets a full timeout again, as ZooKeeper restores
+//!   sessions).
+//! - **availability**: after five timeouts without a disturbance, with the store up and a
+//!   candidate up, somebody leads.
 //!
 //! Named schedules replay the cases real processes found: a reconnect after the store restarted
-//! under the leader, and a leader paused past its session. The mutation check shows the checker
-//! catching a shell that never fences (a late fence that revives the tenure under the same term).
+//! under the leader, and a leader paused past its session. Mutation checks show the checker
+//! catching two leaders when the server expires sessions before the leader fences, and a shell
+//! that never fences reviving a tenure under the same term (rare: the latch bounds every call by
+//! its fencing deadline, so only an answer that came in while the process was paused revives).
 //!
 //! `TENURE_SIM_SCHEDULES` (default 10,000), `TENURE_SIM_BASE_SEED` and `TENURE_SIM_SEED` (replay).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rand::rngs::SmallRng;
-use rand::{RngExt, SeedableRng};
-use tenure::simulation::{check_one_leader, delay, run_schedules, search, Clock, Process, Schedule};
-use tenure::{AfterRelease, Term};
+use rand::RngExt;
+use tenure::simulation::{assert_caught, run_schedules, Ev, Faults, Model, Opening, Stats, World};
+use tenure::Term;
 use tenure_zk::latch::{Look, OwnNode, SessionState, ZkCall, ZkInput, ZkLatch};
 use tenure_zk::ZkError;
 use zookeeper_client as zk;
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Opening {
-    Random,
-    StoreRestartUnderLeader,
-    LeaderPausedPastSession,
+#[derive(Debug)]
+enum Msg {
+    /// The client library pings: (process, session).
+    Ping(usize, u64),
+    CloseSession(u64),
 }
 
 #[derive(Debug)]
-enum Msg {
-    Turn(usize),
-    Request {
-        from: usize,
-        id: u64,
-        call: ZkCall,
-    },
-    Answer {
-        to: usize,
-        id: u64,
-        input: ZkInput,
-    },
-    TimeOut {
-        to: usize,
-        id: u64,
-    },
-    Notice {
-        to: usize,
-        input: ZkInput,
-    },
-    /// The client library's ping of session `session`.
-    Ping {
-        from: usize,
-        session: u64,
-    },
-    CloseSession(u64),
-    Fault,
-    Named,
-    Resume(usize),
-    StoreUp,
-}
-
 struct Node {
     name: String,
     czxid: i64,
@@ -84,17 +54,17 @@ struct Node {
     session: u64,
 }
 
+#[derive(Debug)]
 struct Session {
     expires: u64,
-    timeout: Duration,
     owner: usize,
 }
 
-struct Sim {
-    rng: SmallRng,
-    now: u64,
-    events: Schedule<Msg>,
-    procs: Vec<Process<ZkLatch>>,
+#[derive(Debug)]
+struct Zk {
+    timeout: Duration,
+    /// [`Mutation::EarlyExpiry`].
+    early_expiry: bool,
     /// Per process: the session its library keeps (pings), once connected.
     sessions_of: Vec<Option<u64>>,
     nodes: BTreeMap<u64, Node>,
@@ -102,117 +72,41 @@ struct Sim {
     zxid: i64,
     sessions: BTreeMap<u64, Session>,
     next_session: u64,
-    /// Per process: when its last notice lands (the library delivers them in order).
-    notice_fifo: Vec<u64>,
     /// One-shot watches: process -> (session, watched node names).
     watches: BTreeMap<usize, (u64, Vec<String>)>,
-    store_up: bool,
-    lost_replies: f64,
-    timeout: Duration,
-    opening: Opening,
-    next_id: u64,
-    highest_term: u64,
-    settled_since: u64,
 }
 
 fn session_lost() -> ZkError {
     ZkError::Request(zk::Error::SessionExpired)
 }
 
-impl Sim {
-    fn new(seed: u64, unfenced: bool, opening: Opening) -> Sim {
-        let mut rng = SmallRng::seed_from_u64(seed);
-        let timeout = Duration::from_millis(rng.random_range(1_000..=10_000));
-        let n = rng.random_range(2..=5);
-        let procs: Vec<_> = (0..n)
-            .map(|i| {
-                let mut process =
-                    Process::new(ZkLatch::new(format!("c{i}"), timeout), Clock::drifting(&mut rng, 0.9 * 0.2));
-                process.unfenced = unfenced;
-                process
-            })
-            .collect();
-        let mut sim = Sim {
-            rng,
-            now: 0,
-            events: Schedule::default(),
-            procs,
-            sessions_of: vec![None; n],
-            notice_fifo: vec![0; n],
-            nodes: BTreeMap::new(),
-            next_seq: 0,
-            zxid: 1,
-            sessions: BTreeMap::new(),
-            next_session: 0,
-            watches: BTreeMap::new(),
-            store_up: true,
-            lost_replies: 0.0,
-            timeout,
-            opening,
-            next_id: 0,
-            highest_term: 0,
-            settled_since: 0,
-        };
-        for p in 0..n {
-            sim.events.push(0, Msg::Turn(p));
-        }
-        let at = sim.timeout_ns() * if opening == Opening::Random { 1 } else { 4 };
-        sim.events.push(at, if opening == Opening::Random { Msg::Fault } else { Msg::Named });
-        sim
-    }
-
+impl Zk {
     fn timeout_ns(&self) -> u64 {
         self.timeout.as_nanos() as u64
     }
 
-    fn send(&mut self, msg: Msg) {
-        let mut at = self.now + delay(&mut self.rng);
-        if let Msg::Notice { to, .. } = msg {
-            at = at.max(self.notice_fifo[to]);
-            self.notice_fifo[to] = at;
-        }
-        self.events.push(at, msg);
-    }
-
-    fn turn(&mut self, p: usize) -> Result<(), String> {
-        let turn = self.procs[p].turn(self.now, &mut self.next_id, &mut self.highest_term, |call| match call {
-            ZkCall::Connect => Some(self.timeout * 2),
-            ZkCall::Close => None,
-            ZkCall::Observe { limit, .. } | ZkCall::Heartbeat { limit, .. } | ZkCall::Delete { limit, .. } => {
-                Some(*limit)
-            }
-        })?;
-        for (id, call, deadline) in turn.calls {
-            match call {
-                ZkCall::Close => {
-                    if let Some(session) = self.sessions_of[p].take() {
-                        self.send(Msg::CloseSession(session));
-                    }
-                }
-                call => {
-                    self.send(Msg::Request { from: p, id, call });
-                    self.events.push(deadline.unwrap_or(self.now), Msg::TimeOut { to: p, id });
-                }
-            }
-        }
-        if let Some(at) = turn.timer {
-            self.events.push(at, Msg::Turn(p));
-        }
-        Ok(())
-    }
-
-    fn alive_session(&mut self, session: u64) -> bool {
-        let now = self.now;
-        match self.sessions.get_mut(&session) {
-            Some(s) => {
-                s.expires = now + s.timeout.as_nanos() as u64;
-                true
-            }
-            None => false,
+    /// How long the server keeps a session after the last request or ping it received.
+    fn lifetime(&self) -> u64 {
+        if self.early_expiry {
+            self.timeout_ns() / 2
+        } else {
+            self.timeout_ns()
         }
     }
 
-    fn delete_node(&mut self, seq: u64) {
+    /// The library tells process `to`, after the network's delay and in order.
+    fn notify(&self, w: &mut World<Zk>, to: usize, input: ZkInput) {
+        let at = w.now + w.delay();
+        let at = w.in_order(to, at);
+        w.push(at, Ev::Notice(to, input));
+    }
+
+    fn alive_session(&mut self, w: &World<Zk>, session: u64) -> bool {
+        let expires = w.now + self.lifetime();
+        self.sessions.get_mut(&session).map(|s| s.expires = expires).is_some()
+    }
+
+    fn delete_node(&mut self, w: &mut World<Zk>, seq: u64) {
         let Some(node) = self.nodes.remove(&seq) else { return };
         self.zxid += 1;
         let fired: Vec<(usize, u64)> = self
@@ -223,43 +117,82 @@ impl Sim {
             .collect();
         for (p, session) in fired {
             self.watches.remove(&p);
-            self.send(Msg::Notice { to: p, input: ZkInput::Watched { session } });
+            self.notify(w, p, ZkInput::Watched { session });
         }
     }
 
-    fn end_session(&mut self, session: u64) {
+    fn end_session(&mut self, w: &mut World<Zk>, session: u64) {
         let Some(s) = self.sessions.remove(&session) else { return };
         let owned: Vec<u64> = self.nodes.iter().filter(|(_, n)| n.session == session).map(|(seq, _)| *seq).collect();
         for seq in owned {
-            self.delete_node(seq);
+            self.delete_node(w, seq);
         }
         if self.sessions_of[s.owner] == Some(session) {
-            self.send(Msg::Notice { to: s.owner, input: ZkInput::State { session, state: SessionState::Lost } });
+            self.notify(w, s.owner, ZkInput::State { session, state: SessionState::Lost });
         }
     }
 
-    fn expire_sessions(&mut self) {
-        let now = self.now;
+    fn expire_sessions(&mut self, w: &mut World<Zk>) {
+        let now = w.now;
         let expired: Vec<u64> = self.sessions.iter().filter(|(_, s)| s.expires <= now).map(|(id, _)| *id).collect();
         for session in expired {
-            self.end_session(session);
+            self.end_session(w, session);
         }
     }
 
-    /// A request applied at the server; the answer.
-    fn apply(&mut self, from: usize, call: ZkCall) -> ZkInput {
+    /// What the process's library tells it about every session, now.
+    fn tell_sessions(&mut self, w: &mut World<Zk>, state: SessionState) {
+        for p in 0..self.sessions_of.len() {
+            if let Some(session) = self.sessions_of[p] {
+                self.notify(w, p, ZkInput::State { session, state });
+            }
+        }
+    }
+}
+
+impl Model for Zk {
+    type Call = ZkCall;
+    type Input = ZkInput;
+    type Core = ZkLatch;
+    type Msg = Msg;
+
+    fn core(&mut self, _w: &mut World<Zk>, p: usize) -> ZkLatch {
+        self.sessions_of[p] = None;
+        ZkLatch::new(format!("c{p}"), self.timeout)
+    }
+
+    fn limit(&self, call: &ZkCall) -> Option<Duration> {
         match call {
+            ZkCall::Connect => Some(self.timeout * 2),
+            ZkCall::Close => None,
+            ZkCall::Observe { limit, .. } | ZkCall::Heartbeat { limit, .. } | ZkCall::Delete { limit, .. } => {
+                Some(*limit)
+            }
+        }
+    }
+
+    fn start(&mut self, w: &mut World<Zk>, p: usize, _close: ZkCall) {
+        if let Some(session) = self.sessions_of[p].take() {
+            let at = w.now + w.delay();
+            w.push(at, Ev::Model(Msg::CloseSession(session)));
+        }
+    }
+
+    fn apply(&mut self, w: &mut World<Zk>, from: usize, call: ZkCall) -> Option<ZkInput> {
+        if !w.store_up {
+            return None;
+        }
+        self.expire_sessions(w);
+        Some(match call {
             ZkCall::Connect => {
                 self.next_session += 1;
                 let session = self.next_session;
-                let timeout = self.timeout;
-                self.sessions
-                    .insert(session, Session { expires: self.now + timeout.as_nanos() as u64, timeout, owner: from });
-                ZkInput::Connected(Ok((session, timeout, format!("guid{session}"))))
+                self.sessions.insert(session, Session { expires: w.now + self.lifetime(), owner: from });
+                ZkInput::Connected(Ok((session, self.timeout, format!("guid{session}"))))
             }
             ZkCall::Observe { session, own, guid, .. } => {
-                if !self.alive_session(session) {
-                    return ZkInput::Observed { session, result: Err(session_lost()) };
+                if !self.alive_session(w, session) {
+                    return Some(ZkInput::Observed { session, result: Err(session_lost()) });
                 }
                 let ordered: Vec<(u64, &Node)> = self.nodes.iter().map(|(seq, n)| (*seq, n)).collect();
                 let Some(index) = ordered.iter().position(|(_, n)| n.name.contains(&format!("_c_{guid}-"))) else {
@@ -269,10 +202,8 @@ impl Sim {
                     let node = Node { name: name.clone(), czxid: self.zxid, data: format!("c{from}"), session };
                     self.nodes.insert(self.next_seq, node);
                     let created = OwnNode { name, czxid: self.zxid };
-                    return ZkInput::Observed {
-                        session,
-                        result: Ok(Look::Again { own: Some(created), own_gone: own.is_some() }),
-                    };
+                    let again = Look::Again { own: Some(created), own_gone: own.is_some() };
+                    return Some(ZkInput::Observed { session, result: Ok(again) });
                 };
                 let mine = ordered[index].1;
                 let leader = ordered[0].1;
@@ -288,7 +219,7 @@ impl Sim {
                 ZkInput::Observed { session, result: Ok(look) }
             }
             ZkCall::Heartbeat { session, node, .. } => {
-                let result = if self.alive_session(session) {
+                let result = if self.alive_session(w, session) {
                     Ok(self.nodes.values().any(|n| n.name == node))
                 } else {
                     Err(session_lost())
@@ -296,9 +227,9 @@ impl Sim {
                 ZkInput::Heartbeat { session, result }
             }
             ZkCall::Delete { session, node, .. } => {
-                let result = if self.alive_session(session) {
+                let result = if self.alive_session(w, session) {
                     if let Some(seq) = self.nodes.iter().find(|(_, n)| n.name == node).map(|(seq, _)| *seq) {
-                        self.delete_node(seq);
+                        self.delete_node(w, seq);
                     }
                     Ok(())
                 } else {
@@ -307,239 +238,128 @@ impl Sim {
                 ZkInput::Deleted { session, node, result }
             }
             ZkCall::Close => unreachable!("handled by the client library"),
+        })
+    }
+
+    fn timed_out(&self, call: ZkCall) -> ZkInput {
+        let error = || ZkError::Timeout(Duration::from_secs(1));
+        match call {
+            ZkCall::Connect => ZkInput::Connected(Err(error())),
+            ZkCall::Observe { session, .. } => ZkInput::Observed { session, result: Err(error()) },
+            ZkCall::Heartbeat { session, .. } => ZkInput::Heartbeat { session, result: Err(error()) },
+            ZkCall::Delete { session, node, .. } => ZkInput::Deleted { session, node, result: Err(error()) },
+            ZkCall::Close => unreachable!("handled by the client library"),
         }
     }
 
-    fn leader(&self) -> Option<usize> {
-        (0..self.procs.len()).find(|&p| self.procs[p].believes_leading(self.now))
+    fn answered(&mut self, w: &mut World<Zk>, p: usize, input: &ZkInput) {
+        if let ZkInput::Connected(Ok((session, _, _))) = input {
+            // The library keeps the session alive from now on.
+            self.sessions_of[p] = Some(*session);
+            let at = w.now + self.timeout_ns() / 3;
+            w.push(at, Ev::Model(Msg::Ping(p, *session)));
+        }
     }
 
-    fn restart_store(&mut self, down_for: u64) {
-        self.store_up = false;
-        self.watches.clear();
-        for p in 0..self.procs.len() {
-            if let Some(session) = self.sessions_of[p] {
-                self.send(Msg::Notice { to: p, input: ZkInput::State { session, state: SessionState::Disconnected } });
-            }
-        }
-        self.events.push(self.now + down_for, Msg::StoreUp);
-    }
-
-    fn pause(&mut self, p: usize, for_ns: u64) {
-        self.procs[p].paused_until = Some(self.now + for_ns);
-        self.events.push(self.now + for_ns, Msg::Resume(p));
-    }
-
-    fn fault(&mut self) -> Result<(), String> {
-        self.settled_since = self.now;
-        let n = self.procs.len();
-        let timeout = self.timeout_ns();
-        let p = match self.leader() {
-            Some(leader) if self.rng.random_bool(0.5) => leader,
-            _ => self.rng.random_range(0..n),
-        };
-        let up = self.procs.iter().filter(|q| q.alive).count();
-        match self.rng.random_range(0..7) {
-            0 if self.store_up => {
-                let down = self.rng.random_range(0..timeout);
-                self.restart_store(down);
-            }
-            1 if self.procs[p].runnable() => {
-                let pause = self.rng.random_range(0..2 * timeout);
-                self.pause(p, pause);
-            }
-            2 if self.procs[p].alive && up > 1 => {
-                self.procs[p].alive = false;
-                self.sessions_of[p] = None;
-            }
-            3 | 4 if self.procs[p].runnable() && self.procs[p].stopping.is_none() => {
-                let after =
-                    if up > 1 && self.rng.random_bool(0.3) { AfterRelease::Stop } else { AfterRelease::Campaign };
-                self.procs[p].stop(self.now, after);
-                self.turn(p)?;
-            }
-            _ => self.lost_replies = if self.lost_replies > 0.0 { 0.0 } else { self.rng.random_range(0.01..0.2) },
-        }
-        let next = self.now + self.rng.random_range(timeout / 2..4 * timeout);
-        self.events.push(next, Msg::Fault);
-        Ok(())
-    }
-
-    fn step(&mut self, msg: Msg) -> Result<(), String> {
-        let target = match &msg {
-            Msg::Turn(p) | Msg::Answer { to: p, .. } | Msg::TimeOut { to: p, .. } | Msg::Notice { to: p, .. } => {
-                Some(*p)
-            }
-            Msg::Ping { from, .. } => Some(*from),
-            _ => None,
-        };
-        if let Some(p) = target.filter(|&p| self.procs[p].paused_until.is_some()) {
-            match msg {
-                Msg::Turn(_) => {
-                    self.procs[p].timer_fired(self.now);
-                }
-                msg => self.events.push(self.procs[p].paused_until.unwrap_or(self.now) + 1, msg),
-            }
-            return Ok(());
-        }
-        if target.is_some_and(|p| !self.procs[p].alive) {
-            return Ok(());
-        }
+    fn target(msg: &Msg) -> Option<(usize, bool)> {
         match msg {
-            Msg::Turn(p) if self.procs[p].timer_fired(self.now) => return self.turn(p),
-            Msg::Turn(_) => {}
-            Msg::Request { from, id, call } => {
-                let lost = self.rng.random_bool(self.lost_replies);
-                if self.store_up {
-                    self.expire_sessions();
-                    let input = self.apply(from, call);
-                    if !lost {
-                        self.send(Msg::Answer { to: from, id, input });
-                    }
-                }
-            }
-            Msg::Answer { to, id, input } => {
-                if let ZkInput::Connected(Ok((session, _, _))) = &input {
-                    // The library keeps the session alive from now on.
-                    self.sessions_of[to] = Some(*session);
-                    let at = self.now + self.timeout_ns() / 3;
-                    self.events.push(at, Msg::Ping { from: to, session: *session });
-                }
-                self.procs[to].answer(self.now, id, input);
-                return self.turn(to);
-            }
-            Msg::TimeOut { to, id } => {
-                if let Some(call) = self.procs[to].time_out(id) {
-                    self.procs[to].notify(self.now, timed_out(call));
-                    return self.turn(to);
-                }
-            }
-            Msg::Notice { to, input } => {
-                self.procs[to].notify(self.now, input);
-                return self.turn(to);
-            }
-            Msg::Ping { from, session } => {
-                if self.sessions_of[from] != Some(session) {
-                    return Ok(());
-                }
-                if self.store_up {
-                    self.expire_sessions();
-                    if !self.alive_session(session) {
+            Msg::Ping(from, _) => Some((*from, false)),
+            _ => None,
+        }
+    }
+
+    fn handle(&mut self, w: &mut World<Zk>, msg: Msg) -> Result<(), String> {
+        match msg {
+            Msg::Ping(from, session) if self.sessions_of[from] == Some(session) => {
+                if w.store_up {
+                    self.expire_sessions(w);
+                    if !self.alive_session(w, session) {
                         self.sessions_of[from] = None;
-                        self.send(Msg::Notice {
-                            to: from,
-                            input: ZkInput::State { session, state: SessionState::Lost },
-                        });
+                        self.notify(w, from, ZkInput::State { session, state: SessionState::Lost });
                         return Ok(());
                     }
                 }
-                let at = self.now + self.timeout_ns() / 3;
-                self.events.push(at, Msg::Ping { from, session });
+                let at = w.now + self.timeout_ns() / 3;
+                w.push(at, Ev::Model(Msg::Ping(from, session)));
             }
+            Msg::Ping(..) => {}
             Msg::CloseSession(session) => {
-                if self.store_up {
-                    self.end_session(session);
-                }
-            }
-            Msg::Fault => return self.fault(),
-            Msg::Named => {
-                self.settled_since = self.now;
-                match self.opening {
-                    Opening::StoreRestartUnderLeader => {
-                        let down = self.timeout_ns() * 9 / 10;
-                        self.restart_store(down);
-                    }
-                    _ => {
-                        if let Some(leader) = self.leader() {
-                            let pause = 2 * self.timeout_ns();
-                            self.pause(leader, pause);
-                        }
-                    }
-                }
-                self.events.push(self.now + 2 * self.timeout_ns(), Msg::Fault);
-            }
-            Msg::Resume(p) => {
-                self.procs[p].paused_until = None;
-                self.settled_since = self.now;
-                return self.turn(p);
-            }
-            Msg::StoreUp => {
-                self.store_up = true;
-                self.settled_since = self.now;
-                for session in self.sessions.values_mut() {
-                    session.expires = self.now + session.timeout.as_nanos() as u64;
-                }
-                for p in 0..self.procs.len() {
-                    if let Some(session) = self.sessions_of[p] {
-                        self.send(Msg::Notice {
-                            to: p,
-                            input: ZkInput::State { session, state: SessionState::Connected },
-                        });
-                    }
+                if w.store_up {
+                    self.end_session(w, session);
                 }
             }
         }
         Ok(())
     }
 
-    fn run(mut self, events: usize) -> Result<(), String> {
-        for _ in 0..events {
-            let Some((at, msg)) = self.events.pop() else { break };
-            self.now = at;
-            self.step(msg)?;
-            check_one_leader(&self.procs, self.now)?;
-            for p in &mut self.procs {
-                p.check_revival(self.now)?;
+    fn outage(&mut self, w: &mut World<Zk>, up: bool) {
+        if up {
+            // ZooKeeper restores sessions: each gets a full timeout again.
+            let expires = w.now + self.lifetime();
+            for session in self.sessions.values_mut() {
+                session.expires = expires;
             }
-            let settled = self.now > self.settled_since + 5 * self.timeout_ns();
-            let someone_up = self.procs.iter().any(|p| p.runnable() && p.stopping.is_none());
-            if settled && someone_up && self.store_up && self.leader().is_none() {
-                return Err(format!(
-                    "liveness: nobody leads at {} ms, settled since {} ms",
-                    self.now / 1_000_000,
-                    self.settled_since / 1_000_000
-                ));
-            }
+        } else {
+            self.watches.clear();
         }
-        Ok(())
+        self.tell_sessions(w, if up { SessionState::Connected } else { SessionState::Disconnected });
     }
 }
 
-fn timed_out(call: ZkCall) -> ZkInput {
-    let error = || ZkError::Timeout(Duration::from_secs(1));
-    match call {
-        ZkCall::Connect => ZkInput::Connected(Err(error())),
-        ZkCall::Observe { session, .. } => ZkInput::Observed { session, result: Err(error()) },
-        ZkCall::Heartbeat { session, .. } => ZkInput::Heartbeat { session, result: Err(error()) },
-        ZkCall::Delete { session, node, .. } => ZkInput::Deleted { session, node, result: Err(error()) },
-        ZkCall::Close => unreachable!("handled by the client library"),
-    }
+/// How the run is broken on purpose, to show the checker catches it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mutation {
+    None,
+    /// The server expires sessions after half a timeout, before the leader fences (2/3 of it).
+    EarlyExpiry,
+    /// A shell that never fences (its core's clock stops at the deadline): a same-term revival.
+    Unfenced,
 }
 
-const EVENTS: usize = 2_000;
+fn schedule(seed: u64, mutation: Mutation, opening: Opening) -> Result<Stats, String> {
+    let mut w = World::new(seed);
+    let timeout = Duration::from_millis(w.rng.random_range(1_000..=10_000));
+    let n = w.rng.random_range(2..=5);
+    let mut zk = Zk {
+        timeout,
+        early_expiry: mutation == Mutation::EarlyExpiry,
+        sessions_of: vec![None; n],
+        nodes: BTreeMap::new(),
+        next_seq: 0,
+        zxid: 1,
+        sessions: BTreeMap::new(),
+        next_session: 0,
+        watches: BTreeMap::new(),
+    };
+    let timeout = timeout.as_nanos() as u64;
+    (w.unfenced, w.answers_in_order) = (mutation == Mutation::Unfenced, true);
+    (w.lease, w.settle_bound, w.slow, w.storms_disturb) = (timeout, 5 * timeout, timeout, true);
+    w.storm = Faults { lost: 0.2, ..Faults::default() };
+    w.populate(&mut zk, n, 0.9 * 0.2, 0, opening);
+    w.run(zk)
+}
 
 #[test]
 fn randomized_schedules_keep_one_leader_growing_terms_and_liveness() {
-    run_schedules(|seed| Sim::new(seed, false, Opening::Random).run(EVENTS));
+    run_schedules(u64::MAX, |seed| schedule(seed, Mutation::None, Opening::Random));
 }
 
 #[test]
 fn a_reconnect_after_a_store_restart_under_the_leader_never_gives_two_leaders() {
-    run_schedules_of(500, Opening::StoreRestartUnderLeader);
+    run_schedules(500, |seed| schedule(seed, Mutation::None, Opening::StoreRestartUnderLeader));
 }
 
 #[test]
 fn a_leader_paused_past_its_session_is_replaced_and_never_comes_back_as_leader() {
-    run_schedules_of(500, Opening::LeaderPausedPastSession);
+    run_schedules(500, |seed| schedule(seed, Mutation::None, Opening::LeaderPausedPastLease));
 }
 
-fn run_schedules_of(count: u64, opening: Opening) {
-    let failures = search(0, count, |seed| Sim::new(seed, false, opening).run(EVENTS));
-    assert!(failures.is_empty(), "{opening:?}: {} failed, first {:?}", failures.len(), failures.first());
+#[test]
+fn the_checker_catches_a_server_that_expires_sessions_before_the_leader_fences() {
+    assert_caught(300, "S1", |seed| schedule(seed, Mutation::EarlyExpiry, Opening::Random));
 }
 
 #[test]
 fn the_checker_catches_a_shell_that_fences_late_and_revives_the_tenure() {
-    let failures = search(0, 300, |seed| Sim::new(seed, true, Opening::Random).run(EVENTS));
-    assert!(failures.iter().any(|(_, why)| why.starts_with("S")), "an unfenced shell went unnoticed in 300 schedules");
+    assert_caught(3000, "S2: a tenure seen as over", |seed| schedule(seed, Mutation::Unfenced, Opening::Random));
 }

@@ -1050,6 +1050,7 @@ mod tests {
         assert!(events(&mut c).iter().all(|e| matches!(e, Event::LeaderObserved { .. })));
     }
 
+    /// The simulation's bug 1 (tests/simulation.rs): the shell spun until the drain ended.
     #[test]
     fn a_draining_candidate_facing_an_expired_lease_waits_instead_of_spinning() {
         let mut c = after_first_read("b", held_by("a", "7", 3));

@@ -21,6 +21,7 @@ use crate::shell::{ElectionCore, Report, ShellFuture, Transport};
 use crate::term::Term;
 
 /// A call on a record lock.
+#[derive(Debug, Clone)]
 pub enum RecordCall {
     /// A read or write the candidate asked for, started at the given time.
     Lock(Action, MonotonicTime),
@@ -29,6 +30,7 @@ pub enum RecordCall {
 }
 
 /// What comes back from a record lock.
+#[derive(Debug)]
 pub enum RecordInput {
     /// The answer to [`Action::Read`].
     Read(Result<Option<StoredRecord>, LockError>),
