@@ -29,8 +29,17 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// A watch opened by a resync, handed to [`EtcdTransport::notice`].
-type OpenedWatch = Arc<Mutex<Option<(u64, WatchStream)>>>;
+/// The watch the latest resync opened, handed to [`EtcdTransport::notice`].
+///
+/// Why `latest`: a resync of an ended session may still be in flight when the next session's
+/// resync starts and may finish after it; its watch (which the campaign ignores) must not replace
+/// the newer session's, or the campaign would see no change until its session ended.
+#[derive(Default)]
+struct OpenedWatch {
+    /// The session of the last resync started.
+    latest: u64,
+    watch: Option<(u64, WatchStream)>,
+}
 
 /// The transport of one campaign.
 pub(crate) struct EtcdTransport {
@@ -46,7 +55,7 @@ pub(crate) struct EtcdTransport {
     pumped: (mpsc::UnboundedSender<EtcdInput>, mpsc::UnboundedReceiver<EtcdInput>),
     /// The election's watch and the session it belongs to.
     watch: Option<(u64, WatchStream)>,
-    opened: OpenedWatch,
+    opened: Arc<Mutex<OpenedWatch>>,
 }
 
 impl EtcdTransport {
@@ -107,6 +116,7 @@ impl Transport<EtcdCampaign> for EtcdTransport {
             EtcdCall::Resync { session } => {
                 let prefix = self.prefix.clone();
                 let opened = self.opened.clone();
+                opened.lock().unwrap_or_else(|e| e.into_inner()).latest = session;
                 Box::pin(async move {
                     let result = async {
                         let response = conn.range(limit, client::prefix_range(&prefix)).await?;
@@ -117,7 +127,10 @@ impl Transport<EtcdCampaign> for EtcdTransport {
                             .map(|kv| (lossy(&kv.key), (kv.create_revision, lossy(&kv.value))))
                             .collect();
                         let watch = conn.watch_prefix(limit, &prefix, revision + 1).await?;
-                        *opened.lock().unwrap_or_else(|e| e.into_inner()) = Some((session, watch));
+                        let mut opened = opened.lock().unwrap_or_else(|e| e.into_inner());
+                        if opened.latest == session {
+                            opened.watch = Some((session, watch));
+                        }
                         Ok(keys)
                     };
                     EtcdInput::Loaded { session, result: result.await }
@@ -138,7 +151,7 @@ impl Transport<EtcdCampaign> for EtcdTransport {
     }
 
     async fn notice(&mut self) -> EtcdInput {
-        if let Some(opened) = self.opened.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(opened) = self.opened.lock().unwrap_or_else(|e| e.into_inner()).watch.take() {
             self.watch = Some(opened);
         }
         let conn = self.conn.clone();
