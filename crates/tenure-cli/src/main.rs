@@ -14,6 +14,7 @@ mod apiserver;
 mod backend;
 mod break_lock;
 mod child;
+mod coordinate;
 mod command_tree;
 mod containment;
 mod demo;
@@ -82,6 +83,7 @@ enum Command {
     Demo(demo::DemoArgs),
     Apiserver(apiserver::ApiServerArgs),
     Member(member::MemberArgs),
+    Coordinate(coordinate::CoordinateArgs),
     /// Internal: the process between `tenure run` and its command.
     #[command(hide = true)]
     Supervise(supervisor::SuperviseArgs),
@@ -112,6 +114,7 @@ fn main() -> ExitCode {
             Command::Demo(args) => demo::demo(args).await,
             Command::Apiserver(args) => apiserver::apiserver(args).await,
             Command::Member(args) => member::member(args).await,
+            Command::Coordinate(args) => coordinate::coordinate(args).await,
             Command::Supervise(args) => supervisor::supervise(args).await,
         }
     };

@@ -99,6 +99,7 @@ mod tests {
             weight: 1,
             partition_count: 4,
             renewals: 0,
+            capabilities: None,
         };
         let data = encode(&Key::Member("a".into()), &Value::Member(record)).unwrap();
         assert!(decode(&Key::Member("a".into()), "here", &data, Version(1)).unwrap().is_some());

@@ -45,6 +45,10 @@ pub struct MemberRecord {
     pub partition_count: u32,
     /// Counts renews, so that every renew changes the record.
     pub renewals: u64,
+    /// What the member says about itself, for others to read (Tooz's capabilities, written by
+    /// `tenure coordinate`); absent in the records of older members, which read alike.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<serde_json::Value>,
 }
 
 /// Who owns a partition: a member during one of its epochs.

@@ -15,7 +15,7 @@ use crate::CliError;
 
 /// An etcd election: the endpoints (tried in turn), the election name (a key prefix), and the
 /// TLS files and user (`?cacert=&cert=&key=`, `USER@`).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct EtcdBackend {
     endpoints: Vec<String>,
     election: String,
@@ -43,6 +43,10 @@ impl EtcdBackend {
 }
 
 impl Backend for EtcdBackend {
+    fn nested(&self, name: &str) -> Option<LockUrl> {
+        Some(Arc::new(EtcdBackend { election: format!("{}/{name}", self.election), ..self.clone() }))
+    }
+
     fn campaign<'a>(&'a self, request: CampaignRequest<'a>) -> Fut<'a, Campaign> {
         Box::pin(async move {
             request.refuse_coordinated(self)?;

@@ -85,6 +85,10 @@ impl Backend for FileBackend {
         })
     }
 
+    fn nested(&self, name: &str) -> Option<LockUrl> {
+        Some(FileBackend::url(self.path.join(name)))
+    }
+
     fn scope(&self, defaulted: bool, uid: u32) -> Option<LockScope> {
         let mut explanation = if defaulted {
             format!(

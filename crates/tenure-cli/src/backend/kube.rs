@@ -94,6 +94,12 @@ impl Backend for KubeBackend {
         })
     }
 
+    fn nested(&self, name: &str) -> Option<LockUrl> {
+        let name = format!("{}-{name}", self.0.name);
+        let fits = self.0.kind == LockKind::Leases && name.len() <= 63;
+        fits.then(|| Arc::new(KubeBackend(KubeLockRef { name, ..self.0.clone() })) as LockUrl)
+    }
+
     fn namespace(&self) -> Option<&str> {
         Some(&self.0.namespace)
     }

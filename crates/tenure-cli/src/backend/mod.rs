@@ -100,6 +100,15 @@ pub trait Backend: fmt::Debug + fmt::Display + Send + Sync {
         None
     }
 
+    /// The URL of a lock or group named `name` beside this one, for `tenure coordinate`, which
+    /// keeps many elections, locks and groups under one base URL: a file in the base directory,
+    /// a key or node under the base prefix, a Lease named after the base. `name` is a safe name
+    /// (lower-case letters, digits, `-`); `None` where the store cannot hold it (the memory lock,
+    /// a Kubernetes name over 63 characters).
+    fn nested(&self, _name: &str) -> Option<LockUrl> {
+        None
+    }
+
     /// Whether `elect --leader-label` can label this candidate's Pod (a Kubernetes lock only).
     fn check_leader_label(&self) -> Result<(), CliError> {
         Err(CliError::LockCannot { needs: "--leader-label needs a Kubernetes lock", lock: self.to_string() })

@@ -16,7 +16,7 @@ use crate::CliError;
 
 /// A ZooKeeper election: the connection string (`host:port[,host:port...]`), the election path
 /// (absolute), and the digest user (`USER@`, `?password-file=`).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ZkBackend {
     servers: String,
     path: String,
@@ -46,6 +46,10 @@ impl ZkBackend {
 }
 
 impl Backend for ZkBackend {
+    fn nested(&self, name: &str) -> Option<LockUrl> {
+        Some(Arc::new(ZkBackend { path: format!("{}/{name}", self.path.trim_end_matches('/')), ..self.clone() }))
+    }
+
     fn campaign<'a>(&'a self, request: CampaignRequest<'a>) -> Fut<'a, Campaign> {
         Box::pin(async move {
             request.refuse_coordinated(self)?;

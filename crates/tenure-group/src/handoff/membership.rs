@@ -101,6 +101,7 @@ impl MemberCore {
             weight: self.config.weight,
             partition_count: self.config.partition_count,
             renewals,
+            capabilities: None,
         }
     }
 

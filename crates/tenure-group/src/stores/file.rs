@@ -348,6 +348,7 @@ mod tests {
             weight: 1,
             partition_count: 8,
             renewals: 0,
+            capabilities: None,
         }
     }
 

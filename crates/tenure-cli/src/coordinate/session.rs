@@ -1,0 +1,100 @@
+//! The coordinator's session: the application's signs of life, and what keeps running between
+//! its requests (membership renews, the session's end).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncReadExt;
+use tokio_util::sync::CancellationToken;
+
+use super::Coordinator;
+
+/// When the application last showed it was alive, and whether the session is over.
+pub struct Session {
+    timeout: Duration,
+    last_call: Mutex<Instant>,
+    in_flight: AtomicUsize,
+    expired: AtomicBool,
+}
+
+impl Session {
+    pub fn new(timeout: Duration) -> Self {
+        Session {
+            timeout,
+            last_call: Mutex::new(Instant::now()),
+            in_flight: AtomicUsize::new(0),
+            expired: AtomicBool::new(false),
+        }
+    }
+
+    fn last_call(&self) -> std::sync::MutexGuard<'_, Instant> {
+        self.last_call.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A request started; the session lives while it is in flight.
+    pub fn started(&self) {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        *self.last_call() = Instant::now();
+    }
+
+    /// A request finished: the session lives for the timeout from now.
+    pub fn finished(&self) {
+        *self.last_call() = Instant::now();
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// The earliest the session can end, as of now.
+    pub fn ends(&self) -> Instant {
+        let from = if self.in_flight.load(Ordering::SeqCst) > 0 { Instant::now() } else { *self.last_call() };
+        from + self.timeout
+    }
+
+    /// Whether the session ended (everything released; requests are refused).
+    pub fn expired(&self) -> bool {
+        self.expired.load(Ordering::SeqCst)
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+}
+
+/// Renews the memberships every retry period and ends the session once the application was
+/// silent for the timeout; returns when the coordinator stops or the session ended.
+pub async fn keep(coordinator: Arc<Coordinator>) {
+    let mut renew = tokio::time::interval(coordinator.timing.retry_period);
+    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let ends = coordinator.session.ends();
+        tokio::select! {
+            () = coordinator.stop.cancelled() => return,
+            _ = renew.tick() => coordinator.renew_memberships().await,
+            () = tokio::time::sleep_until(ends.into()) => {
+                if Instant::now() >= coordinator.session.ends() {
+                    break;
+                }
+            }
+        }
+    }
+    tracing::warn!(
+        timeout = ?coordinator.session.timeout,
+        "no request from the application within the session timeout: releasing every lock, leadership and membership"
+    );
+    coordinator.session.expired.store(true, Ordering::SeqCst);
+    coordinator.release_everything().await;
+}
+
+/// Cancels `stop` when standard input reaches its end (the application's pipe closed).
+pub async fn stop_when_stdin_closes(stop: CancellationToken) {
+    let mut stdin = tokio::io::stdin();
+    let mut buffer = [0u8; 256];
+    loop {
+        match stdin.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    tracing::info!("standard input closed: the application is gone");
+    stop.cancel();
+}
