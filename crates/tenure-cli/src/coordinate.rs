@@ -81,6 +81,9 @@ pub enum Refusal {
     /// A name outside the safe alphabet, or one the store cannot hold.
     #[error("{0}")]
     BadName(String),
+    /// A request body that is not JSON.
+    #[error("the body is not JSON: {0}")]
+    BadBody(String),
     /// The group is not in the registry.
     #[error("group {0:?} does not exist")]
     GroupNotCreated(String),
@@ -111,6 +114,9 @@ pub enum Refusal {
 struct Campaigning {
     elector: Elector,
     ending: Box<dyn CampaignEnd>,
+    /// For a lock: the term an answer told the application it holds (a campaign that won between
+    /// two of the application's requests is still to be told).
+    told: Option<Term>,
 }
 
 /// This coordinator's membership of one Tooz group.
@@ -406,7 +412,7 @@ impl Coordinator {
         };
         let campaign = url.campaign(request).await.map_err(|e| Refusal::Unavailable(e.to_string()))?;
         self.forward_changes(campaign.elector.subscribe());
-        Ok(Campaigning { elector: campaign.elector, ending: campaign.ending })
+        Ok(Campaigning { elector: campaign.elector, ending: campaign.ending, told: None })
     }
 
     /// Bumps the change counter on every leadership change, until the elector is gone.
@@ -479,7 +485,10 @@ impl Coordinator {
     /// with a wait, keeps campaigning after a miss (the next request goes on from there) until
     /// `DELETE /locks/NAME`.
     pub async fn acquire(&self, name: &str, wait: Duration) -> Answer<Option<(Term, u64)>> {
-        let existing = self.held().locks.get(name).map(|c| (c.elector.subscribe(), c.elector.is_leader().is_some()));
+        let existing = self.held().locks.get(name).map(|c| {
+            let told = c.told.is_some() && c.told == c.elector.is_leader();
+            (c.elector.subscribe(), told)
+        });
         let mut leadership = match existing {
             Some((_, true)) => return Err(Refusal::HeldHere(name.to_owned())),
             Some((leadership, false)) => leadership,
@@ -497,7 +506,11 @@ impl Coordinator {
         let limit = if wait.is_zero() { self.timing.renew_deadline } else { wait };
         let decided = leadership.wait_for(|l| l.is_leader() || (wait.is_zero() && l.leader.is_some()));
         let _ = tokio::time::timeout(limit, decided).await;
-        let acquired = self.held().locks.get(name).and_then(|c| Some((c.elector.is_leader()?, self.validity(&c.elector)?)));
+        let acquired = self.held().locks.get_mut(name).and_then(|c| {
+            let acquired = (c.elector.is_leader()?, self.validity(&c.elector)?);
+            c.told = Some(acquired.0);
+            Some(acquired)
+        });
         if acquired.is_none() && wait.is_zero() {
             self.release_lock(name).await;
         }
@@ -601,7 +614,7 @@ fn millis(duration: Duration) -> u64 {
 
 /// Ends a campaign: the elector's release, within the backend's own steps.
 async fn release(campaigning: Campaigning) {
-    let Campaigning { elector, ending } = campaigning;
+    let Campaigning { elector, ending, .. } = campaigning;
     if let Err(error) = ending.finish(Box::pin(elector.shutdown())).await {
         tracing::warn!(%error, "release not confirmed");
     }

@@ -74,6 +74,7 @@ impl IntoResponse for Failure {
     fn into_response(self) -> Response {
         let (status, kind) = match &self.0 {
             Refusal::BadName(_) => (StatusCode::BAD_REQUEST, "bad_name"),
+            Refusal::BadBody(_) => (StatusCode::BAD_REQUEST, "bad_body"),
             Refusal::GroupNotCreated(_) => (StatusCode::NOT_FOUND, "group_not_created"),
             Refusal::GroupExists(_) => (StatusCode::CONFLICT, "group_exists"),
             Refusal::GroupNotEmpty(_) => (StatusCode::CONFLICT, "group_not_empty"),
@@ -205,7 +206,7 @@ fn parse_body(body: &str) -> Result<Value, Failure> {
     if body.trim().is_empty() {
         return Ok(Value::Null);
     }
-    serde_json::from_str(body).map_err(|e| Failure(Refusal::BadName(format!("the body is not JSON: {e}"))))
+    serde_json::from_str(body).map_err(|e| Failure(Refusal::BadBody(e.to_string())))
 }
 
 async fn run_for_election(State(c): State<Arc<Coordinator>>, Path(group): Path<String>) -> Reply {

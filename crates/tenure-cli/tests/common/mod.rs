@@ -30,6 +30,8 @@ pub fn wait_until<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> O
 pub struct Tenure {
     pub name: String,
     child: Child,
+    /// The write end of standard input, for a process started by [`Tenure::start_piped`].
+    pub stdin: Option<std::process::ChildStdin>,
     stderr: Arc<Mutex<String>>,
     stdout: Arc<Mutex<String>>,
     reaped: Option<ExitStatus>,
@@ -43,16 +45,26 @@ impl Tenure {
 
     /// Starts a prepared command (with its arguments and environment set).
     pub fn start_with(name: &str, command: &mut Command) -> Tenure {
+        Self::spawn(name, command.stdin(Stdio::null()))
+    }
+
+    /// Starts `tenure ARGS...` with standard input a pipe held in [`Tenure::stdin`].
+    pub fn start_piped(name: &str, args: &[&str]) -> Tenure {
+        let mut tenure = Self::spawn(name, without_cluster(Command::new(TENURE).args(args)).stdin(Stdio::piped()));
+        tenure.stdin = tenure.child.stdin.take();
+        tenure
+    }
+
+    fn spawn(name: &str, command: &mut Command) -> Tenure {
         let mut child = command
             .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start tenure");
         let stderr = collect(child.stderr.take().expect("stderr is piped"));
         let stdout = collect(child.stdout.take().expect("stdout is piped"));
-        Tenure { name: name.to_owned(), child, stderr, stdout, reaped: None }
+        Tenure { name: name.to_owned(), child, stdin: None, stderr, stdout, reaped: None }
     }
 
     pub fn pid(&self) -> i32 {
@@ -234,18 +246,21 @@ pub fn start_elect(id: &str, election: &str, lock_url: &str, ttl: &str) -> (Tenu
 
 /// `GET path`: the status code and the body, whatever the status.
 pub fn get(address: &str, path: &str) -> Option<(u16, String)> {
-    request(address, "GET", path)
+    request(address, "GET", path, "")
 }
 
 /// `POST path` with an empty body: the status code and the body, whatever the status.
 pub fn post(address: &str, path: &str) -> Option<(u16, String)> {
-    request(address, "POST", path)
+    request(address, "POST", path, "")
 }
 
-fn request(address: &str, method: &str, path: &str) -> Option<(u16, String)> {
+/// `METHOD path` with `body`: the status code and the body, whatever the status.
+pub fn request(address: &str, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect(address).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(stream, "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(35))).ok()?;
+    let length = body.len();
+    write!(stream, "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n{body}")
+        .ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
     let code = response.get(9..12)?.parse().ok()?;
