@@ -644,7 +644,7 @@ pub async fn coordinate(args: CoordinateArgs) -> Result<u8, CliError> {
     let server =
         tokio::spawn(http::serve(listener, routes::router(coordinator.clone()), stop_serving.clone().cancelled_owned()));
     if args.stdin_lifeline {
-        tokio::spawn(session::stop_when_stdin_closes(coordinator.stop.clone()));
+        crate::signals::stop_when_stdin_closes(coordinator.stop.clone());
     }
     tokio::spawn(session::keep(coordinator.clone()));
 

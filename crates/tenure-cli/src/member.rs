@@ -84,6 +84,11 @@ pub struct MemberArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     drain_timeout: Option<Duration>,
 
+    /// Leave the group (draining as on SIGTERM) when standard input reaches its end: a pipe from
+    /// the application, which closes when it dies, however it dies.
+    #[arg(long)]
+    stdin_lifeline: bool,
+
     #[command(flatten)]
     candidate: CandidateOptions,
 
@@ -342,12 +347,17 @@ pub async fn member(args: MemberArgs) -> Result<u8, CliError> {
     let server =
         tokio::spawn(http::serve(listener, routes::router(sidecar.clone()), stop_serving.clone().cancelled_owned()));
 
+    let lifeline = CancellationToken::new();
+    if args.stdin_lifeline {
+        crate::signals::stop_when_stdin_closes(lifeline.clone());
+    }
     let mut assignment = group.assignment();
     let termination = loop {
         sidecar.follow(Some(&group), &assignment.borrow_and_update(), Instant::now());
         let next_drain = sidecar.expire_drains(Instant::now());
         tokio::select! {
-            termination = signals.recv() => break termination,
+            termination = signals.recv() => break termination.name,
+            () = lifeline.cancelled() => break "standard input closed",
             changed = assignment.changed() => {
                 if changed.is_err() {
                     return Err(CliError::Ended("the group driver stopped"));
@@ -356,7 +366,7 @@ pub async fn member(args: MemberArgs) -> Result<u8, CliError> {
             () = until(next_drain) => {}
         }
     };
-    tracing::info!(signal = termination.name, "leaving the group: draining every partition");
+    tracing::info!(reason = termination, "leaving the group: draining every partition");
     let mut leaving = tokio::spawn(group.leave());
     // The HTTP API keeps answering while the partitions drain, so the application can release.
     let left = loop {

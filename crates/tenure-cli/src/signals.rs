@@ -73,3 +73,17 @@ impl ResignRequests {
         self.usr1.recv().await;
     }
 }
+
+/// Cancels `stop` when standard input reaches its end (the application's pipe closed).
+///
+/// On a thread of its own, not tokio's stdin: a read in flight would hold up the runtime's
+/// shutdown (and so the exit after a `POST /stop`) until the pipe closed.
+pub fn stop_when_stdin_closes(stop: tokio_util::sync::CancellationToken) {
+    std::thread::spawn(move || {
+        let mut buffer = [0u8; 256];
+        let mut stdin = std::io::stdin().lock();
+        while matches!(std::io::Read::read(&mut stdin, &mut buffer), Ok(n) if n > 0) {}
+        tracing::info!("standard input closed: the application is gone");
+        stop.cancel();
+    });
+}

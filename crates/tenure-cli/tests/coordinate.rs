@@ -132,3 +132,15 @@ fn a_member_that_stopped_renewing_is_left_out_after_its_lease() {
     assert!(killed.elapsed() >= Duration::from_secs(1), "not before its record could lapse");
     assert!(members.contains_key("b"), "b stays: it renews while its application talks");
 }
+
+#[test]
+fn stop_releases_everything_and_exits_while_the_lifeline_is_still_open() {
+    let base = TempDir::new("coordinate-stop");
+    let (mut a_process, a) = start("a", &base, "30s");
+    let (_b, b) = start("b", &base, "30s");
+    assert_eq!(call(&a, "POST", "/locks/l1?wait_ms=0", "").1["acquired"], true);
+    assert_eq!(call(&a, "POST", "/stop", "").0, 200);
+    assert_eq!(a_process.exit_code(Duration::from_secs(10)), 0, "exits with its standard input still open");
+    assert!(a_process.stdin.is_some());
+    assert_eq!(call(&b, "POST", "/locks/l1?wait_ms=0", "").1["acquired"], true, "released on the way out");
+}

@@ -5,9 +5,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncReadExt;
-use tokio_util::sync::CancellationToken;
-
 use super::Coordinator;
 
 /// When the application last showed it was alive, and whether the session is over.
@@ -83,18 +80,4 @@ pub async fn keep(coordinator: Arc<Coordinator>) {
     );
     coordinator.session.expired.store(true, Ordering::SeqCst);
     coordinator.release_everything().await;
-}
-
-/// Cancels `stop` when standard input reaches its end (the application's pipe closed).
-pub async fn stop_when_stdin_closes(stop: CancellationToken) {
-    let mut stdin = tokio::io::stdin();
-    let mut buffer = [0u8; 256];
-    loop {
-        match stdin.read(&mut buffer).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-    }
-    tracing::info!("standard input closed: the application is gone");
-    stop.cancel();
 }
