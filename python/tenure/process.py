@@ -20,10 +20,11 @@ import sysconfig
 import threading
 from typing import Deque, Dict, Generic, List, Optional, Sequence, TypeVar, Union
 
+from . import _http
 from .elect import Sidecar
 from .member import Member
 
-Client = TypeVar("Client", Sidecar, Member)
+Client = TypeVar("Client", bound=_http.Client)
 
 #: How long a sidecar may take to serve after it was started.
 START_TIMEOUT = 30.0
@@ -52,7 +53,16 @@ def binary() -> str:
 class Process(Generic[Client]):
     """A running ``tenure`` sidecar and its client (:attr:`client`)."""
 
-    def __init__(self, arguments: Sequence[str], client: "type[Client]", env: Optional[Dict[str, str]] = None) -> None:
+    def __init__(
+        self,
+        arguments: Sequence[str],
+        client: "type[Client]",
+        env: Optional[Dict[str, str]] = None,
+        stdin_pipe: bool = False,
+    ) -> None:
+        """Starts ``tenure ARGUMENTS --http 127.0.0.1:0 --log-format json``. ``stdin_pipe``: the
+        child's stdin is a pipe from this process that is never written, so that its end of file
+        tells the child this process is gone (``tenure coordinate`` then releases everything)."""
         command = [binary(), *arguments, "--http", "127.0.0.1:0", "--log-format", "json"]
         environment = dict(os.environ if env is None else env)
         environment.setdefault("RUST_LOG", "info")
@@ -60,7 +70,9 @@ class Process(Generic[Client]):
         self._address: Optional[str] = None
         self._serving = threading.Event()
         self.popen = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=environment
+            command,
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=environment
         )
         threading.Thread(target=self._read_log, name="tenure-log", daemon=True).start()
         if not self._serving.wait(START_TIMEOUT) or self._address is None:
@@ -109,16 +121,30 @@ class Process(Generic[Client]):
         """SIGTERM, then waits: the sidecar releases what it holds and exits (SIGKILL after
         ``timeout``). Returns its exit status."""
         self.signal(signal.SIGTERM)
-        try:
-            return self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return self.popen.wait()
+        return self.wait(timeout)
 
     def kill(self) -> None:
         """SIGKILL: nothing is released; the lease runs out by itself."""
         self.signal(signal.SIGKILL)
         self.popen.wait()
+        self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        if self.popen.stdin is not None and not self.popen.stdin.closed:
+            try:
+                self.popen.stdin.close()
+            except OSError:
+                pass
+
+    def wait(self, timeout: float) -> int:
+        """Waits for the child to exit (SIGKILL after ``timeout``); returns its exit status."""
+        try:
+            status = self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            status = self.popen.wait()
+        self._close_stdin()
+        return status
 
     def __enter__(self) -> "Process[Client]":
         return self
