@@ -42,7 +42,7 @@ from tooz import coordination, locking, partitioner, utils
 from . import _http
 from .process import Process, StartError
 
-__all__ = ["Leadership", "TenureDriver", "TenureLock", "decode_name", "encode_name", "store_url"]
+__all__ = ["Leadership", "SessionExpired", "TenureDriver", "TenureLock", "decode_name", "encode_name", "store_url"]
 
 T = TypeVar("T")
 
@@ -126,6 +126,12 @@ def _option(options: Mapping[str, Any], name: str) -> Optional[str]:
 
 def _duration(seconds: float) -> str:
     return f"{int(seconds)}s" if seconds == int(seconds) else f"{int(round(seconds * 1000))}ms"
+
+
+class SessionExpired(coordination.ToozConnectionError):
+    """The child ended the session: no request reached it for ``timeout`` seconds (the
+    application did not heartbeat, or was frozen). Every lock, leadership and membership of this
+    coordinator is gone; stop() and start() it again."""
 
 
 class _Done(coordination.CoordAsyncResult[T], Generic[T]):
@@ -341,7 +347,7 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         if errors and kind in errors:
             raise errors[kind]()
         if status == 410 or kind == "session_expired":
-            raise coordination.ToozConnectionError(
+            raise SessionExpired(
                 f"the tenure session ended (no request for {self._timeout:g}s: heartbeat more often): {message}"
             )
         if status == 503 or kind == "unavailable":
@@ -688,6 +694,8 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         try:
             data = self._call("DELETE", f"/locks/{name}")
             return bool(data.get("released"))
+        except SessionExpired:
+            return False  # the session ended, and every lock with it
         finally:
             with self._locks:
                 lock._held = False
