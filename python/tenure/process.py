@@ -127,9 +127,10 @@ class Process(Generic[Client]):
         """SIGKILL: nothing is released; the lease runs out by itself."""
         self.signal(signal.SIGKILL)
         self.popen.wait()
-        self._close_stdin()
+        self.close_stdin()
 
-    def _close_stdin(self) -> None:
+    def close_stdin(self) -> None:
+        """Closes the child's stdin pipe (``stdin_pipe``): its end of file tells the child to stop."""
         if self.popen.stdin is not None and not self.popen.stdin.closed:
             try:
                 self.popen.stdin.close()
@@ -143,7 +144,7 @@ class Process(Generic[Client]):
         except subprocess.TimeoutExpired:
             self.kill()
             status = self.popen.wait()
-        self._close_stdin()
+        self.close_stdin()
         return status
 
     def __enter__(self) -> "Process[Client]":

@@ -274,7 +274,7 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
     # -- the child -------------------------------------------------------------------------
 
     def _start(self) -> None:
-        arguments = ["coordinate", "--lock", self._lock_url, "--id", self._member_name, "--ttl", _duration(self._timeout)]
+        arguments = ["coordinate", "--stdin-lifeline", "--lock", self._lock_url, "--id", self._member_name, "--ttl", _duration(self._timeout)]
         try:
             process = Process(arguments, _http.Client, stdin_pipe=True)
         except (StartError, OSError) as error:
@@ -311,6 +311,9 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
             endpoint.request("POST", "/stop", timeout=STOP_TIMEOUT)
         except _http.SidecarError:
             pass  # gone already, or hangs: the wait below kills it
+        # The end of file on stdin says the same as POST /stop; the child also needs it to exit
+        # (it keeps running after answering POST /stop while its stdin is open).
+        process.close_stdin()
         process.wait(STOP_TIMEOUT)
 
     def _call(
