@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 import time
 import urllib.parse
@@ -40,9 +41,10 @@ import tooz
 from tooz import coordination, locking, partitioner, utils
 
 from . import _http
+from .member import DRAINING, Member
 from .process import Process, StartError
 
-__all__ = ["Leadership", "SessionExpired", "TenureDriver", "TenureLock", "decode_name", "encode_name", "store_url"]
+__all__ = ["Leadership", "SessionExpired", "TenureDriver", "TenureLock", "TenurePartitioner", "decode_name", "encode_name", "store_url"]
 
 T = TypeVar("T")
 
@@ -270,6 +272,7 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         self._leaderships: Dict[bytes, Leadership] = {}
         self._announced: Dict[bytes, int] = {}
         self._campaigning: Set[bytes] = set()
+        self._partitioners: List[TenurePartitioner] = []
 
     # -- the child -------------------------------------------------------------------------
 
@@ -292,6 +295,9 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
             raise coordination.ToozConnectionError(str(error)) from error
 
     def _stop(self) -> None:
+        for partitioned in list(self._partitioners):
+            partitioned._stop_member()
+        self._partitioners.clear()
         process, endpoint = self._process, self._endpoint
         self._process = self._endpoint = None
         with self._locks:
@@ -486,11 +492,34 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         group_id: bytes,
         weight: int = 1,
         partitions: int = partitioner.Partitioner.DEFAULT_PARTITION_NUMBER,
-    ) -> partitioner.Partitioner:
-        raise tooz.NotImplemented(
-            "join_partitioned_group is not implemented by the tenure driver yet"
-            " (run `tenure member` with tenure.member() for Active/Active work sharing)"
-        )
+    ) -> "TenurePartitioner":
+        """Joins ``group_id`` (created if needed, capabilities ``{"weight": weight}``) and runs a
+        ``tenure member`` child in the group's partitioned store, which decides which objects
+        this member owns: see :class:`TenurePartitioner`."""
+        group = _as_bytes(group_id)
+        name = encode_name(group, "group id")
+        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+            raise tooz.ToozError(f"the weight of a member is a positive integer, not {weight!r}")
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise tooz.ToozError(f"the number of partitions is a positive integer, not {partitions!r}")
+        url = str(self._call("GET", "/url?" + urllib.parse.urlencode({"kind": "partitioned", "name": name}))["url"])
+        arguments = [
+            "member", "--group", name, "--lock", url, "--id", self._member_name, "--ttl", _duration(self._timeout),
+            "--partitions", str(partitions), "--weight", str(weight),
+        ]  # fmt: skip
+        try:
+            process = Process(arguments, Member, lifeline=True)
+        except (StartError, OSError) as error:
+            raise coordination.ToozConnectionError(f"tenure member did not start: {error}") from error
+        process.client.endpoint.timeout = self._request_timeout
+        try:
+            self.join_group_create(group, capabilities={"weight": weight})
+            result = TenurePartitioner(self, group, partitions, process)
+        except BaseException:
+            _stop_member(process)
+            raise
+        self._partitioners.append(result)
+        return result
 
     # -- heartbeat -------------------------------------------------------------------------
 
@@ -706,3 +735,114 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
                 if self._lock_owners.get(name) is lock:
                     del self._lock_owners[name]
                 self._locks.notify_all()
+
+
+def _stop_member(process: "Process[Member]", timeout: float = STOP_TIMEOUT) -> None:
+    """Stops a ``tenure member`` child gracefully: the end of file on its lifeline sends it
+    SIGTERM (it leaves the group: every partition drains, then moves at once). The application
+    stopped its work (it left the group, or stopped the coordinator), so draining partitions are
+    released as soon as they show, instead of waiting for the drain timeout."""
+    process.close_stdin()
+    deadline = time.monotonic() + timeout
+    while process.popen.poll() is None and time.monotonic() < deadline:
+        try:
+            for partition, term in process.client.assignment().in_state(DRAINING).items():
+                process.client.release(partition, term)
+            process.popen.wait(0.05)
+        except subprocess.TimeoutExpired:
+            continue
+        except Exception:  # the member stopped serving: it is exiting
+            try:
+                process.popen.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            break
+    process.wait(max(0.0, deadline - time.monotonic()))
+
+
+class TenurePartitioner(partitioner.Partitioner):
+    """Tooz's partitioner, with ownership decided by Tenure (``tenure member``).
+
+    :meth:`belongs_to_self` answers whether this member *owns* the object now, as its ``tenure
+    member`` child says (``GET /owns``): a partition is assigned to a new owner only after the
+    previous owner's revoke (and release, or drain timeout), so two members never both get True
+    for one object while their leases hold. :meth:`owns` adds the fencing term. The objects' keys
+    are ``str(obj)`` (or ``obj.__tooz_hash__()``, decoded as UTF-8).
+
+    :attr:`ring` and :meth:`members_for_object` for *other* members are Tooz's consistent hash ring
+    over the group's members and weights, advisory only (a ``tenure member`` answers only for
+    itself): an object this member owns is answered as this member's, one it does not own as the
+    ring's choice among the others.
+
+    Draining: after a revoke, :meth:`belongs_to_self` is False at once; call
+    :meth:`release_draining` once no work on such objects is running any more, so the partitions
+    move at once (else they move after the drain timeout, the session TTL / 2).
+    """
+
+    def __init__(self, coordinator: TenureDriver, group_id: bytes, partitions: int, process: "Process[Member]") -> None:
+        super().__init__(coordinator, group_id, partitions=partitions)
+        self._tenure = coordinator
+        self._process: Optional[Process[Member]] = process
+
+    @property
+    def member(self) -> Member:
+        """The client of this member's ``tenure member`` child (assignment, events, releases)."""
+        if self._process is None:
+            raise tooz.ToozError("the partitioned group was left")
+        return self._process.client
+
+    @staticmethod
+    def _key(obj: object) -> str:
+        return partitioner.Partitioner._hash_object(obj).decode("utf-8", "backslashreplace")
+
+    def owns(self, obj: object) -> Optional[int]:
+        """The fencing term under which this member owns ``obj`` now, or None."""
+        try:
+            answer = self.member.owns(self._key(obj))
+        except _http.SidecarError as error:
+            raise coordination.ToozConnectionError(str(error)) from error
+        return answer.term if answer.owns else None
+
+    def belongs_to_self(self, obj: object, ignore_members: Optional[Any] = None, replicas: int = 1) -> bool:
+        if replicas != 1:
+            raise tooz.NotImplemented("tenure assigns each object to one member: replicas must be 1")
+        return self.owns(obj) is not None
+
+    def members_for_object(self, obj: object, ignore_members: Optional[Any] = None, replicas: int = 1) -> Any:
+        if replicas != 1:
+            raise tooz.NotImplemented("tenure assigns each object to one member: replicas must be 1")
+        me = self._tenure._member_id
+        ignored = set(ignore_members or ())
+        if me not in ignored and self.owns(obj) is not None:
+            return {me}
+        others = set(self.ring.nodes) - ignored - {me}
+        if not others:
+            return set()
+        return self.ring.get_nodes(self._hash_object(obj), ignore_nodes=ignored | {me}, replicas=1)
+
+    def release_draining(self) -> List[int]:
+        """Tells the group that work on every draining partition has stopped (they move to
+        their new owners at once); the partitions released."""
+        released = []
+        try:
+            for partition, term in self.member.assignment().in_state(DRAINING).items():
+                if self.member.release(partition, term):
+                    released.append(partition)
+        except _http.SidecarError as error:
+            raise coordination.ToozConnectionError(str(error)) from error
+        return released
+
+    def _stop_member(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            _stop_member(process)
+        if self in self._tenure._partitioners:
+            self._tenure._partitioners.remove(self)
+
+    def stop(self) -> None:
+        """Stops watching the group and leaves the partitioned group (graceful: the partitions
+        move at once)."""
+        try:
+            super().stop()
+        finally:
+            self._stop_member()
