@@ -5,6 +5,8 @@ The coordinators run real `tenure coordinate` children on a file store in a temp
 
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -71,8 +73,8 @@ class CoordinatorTest(unittest.TestCase):
         self.url = f"tenure+file://{directory.name}?timeout={TIMEOUT}"
         self.group = b"g-" + uuid.uuid4().hex[:8].encode()
 
-    def coordinator(self, member: bytes, start: bool = True) -> Any:
-        coordinator = tooz.coordination.get_coordinator(self.url, member)
+    def coordinator(self, member: bytes, start: bool = True, url: str = "") -> Any:
+        coordinator = tooz.coordination.get_coordinator(url or self.url, member)
         self.assertIsInstance(coordinator, tooz_driver.TenureDriver)
         if start:
             coordinator.start()
@@ -130,6 +132,53 @@ class CoordinatorTest(unittest.TestCase):
         a._process.signal(signal.SIGCONT)
         self.assertFalse(lock.release(), "the thawed coordinator claimed a lock it had lost")
         self.assertTrue(other.release())
+
+    def test_the_locks_of_an_application_that_dies_are_freed_at_once(self) -> None:
+        url = self.url.replace(f"timeout={TIMEOUT}", "timeout=30")
+        script = (
+            "import sys, tooz.coordination\n"
+            f"c = tooz.coordination.get_coordinator({url!r}, b'doomed')\n"
+            "c.start()\n"
+            "assert c.get_lock(b'resource').acquire(blocking=False)\n"
+            "print('held', flush=True)\n"
+            "sys.stdin.read()\n"
+        )
+        app = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert app.stdin is not None and app.stdout is not None
+        self.addCleanup(app.stdout.close)
+        self.addCleanup(app.stdin.close)
+        self.addCleanup(app.wait)
+        self.addCleanup(app.kill)
+        self.assertEqual(app.stdout.readline().strip(), b"held")
+        b = self.coordinator(b"b", url=url)
+        lock = b.get_lock(b"resource")
+        self.assertFalse(lock.acquire(blocking=False))
+        app.kill()  # SIGKILL: nothing runs in the application; its child sees the pipe close
+        started = time.monotonic()
+        self.assertTrue(lock.acquire(blocking=20), "the dead application's lock was not freed")
+        self.assertLess(time.monotonic() - started, 10, "freed by the 30 s lease, not by the pipe")
+        self.assertTrue(lock.release())
+
+    def test_a_partitioned_object_has_one_owner_and_moves_when_it_leaves(self) -> None:
+        a, b = self.coordinator(b"a"), self.coordinator(b"b")
+        pa = a.join_partitioned_group(self.group, partitions=8)
+        pb = b.join_partitioned_group(self.group, partitions=8)
+        objects = [f"object-{i}" for i in range(50)]
+
+        def split() -> bool:
+            pa.release_draining()  # the test runs no work on revoked objects
+            owners = [(pa.belongs_to_self(o), pb.belongs_to_self(o)) for o in objects]
+            self.assertFalse(any(x and y for x, y in owners), "two owners of one object")
+            return all(x or y for x, y in owners) and any(x for x, _ in owners) and any(y for _, y in owners)
+
+        wait_for(split, 20, "the objects were not shared between the two members")
+        owned_by_a = [o for o in objects if pa.belongs_to_self(o)]
+        terms = {o: pa.owns(o) for o in owned_by_a}
+        self.assertEqual(pa.members_for_object(owned_by_a[0]), {b"a"})
+        a.leave_partitioned_group(pa)
+        wait_for(lambda: all(pb.belongs_to_self(o) for o in objects), 20, "b did not take over a's objects")
+        for o in owned_by_a:
+            self.assertGreater(pb.owns(o), terms[o])
 
     def test_capabilities_that_are_not_json_are_a_tooz_error(self) -> None:
         a = self.coordinator(b"a")
