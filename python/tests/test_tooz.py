@@ -101,8 +101,11 @@ class CoordinatorTest(unittest.TestCase):
         self.assertTrue(a.stand_down_group_leader(self.group))
         self.assertFalse(first.valid(), "a stand-down ends the leadership at once")
         self.assertIsNone(a.leadership(self.group))
+        started = time.monotonic()
         b.run_watchers(timeout=3 * TIMEOUT)
         self.assertEqual([e.member_id for e in elected], [b"a", b"b"])
+        # run_watchers(timeout) long-polls the child: it returns once b leads, not at the timeout.
+        self.assertLess(time.monotonic() - started, TIMEOUT, "the callback waited for the timeout")
         second = b.leadership(self.group)
         self.assertGreater(second.term, first.term)
         self.assertEqual(b.get_leader(self.group).get(), b"b")
@@ -112,10 +115,14 @@ class CoordinatorTest(unittest.TestCase):
         self.assertEqual([e.member_id for e in elected], [b"a", b"b", b"a"])
         self.assertGreater(a.leadership(self.group).term, second.term)
 
-    def test_a_frozen_child_loses_the_lock_on_time_and_another_takes_it(self) -> None:
+    def test_a_frozen_child_loses_the_lock_and_the_leadership_on_time(self) -> None:
         a, b = self.coordinator(b"a"), self.coordinator(b"b")
+        a.watch_elected_as_leader(self.group, lambda event: None)
         lock = a.get_lock(b"resource")
         sent = time.monotonic()
+        a.run_watchers()
+        leadership = a.leadership(self.group)
+        self.assertIsNotNone(leadership)
         self.assertTrue(lock.acquire(blocking=False))
         self.assertIsNotNone(lock.term)
         self.assertTrue(lock.valid())
@@ -124,7 +131,9 @@ class CoordinatorTest(unittest.TestCase):
         # Judged on this host's clock, counted from when the acquire was sent: at the latest one
         # session TTL later (the margin is only for a loaded machine's thread wake-up).
         wait_for(lambda: not lock.valid(), TIMEOUT + 1.0, "the lock stayed valid with its child frozen")
+        wait_for(lambda: not leadership.valid(), TIMEOUT + 1.0, "the leadership stayed valid with its child frozen")
         self.assertLessEqual(time.monotonic() - sent, TIMEOUT + 1.0)
+        self.assertIsNone(a.leadership(self.group))
 
         other = b.get_lock(b"resource")
         self.assertTrue(other.acquire(blocking=4 * TIMEOUT), "the frozen holder's lease did not run out")
@@ -132,6 +141,26 @@ class CoordinatorTest(unittest.TestCase):
         a._process.signal(signal.SIGCONT)
         self.assertFalse(lock.release(), "the thawed coordinator claimed a lock it had lost")
         self.assertTrue(other.release())
+
+    def test_an_application_that_does_not_heartbeat_loses_its_session(self) -> None:
+        a, b = self.coordinator(b"a"), self.coordinator(b"b")
+        lock = a.get_lock(b"resource")
+        self.assertTrue(lock.acquire(blocking=False))
+        a.join_group_create(self.group)
+        # b heartbeats (its heart thread), a does not: a's child ends a's session after TIMEOUT.
+        b.heart.start()
+        self.addCleanup(b.heart.stop)
+        wait_for(lambda: "no request from the application" in a._process.log_tail(50), 3 * TIMEOUT, "no session end")
+        self.assertFalse(lock.valid())
+        with self.assertRaises(tooz.coordination.ToozConnectionError) as raised:
+            a.heartbeat()
+        self.assertIsInstance(raised.exception, tooz_driver.SessionExpired)
+        self.assertNotIn(b"a", b.get_members(self.group).get())
+        self.assertTrue(b.get_lock(b"resource").acquire(blocking=False))
+        self.assertFalse(lock.release())
+        a.stop()
+        a.start()  # a new session
+        self.assertTrue(a.heartbeat() > 0)
 
     def test_the_locks_of_an_application_that_dies_are_freed_at_once(self) -> None:
         url = self.url.replace(f"timeout={TIMEOUT}", "timeout=30")
