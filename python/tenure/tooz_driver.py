@@ -246,6 +246,10 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         coordination.Characteristics.DISTRIBUTED_ACROSS_HOSTS,
     )
 
+    #: How long run_watchers() without a timeout watches for a change of leader when another
+    #: member leads (seconds).
+    SETTLE_GRACE = 0.3
+
     def __init__(self, member_id: bytes, parsed_url: Any, options: Dict[str, Any]) -> None:
         member = _as_bytes(member_id)
         super().__init__(member, parsed_url, options)
@@ -633,10 +637,15 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
 
     def run_watchers(self, timeout: Optional[float] = None) -> List[Any]:
         """Runs the join/leave callbacks (members compared with the last run) and the
-        elected-as-leader callbacks. Without ``timeout``: returns once every watched election
-        has a leader (waiting for one at most a lease). With ``timeout``: long-polls the child
-        until a callback ran or ``timeout`` passed, so that a new leadership runs its callback
-        within milliseconds."""
+        elected-as-leader callbacks.
+
+        Without ``timeout``: returns once every watched election has a leader (waiting for one
+        at most a lease), and, where another member leads, not before :attr:`SETTLE_GRACE` passed
+        without a change: the child's view of a leadership comes from its store's watch, which
+        can lag a stand-down made by another coordinator a moment ago by some milliseconds.
+
+        With ``timeout``: long-polls the child until a callback ran or ``timeout`` passed, so that
+        a new leadership runs its callback within milliseconds."""
         started = time.monotonic()
         if self._endpoint is None:
             raise tooz.ToozError("the tenure coordinator is not started (call start() first)")
@@ -647,9 +656,10 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         for group in groups:
             self._campaign(group)  # again after a restart
         deadline = started + (timeout if timeout is not None else self._timeout + LONG_POLL)
+        settle = started + self.SETTLE_GRACE
         version = self._changes(0, 0)
         while True:
-            settled = True
+            leaderless = following = False
             for group in groups:
                 state, leadership = self._election(group)
                 if leadership is not None:
@@ -663,15 +673,23 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
                     with self._state:
                         self._announced.pop(group, None)
                     if state.get("leader") is None:
-                        settled = False
-            if timeout is None and settled:
+                        leaderless = True
+                    else:
+                        following = True
+            now = time.monotonic()
+            if timeout is not None:
+                if result:
+                    return result
+                until = deadline
+            elif leaderless:
+                until = deadline
+            elif following:
+                until = settle
+            else:
                 return result
-            if timeout is not None and result:
+            if until <= now:
                 return result
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return result
-            version = self._changes(version, min(left, LONG_POLL))
+            version = self._changes(version, min(until - now, LONG_POLL))
 
     # -- locks -----------------------------------------------------------------------------
 
