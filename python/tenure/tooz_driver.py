@@ -147,6 +147,8 @@ class _Done(coordination.CoordAsyncResult[T], Generic[T]):
             self._value = call()
         except tooz.ToozError as error:
             self._error = error
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            self._error = tooz.ToozError(f"unexpected answer from the tenure coordinate child: {error!r}", cause=error)
 
     def get(self, timeout: Optional[float] = None) -> T:
         if self._error is not None:
@@ -281,7 +283,10 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
     # -- the child -------------------------------------------------------------------------
 
     def _start(self) -> None:
-        arguments = ["coordinate", "--stdin-lifeline", "--lock", self._lock_url, "--id", self._member_name, "--ttl", _duration(self._timeout)]
+        arguments = [
+            "coordinate", "--stdin-lifeline", "--lock", self._lock_url, "--id", self._member_name,
+            "--ttl", _duration(self._timeout),
+        ]  # fmt: skip
         try:
             process = Process(arguments, _http.Client, stdin_pipe=True)
         except (StartError, OSError) as error:
