@@ -44,7 +44,7 @@ from . import _http
 from .member import DRAINING, Member
 from .process import Process, StartError
 
-__all__ = ["Leadership", "SessionExpired", "TenureDriver", "TenureLock", "TenurePartitioner", "decode_name", "encode_name", "store_url"]
+__all__ = ["LeaderElected", "Leadership", "SessionExpired", "TenureDriver", "TenureLock", "TenurePartitioner", "decode_name", "encode_name", "store_url"]
 
 T = TypeVar("T")
 
@@ -187,6 +187,17 @@ class Leadership:
 
     def __repr__(self) -> str:
         return f"<Leadership {self.group!r} term {self.term} {'valid' if self.valid() else 'ended'}>"
+
+
+class LeaderElected(coordination.LeaderElected):
+    """Tooz's event, with the leadership it announces (:attr:`leadership`: ``term`` and
+    ``valid()``)."""
+
+    def __init__(self, group_id: bytes, member_id: bytes, leadership: Leadership) -> None:
+        super().__init__(group_id, member_id)
+        self.leadership = leadership
+        #: The fencing token of this leadership.
+        self.term = leadership.term
 
 
 class TenureLock(locking.Lock):
@@ -672,7 +683,7 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
                         fire = self._announced.get(group) != leadership.term
                         self._announced[group] = leadership.term
                     if fire:
-                        event = coordination.LeaderElected(group, self._member_id)
+                        event = LeaderElected(group, self._member_id, leadership)
                         result.extend(self._hooks_elected_leader[group].run(event))
                 else:
                     with self._state:

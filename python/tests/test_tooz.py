@@ -95,6 +95,8 @@ class CoordinatorTest(unittest.TestCase):
         first = a.leadership(self.group)
         self.assertIsNotNone(first)
         self.assertTrue(first.valid())
+        self.assertIs(elected[0].leadership, first)
+        self.assertEqual(elected[0].term, first.term)
 
         b.watch_elected_as_leader(self.group, elected.append)
         self.assertEqual(b.run_watchers(), [])
@@ -108,6 +110,7 @@ class CoordinatorTest(unittest.TestCase):
         self.assertLess(time.monotonic() - started, TIMEOUT, "the callback waited for the timeout")
         second = b.leadership(self.group)
         self.assertGreater(second.term, first.term)
+        self.assertEqual(elected[1].term, second.term)
         self.assertEqual(b.get_leader(self.group).get(), b"b")
 
         self.assertTrue(b.stand_down_group_leader(self.group))
