@@ -38,11 +38,16 @@ class Endpoint:
     def _connect(self, timeout: Optional[float]) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout if timeout is None else timeout)
 
-    def request(self, method: str, path: str, timeout: Optional[float] = None) -> Tuple[int, bytes]:
-        """The status and body of one request."""
+    def request(
+        self, method: str, path: str, timeout: Optional[float] = None, body: Optional[bytes] = None
+    ) -> Tuple[int, bytes]:
+        """The status and body of one request (``body``, if any, is sent as JSON)."""
         connection = self._connect(timeout)
         try:
-            connection.request(method, path)
+            if body is None:
+                connection.request(method, path)
+            else:
+                connection.request(method, path, body=body, headers={"Content-Type": "application/json"})
             response = connection.getresponse()
             return response.status, response.read()
         except (OSError, http.client.HTTPException) as error:

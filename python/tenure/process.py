@@ -20,10 +20,30 @@ import sysconfig
 import threading
 from typing import Deque, Dict, Generic, List, Optional, Sequence, TypeVar, Union
 
+from . import _http
 from .elect import Sidecar
 from .member import Member
 
-Client = TypeVar("Client", Sidecar, Member)
+Client = TypeVar("Client", bound=_http.Client)
+
+#: ``Process(..., lifeline=True)``: a shell between this process and a ``tenure`` command that has no
+#: ``--stdin-lifeline`` of its own. It reads the pipe on its stdin and, at its end of file (this
+#: process closed it, or died however it died) or on SIGTERM, sends the command SIGTERM (a graceful
+#: leave) and waits for it.
+LIFELINE = (
+    "/bin/sh",
+    "-c",
+    # A background command's stdin would be /dev/null: the pipe goes to the reader as fd 3.
+    'exec 3<&0 </dev/null\n'
+    '"$@" 3<&- & child=$!\n'
+    'trap \'kill -TERM "$child" 2>/dev/null\' TERM INT\n'
+    "cat <&3 >/dev/null 3<&- & reader=$!\n"
+    "exec 3<&-\n"
+    'wait "$reader"\n'
+    'kill -TERM "$child" 2>/dev/null; kill "$reader" 2>/dev/null\n'
+    'wait "$child"\n',
+    "tenure-lifeline",
+)
 
 #: How long a sidecar may take to serve after it was started.
 START_TIMEOUT = 30.0
@@ -52,15 +72,36 @@ def binary() -> str:
 class Process(Generic[Client]):
     """A running ``tenure`` sidecar and its client (:attr:`client`)."""
 
-    def __init__(self, arguments: Sequence[str], client: "type[Client]", env: Optional[Dict[str, str]] = None) -> None:
+    def __init__(
+        self,
+        arguments: Sequence[str],
+        client: "type[Client]",
+        env: Optional[Dict[str, str]] = None,
+        stdin_pipe: bool = False,
+        lifeline: bool = False,
+    ) -> None:
+        """Starts ``tenure ARGUMENTS --http 127.0.0.1:0 --log-format json``. ``stdin_pipe``: the
+        child's stdin is a pipe from this process that is never written, so that its end of file
+        tells the child this process is gone (``tenure coordinate`` then releases everything).
+        ``lifeline``: the same for a command that does not read its stdin, through
+        :data:`LIFELINE` (in a session of its own; :meth:`kill` kills both)."""
         command = [binary(), *arguments, "--http", "127.0.0.1:0", "--log-format", "json"]
+        self._group = lifeline
+        if lifeline:
+            command = [*LIFELINE, *command]
+            stdin_pipe = True
         environment = dict(os.environ if env is None else env)
         environment.setdefault("RUST_LOG", "info")
         self._log: Deque[str] = collections.deque(maxlen=200)
         self._address: Optional[str] = None
         self._serving = threading.Event()
         self.popen = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=environment
+            command,
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=environment,
+            start_new_session=lifeline,
         )
         threading.Thread(target=self._read_log, name="tenure-log", daemon=True).start()
         if not self._serving.wait(START_TIMEOUT) or self._address is None:
@@ -109,16 +150,36 @@ class Process(Generic[Client]):
         """SIGTERM, then waits: the sidecar releases what it holds and exits (SIGKILL after
         ``timeout``). Returns its exit status."""
         self.signal(signal.SIGTERM)
-        try:
-            return self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return self.popen.wait()
+        return self.wait(timeout)
 
     def kill(self) -> None:
         """SIGKILL: nothing is released; the lease runs out by itself."""
+        if self._group and self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except OSError:
+                pass
         self.signal(signal.SIGKILL)
         self.popen.wait()
+        self.close_stdin()
+
+    def close_stdin(self) -> None:
+        """Closes the child's stdin pipe (``stdin_pipe``): its end of file tells the child to stop."""
+        if self.popen.stdin is not None and not self.popen.stdin.closed:
+            try:
+                self.popen.stdin.close()
+            except OSError:
+                pass
+
+    def wait(self, timeout: float) -> int:
+        """Waits for the child to exit (SIGKILL after ``timeout``); returns its exit status."""
+        try:
+            status = self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            status = self.popen.wait()
+        self.close_stdin()
+        return status
 
     def __enter__(self) -> "Process[Client]":
         return self

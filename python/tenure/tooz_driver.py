@@ -1,0 +1,882 @@
+"""A Tooz driver backed by a ``tenure coordinate`` child process (optional: needs ``tooz``).
+
+Why: an OpenStack-style application written against Tooz gets Tenure's leases, fencing terms and
+stores (file, etcd, ZooKeeper, Kubernetes) without changing its code, only its URL::
+
+    coordinator = tooz.coordination.get_coordinator("tenure+etcd://127.0.0.1:2379/app?timeout=10", b"me")
+
+One ``tenure coordinate`` child per coordinator, started by :meth:`start` with a pipe on its
+stdin (its end of file tells the child this process died: it releases everything), stopped by
+:meth:`stop`. Every Tooz call is one HTTP request to the child (each with a timeout); the child
+ends the session (locks, leaderships, memberships) when no request arrived for ``timeout``
+seconds, so an application must heartbeat (``start(start_heart=True)``, or :meth:`heartbeat`).
+
+What Tooz does not have and this driver adds: the fencing term and the validity of a leadership
+(:meth:`TenureDriver.leadership`) and of a lock (:attr:`TenureLock.term`, :meth:`TenureLock.valid`),
+judged on this host's monotonic clock and counted from when each request was *sent*, so that a
+frozen child or a lost session turns them invalid on time.
+
+Names: Tenure accepts only "safe names" (``[a-z0-9]([a-z0-9-]*[a-z0-9])?``, at most 40
+characters). A Tooz group, lock or member name that already is one is used as is; any other is
+sent as ``"x-" + hex`` of its bytes when that fits in 40 characters (names up to 19 bytes), else
+refused with :class:`tooz.ToozError`. Ids read back (members, leaders, groups) are decoded to the
+caller's bytes. One refinement of that rule keeps the decoding unambiguous: a safe name that
+itself looks like an encoded one (``x-`` followed by an even number of hex digits) is encoded too.
+
+Refused (:class:`tooz.NotImplemented`): :meth:`TenureLock.break_` (breaking another holder's lock
+makes two holders, which is what a lease with a fencing term is there to prevent) and shared locks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+import urllib.parse
+from typing import Any, Callable, Dict, Generic, List, Mapping, Optional, Set, Tuple, TypeVar, Union
+
+import tooz
+from tooz import coordination, locking, partitioner, utils
+
+from . import _http
+from .member import DRAINING, Member
+from .process import Process, StartError
+
+__all__ = ["LeaderElected", "Leadership", "SessionExpired", "TenureDriver", "TenureLock", "TenurePartitioner", "decode_name", "encode_name", "store_url"]
+
+T = TypeVar("T")
+
+#: Tenure's safe names.
+SAFE_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?\Z")
+_ENCODED = re.compile(r"x-((?:[0-9a-f]{2})+)\Z")
+MAX_NAME = 40
+
+#: ``timeout`` (seconds) when the URL gives none: the session's TTL in the child.
+DEFAULT_TIMEOUT = 10.0
+#: The longest single long-poll (``wait_ms``) of a blocking lock acquire or of run_watchers.
+LONG_POLL = 5.0
+#: How long stop() waits for the child to release everything and exit before killing it.
+STOP_TIMEOUT = 15.0
+
+
+def _as_bytes(name: Union[bytes, str]) -> bytes:
+    return name.encode("utf-8") if isinstance(name, str) else bytes(name)
+
+
+def encode_name(name: Union[bytes, str], what: str = "name") -> str:
+    """The safe name Tenure gets for a Tooz ``name`` (see the module's documentation); raises
+    :class:`tooz.ToozError` for a name that has none."""
+    raw = _as_bytes(name)
+    if not raw:
+        raise tooz.ToozError(f"an empty {what} cannot be used with tenure")
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        text = ""
+    if text and len(text) <= MAX_NAME and SAFE_NAME.match(text) and not _ENCODED.match(text):
+        return text
+    encoded = "x-" + raw.hex()
+    if len(encoded) > MAX_NAME:
+        raise tooz.ToozError(
+            f"the {what} {raw!r} cannot be used with tenure: it is not a safe name (lowercase letters,"
+            f" digits and inner '-', at most {MAX_NAME} characters) and its hex form would be"
+            f" {len(encoded)} characters (at most {(MAX_NAME - 2) // 2} bytes fit)"
+        )
+    return encoded
+
+
+def decode_name(text: str) -> bytes:
+    """The Tooz name (bytes) behind a safe name Tenure reports."""
+    match = _ENCODED.match(text)
+    if match:
+        return bytes.fromhex(match.group(1))
+    return text.encode("utf-8")
+
+
+def store_url(parsed_url: Any) -> Tuple[str, bool]:
+    """The child's ``--lock`` base URL for a Tooz URL (``tenure+KIND://...``), and whether the
+    store is shared across hosts."""
+    scheme = str(parsed_url.scheme)
+    kind = scheme.split("+", 1)[1] if "+" in scheme else ""
+    netloc = str(parsed_url.netloc or "")
+    path = str(parsed_url.path or "")
+    if kind == "file":
+        if netloc not in ("", "localhost") or not path.startswith("/"):
+            raise tooz.ToozError(f"a {scheme} URL is {scheme}:///absolute/directory, not {parsed_url.geturl()!r}")
+        return "file://" + path, False
+    if kind in ("etcd", "zookeeper"):
+        if not netloc:
+            raise tooz.ToozError(f"a {scheme} URL is {scheme}://host:port[,host:port]/prefix, not {parsed_url.geturl()!r}")
+        prefix = path.rstrip("/") or "/tooz"
+        return ("etcd://" if kind == "etcd" else "zk://") + netloc + prefix, True
+    if kind == "kubernetes":
+        prefix = path.strip("/")
+        if not netloc or not prefix or "/" in prefix:
+            raise tooz.ToozError(f"a {scheme} URL is {scheme}://NAMESPACE/PREFIX, not {parsed_url.geturl()!r}")
+        return f"kube://{netloc}/leases/{prefix}", True
+    raise tooz.ToozError(f"unknown tenure backend {scheme!r}: tenure+file, tenure+etcd, tenure+zookeeper or tenure+kubernetes")
+
+
+def _option(options: Mapping[str, Any], name: str) -> Optional[str]:
+    value = options.get(name)
+    if isinstance(value, (list, tuple)):
+        value = value[-1] if value else None
+    return None if value is None else str(value)
+
+
+def _duration(seconds: float) -> str:
+    return f"{int(seconds)}s" if seconds == int(seconds) else f"{int(round(seconds * 1000))}ms"
+
+
+class SessionExpired(coordination.ToozConnectionError):
+    """The child ended the session: no request reached it for ``timeout`` seconds (the
+    application did not heartbeat, or was frozen). Every lock, leadership and membership of this
+    coordinator is gone; stop() and start() it again."""
+
+
+class _Done(coordination.CoordAsyncResult[T], Generic[T]):
+    """The result of a call already made (the driver's calls are synchronous: one HTTP request
+    each); a Tooz error is raised by :meth:`get`, as Tooz's asynchronous drivers do."""
+
+    def __init__(self, call: Callable[[], T]) -> None:
+        self._error: Optional[tooz.ToozError] = None
+        self._value: Optional[T] = None
+        try:
+            self._value = call()
+        except tooz.ToozError as error:
+            self._error = error
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            self._error = tooz.ToozError(f"unexpected answer from the tenure coordinate child: {error!r}", cause=error)
+
+    def get(self, timeout: Optional[float] = None) -> T:
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+    def done(self) -> bool:
+        return True
+
+
+class Leadership:
+    """This coordinator's leadership of one group: the fencing term, and whether it is still
+    valid on this host's clock (refreshed by :meth:`TenureDriver.heartbeat` and
+    :meth:`TenureDriver.run_watchers`; ends at once on a stand-down, an unwatch or a stop)."""
+
+    def __init__(self, group: bytes, term: int, deadline: float) -> None:
+        self.group = group
+        #: The fencing token of this leadership: pass it to every write the leader makes.
+        self.term = term
+        self._deadline = deadline
+
+    def valid(self) -> bool:
+        """Whether work as the leader may still run now."""
+        return time.monotonic() < self._deadline
+
+    def remaining(self) -> float:
+        """Seconds of validity left (0 when ended)."""
+        return max(0.0, self._deadline - time.monotonic())
+
+    def _refresh(self, deadline: float) -> None:
+        if self._deadline > 0:
+            self._deadline = max(self._deadline, deadline)
+
+    def _end(self) -> None:
+        self._deadline = 0.0
+
+    def __repr__(self) -> str:
+        return f"<Leadership {self.group!r} term {self.term} {'valid' if self.valid() else 'ended'}>"
+
+
+class LeaderElected(coordination.LeaderElected):
+    """Tooz's event, with the leadership it announces (:attr:`leadership`: ``term`` and
+    ``valid()``)."""
+
+    def __init__(self, group_id: bytes, member_id: bytes, leadership: Leadership) -> None:
+        super().__init__(group_id, member_id)
+        self.leadership = leadership
+        #: The fencing token of this leadership.
+        self.term = leadership.term
+
+
+class TenureLock(locking.Lock):
+    """An exclusive lock held through the coordinator's child (``POST /locks/NAME``), with the
+    fencing term of each acquisition."""
+
+    def __init__(self, driver: "TenureDriver", name: bytes) -> None:
+        super().__init__(name)
+        self._driver = driver
+        self._encoded = encode_name(name, "lock name")
+        self._held = False
+        self._term: Optional[int] = None
+        self._deadline = 0.0
+        self._acquired_at = 0.0
+
+    @property
+    def term(self) -> Optional[int]:
+        """The fencing term of the current (or last) acquisition."""
+        return self._term
+
+    def valid(self) -> bool:
+        """Held, and still valid on this host's clock (refreshed by heartbeats)."""
+        return self._held and time.monotonic() < self._deadline
+
+    def acquire(self, blocking: Union[bool, float] = True, shared: bool = False, timeout: Optional[float] = None) -> bool:
+        if shared:
+            raise tooz.NotImplemented("tenure locks are exclusive: shared locks are not implemented")
+        wait, limit = utils.convert_blocking(blocking, timeout)
+        deadline = None if not wait or limit is None else time.monotonic() + float(limit)
+        return self._driver._acquire(self, wait, deadline)
+
+    def release(self) -> bool:
+        return self._driver._release(self)
+
+    def heartbeat(self) -> bool:
+        """Refreshes the coordinator's session; whether this lock is still held."""
+        if not self._held:
+            return False
+        self._driver.heartbeat()
+        return self.valid()
+
+    def is_still_owner(self) -> bool:
+        return self.valid()
+
+    def break_(self) -> bool:
+        raise tooz.NotImplemented(
+            "tenure does not break locks: breaking another holder's lock makes two holders"
+            " (the old one does not know); a lock is freed by its holder or by its lease running out"
+        )
+
+
+class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
+    """The Tooz driver for ``tenure+file``, ``tenure+etcd``, ``tenure+zookeeper`` and
+    ``tenure+kubernetes`` URLs. Option ``timeout`` (seconds, default 10): the session TTL."""
+
+    CHARACTERISTICS: Tuple[coordination.Characteristics, ...] = (
+        coordination.Characteristics.DISTRIBUTED_ACROSS_THREADS,
+        coordination.Characteristics.DISTRIBUTED_ACROSS_PROCESSES,
+        coordination.Characteristics.DISTRIBUTED_ACROSS_HOSTS,
+    )
+
+    #: How long run_watchers() without a timeout watches for a change of leader when another
+    #: member leads (seconds).
+    SETTLE_GRACE = 0.3
+
+    def __init__(self, member_id: bytes, parsed_url: Any, options: Dict[str, Any]) -> None:
+        member = _as_bytes(member_id)
+        super().__init__(member, parsed_url, options)
+        self._lock_url, across_hosts = store_url(parsed_url)
+        if not across_hosts:
+            self.CHARACTERISTICS = tuple(
+                c for c in self.CHARACTERISTICS if c != coordination.Characteristics.DISTRIBUTED_ACROSS_HOSTS
+            )
+        timeout = _option(options, "timeout")
+        try:
+            self._timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+        except ValueError:
+            raise tooz.ToozError(f"timeout is a number of seconds, not {timeout!r}") from None
+        if not self._timeout > 0:
+            raise tooz.ToozError(f"timeout must be positive, not {timeout!r}")
+        self._member_name = encode_name(member, "member id")
+        #: Bounds every request that is not a long-poll.
+        self._request_timeout = max(10.0, self._timeout) + 5.0
+        self._process: Optional[Process[_http.Client]] = None
+        self._endpoint: Optional[_http.Endpoint] = None
+        self._locks = threading.Condition()
+        self._lock_owners: Dict[str, TenureLock] = {}
+        self._state = threading.Lock()
+        self._leaderships: Dict[bytes, Leadership] = {}
+        self._announced: Dict[bytes, int] = {}
+        self._campaigning: Set[bytes] = set()
+        self._partitioners: List[TenurePartitioner] = []
+
+    # -- the child -------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        arguments = [
+            "coordinate", "--stdin-lifeline", "--lock", self._lock_url, "--id", self._member_name,
+            "--ttl", _duration(self._timeout),
+        ]  # fmt: skip
+        try:
+            process = Process(arguments, _http.Client, stdin_pipe=True)
+        except (StartError, OSError) as error:
+            raise coordination.ToozConnectionError(f"tenure coordinate did not start: {error}") from error
+        process.client.endpoint.timeout = self._request_timeout
+        self._process, self._endpoint = process, process.client.endpoint
+        self._campaigning = set()
+        try:
+            self._call("GET", "/groups")  # the store answers (else: ToozConnectionError)
+        except tooz.ToozError as error:
+            self._process = self._endpoint = None
+            process.kill()
+            if isinstance(error, coordination.ToozConnectionError):
+                raise
+            raise coordination.ToozConnectionError(str(error)) from error
+
+    def _stop(self) -> None:
+        for partitioned in list(self._partitioners):
+            partitioned._stop_member()
+        self._partitioners.clear()
+        process, endpoint = self._process, self._endpoint
+        self._process = self._endpoint = None
+        with self._locks:
+            for lock in self._lock_owners.values():
+                lock._held = False
+            self._lock_owners.clear()
+            self._locks.notify_all()
+        with self._state:
+            for leadership in self._leaderships.values():
+                leadership._end()
+            self._leaderships.clear()
+            self._announced.clear()
+            self._campaigning = set()
+        if process is None or endpoint is None:
+            return
+        try:
+            endpoint.request("POST", "/stop", timeout=STOP_TIMEOUT)
+        except _http.SidecarError:
+            pass  # gone already, or hangs: the wait below kills it
+        # The end of file on stdin says the same as POST /stop; the child also needs it to exit
+        # (it keeps running after answering POST /stop while its stdin is open).
+        process.close_stdin()
+        process.wait(STOP_TIMEOUT)
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Optional[bytes] = None,
+        errors: Optional[Mapping[str, Callable[[], tooz.ToozError]]] = None,
+        timeout: Optional[float] = None,
+    ) -> Any:
+        """One request to the child; its JSON answer (None when empty). Error answers become
+        Tooz's exceptions: ``errors`` maps the child's error kinds to the caller's."""
+        endpoint, process = self._endpoint, self._process
+        if endpoint is None or process is None:
+            raise tooz.ToozError("the tenure coordinator is not started (call start() first)")
+        try:
+            status, raw = endpoint.request(method, path, timeout=timeout, body=body)
+        except _http.SidecarError as error:
+            if process.popen.poll() is not None:
+                raise coordination.ToozConnectionError(
+                    f"the tenure coordinate child exited ({process.popen.returncode}): {process.log_tail(5)}"
+                ) from error
+            raise coordination.ToozConnectionError(str(error)) from error
+        data: Any = None
+        if raw.strip():
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                data = None
+        if 200 <= status < 300:
+            return data
+        kind = str(data.get("kind", "")) if isinstance(data, dict) else ""
+        message = str(data.get("error", "")) if isinstance(data, dict) else raw.decode("utf-8", "replace").strip()
+        if errors and kind in errors:
+            raise errors[kind]()
+        if status == 410 or kind == "session_expired":
+            raise SessionExpired(
+                f"the tenure session ended (no request for {self._timeout:g}s: heartbeat more often): {message}"
+            )
+        if status == 503 or kind == "unavailable":
+            raise coordination.ToozConnectionError(f"the store is unavailable: {message}")
+        raise tooz.ToozError(f"{method} {path} answered {status} {kind}: {message}")
+
+    @staticmethod
+    def _json(value: Any, what: str) -> bytes:
+        try:
+            return json.dumps(value, allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError) as error:
+            raise coordination.SerializationError(
+                f"the {what} must be JSON-serialisable (tenure stores them as JSON): {error}"
+            ) from error
+
+    # -- groups ----------------------------------------------------------------------------
+
+    def create_group(self, group_id: bytes) -> coordination.CoordAsyncResult[None]:
+        name = encode_name(group_id, "group id")
+
+        def call() -> None:
+            self._call("PUT", f"/groups/{name}", errors={"group_exists": lambda: coordination.GroupAlreadyExist(group_id)})
+
+        return _Done(call)
+
+    def get_groups(self) -> coordination.CoordAsyncResult[List[bytes]]:
+        return _Done(lambda: [decode_name(str(g)) for g in self._call("GET", "/groups")["groups"]])
+
+    def delete_group(self, group_id: bytes) -> coordination.CoordAsyncResult[None]:
+        name = encode_name(group_id, "group id")
+
+        def call() -> None:
+            self._call(
+                "DELETE",
+                f"/groups/{name}",
+                errors={
+                    "group_not_created": lambda: coordination.GroupNotCreated(group_id),
+                    "group_not_empty": lambda: coordination.GroupNotEmpty(group_id),
+                },
+            )
+
+        return _Done(call)
+
+    def join_group(
+        self, group_id: bytes, capabilities: Optional[coordination.Capabilities] = None
+    ) -> coordination.CoordAsyncResult[None]:
+        name = encode_name(group_id, "group id")
+        body = b'{"capabilities": ' + self._json(capabilities, "capabilities") + b"}"
+
+        def call() -> None:
+            self._call(
+                "PUT",
+                f"/groups/{name}/members/{self._member_name}",
+                body,
+                errors={
+                    "group_not_created": lambda: coordination.GroupNotCreated(group_id),
+                    "member_exists": lambda: coordination.MemberAlreadyExist(group_id, self._member_id),
+                },
+            )
+            self._joined_groups.add(_as_bytes(group_id))
+
+        return _Done(call)
+
+    def leave_group(self, group_id: bytes) -> coordination.CoordAsyncResult[None]:
+        name = encode_name(group_id, "group id")
+
+        def call() -> None:
+            try:
+                self._call(
+                    "DELETE",
+                    f"/groups/{name}/members/{self._member_name}",
+                    errors={
+                        "group_not_created": lambda: coordination.GroupNotCreated(group_id),
+                        "member_not_joined": lambda: coordination.MemberNotJoined(group_id, self._member_id),
+                    },
+                )
+            finally:
+                self._joined_groups.discard(_as_bytes(group_id))
+
+        return _Done(call)
+
+    def _members(self, group_id: bytes) -> Dict[bytes, Optional[coordination.Capabilities]]:
+        name = encode_name(group_id, "group id")
+        data = self._call(
+            "GET", f"/groups/{name}/members", errors={"group_not_created": lambda: coordination.GroupNotCreated(group_id)}
+        )
+        return {decode_name(str(m)): c for m, c in data["members"].items()}
+
+    def get_members(self, group_id: bytes) -> coordination.CoordAsyncResult[Set[bytes]]:
+        return _Done(lambda: set(self._members(group_id)))
+
+    def get_members_with_capabilities(
+        self, group_id: bytes
+    ) -> coordination.CoordAsyncResult[Dict[bytes, Optional[coordination.Capabilities]]]:
+        return _Done(lambda: self._members(group_id))
+
+    def _capabilities(self, group_id: bytes, member_id: bytes) -> Optional[coordination.Capabilities]:
+        members = self._members(group_id)
+        member = _as_bytes(member_id)
+        if member not in members:
+            raise coordination.MemberNotJoined(group_id, member_id)
+        return members[member]
+
+    def get_member_capabilities(
+        self, group_id: bytes, member_id: bytes
+    ) -> coordination.CoordAsyncResult[Optional[coordination.Capabilities]]:
+        return _Done(lambda: self._capabilities(group_id, member_id))
+
+    def get_member_info(self, group_id: bytes, member_id: bytes) -> coordination.CoordAsyncResult[Dict[str, Any]]:
+        return _Done(lambda: {"capabilities": self._capabilities(group_id, member_id)})
+
+    def update_capabilities(
+        self, group_id: bytes, capabilities: coordination.Capabilities
+    ) -> coordination.CoordAsyncResult[None]:
+        name = encode_name(group_id, "group id")
+        body = self._json(capabilities, "capabilities")
+
+        def call() -> None:
+            self._call(
+                "PUT",
+                f"/groups/{name}/members/{self._member_name}/capabilities",
+                body,
+                errors={
+                    "group_not_created": lambda: coordination.GroupNotCreated(group_id),
+                    "member_not_joined": lambda: coordination.MemberNotJoined(group_id, self._member_id),
+                },
+            )
+
+        return _Done(call)
+
+    def join_partitioned_group(
+        self,
+        group_id: bytes,
+        weight: int = 1,
+        partitions: int = partitioner.Partitioner.DEFAULT_PARTITION_NUMBER,
+    ) -> "TenurePartitioner":
+        """Joins ``group_id`` (created if needed, capabilities ``{"weight": weight}``) and runs a
+        ``tenure member`` child in the group's partitioned store, which decides which objects
+        this member owns: see :class:`TenurePartitioner`."""
+        group = _as_bytes(group_id)
+        name = encode_name(group, "group id")
+        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+            raise tooz.ToozError(f"the weight of a member is a positive integer, not {weight!r}")
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise tooz.ToozError(f"the number of partitions is a positive integer, not {partitions!r}")
+        url = str(self._call("GET", "/url?" + urllib.parse.urlencode({"kind": "partitioned", "name": name}))["url"])
+        arguments = [
+            "member", "--group", name, "--lock", url, "--id", self._member_name, "--ttl", _duration(self._timeout),
+            "--partitions", str(partitions), "--weight", str(weight),
+        ]  # fmt: skip
+        try:
+            process = Process(arguments, Member, lifeline=True)
+        except (StartError, OSError) as error:
+            raise coordination.ToozConnectionError(f"tenure member did not start: {error}") from error
+        process.client.endpoint.timeout = self._request_timeout
+        try:
+            self.join_group_create(group, capabilities={"weight": weight})
+            result = TenurePartitioner(self, group, partitions, process)
+        except BaseException:
+            _stop_member(process)
+            raise
+        self._partitioners.append(result)
+        return result
+
+    # -- heartbeat -------------------------------------------------------------------------
+
+    def heartbeat(self) -> float:
+        """Keeps the session alive and refreshes the validity of leaderships and locks; returns
+        the child's retry interval (seconds)."""
+        sent = time.monotonic()
+        data = self._call("POST", "/heartbeat")
+        for name, state in dict(data.get("elections") or {}).items():
+            self._note_election(decode_name(str(name)), state, sent)
+        locks = dict(data.get("locks") or {})
+        with self._locks:
+            for encoded, lock in list(self._lock_owners.items()):
+                if not lock._held or lock._acquired_at > sent:
+                    continue
+                state = locks.get(encoded)
+                if isinstance(state, dict) and state.get("term") == lock._term and state.get("valid_ms") is not None:
+                    lock._deadline = max(lock._deadline, sent + float(state["valid_ms"]) / 1000.0)
+                else:
+                    lock._deadline = 0.0  # lost: valid() is false; release() answers False
+        return float(data.get("retry_ms", self._timeout * 200)) / 1000.0
+
+    # -- elections -------------------------------------------------------------------------
+
+    def leadership(self, group_id: bytes) -> Optional[Leadership]:
+        """This coordinator's current leadership of ``group_id`` (fencing term and validity), or
+        None when it does not lead (as last seen by heartbeat, run_watchers or get_leader)."""
+        with self._state:
+            leadership = self._leaderships.get(_as_bytes(group_id))
+        return leadership if leadership is not None and leadership.valid() else None
+
+    def _note_election(self, group: bytes, state: Any, sent: float) -> Optional[Leadership]:
+        """Records an election's state as the child reported it; the leadership if leading."""
+        leading = isinstance(state, dict) and bool(state.get("leading")) and state.get("term") is not None
+        with self._state:
+            current = self._leaderships.get(group)
+            if not leading:
+                if current is not None:
+                    current._end()
+                    del self._leaderships[group]
+                return None
+            term = int(state["term"])
+            valid_ms = state.get("valid_ms")
+            deadline = sent + (float(valid_ms) / 1000.0 if valid_ms is not None else 0.0)
+            if current is not None and current.term == term:
+                current._refresh(deadline)
+                return current
+            if current is not None:
+                current._end()
+            self._leaderships[group] = Leadership(group, term, deadline)
+            return self._leaderships[group]
+
+    def _election(self, group: bytes) -> Tuple[Dict[str, Any], Optional[Leadership]]:
+        name = encode_name(group, "group id")
+        sent = time.monotonic()
+        state = self._call("GET", f"/elections/{name}")
+        return state, self._note_election(group, state, sent)
+
+    def _campaign(self, group: bytes) -> None:
+        if group not in self._campaigning:
+            self._call("PUT", f"/elections/{encode_name(group, 'group id')}")
+            self._campaigning.add(group)
+
+    def watch_elected_as_leader(self, group_id: bytes, callback: coordination.EventCallback[coordination.LeaderElected]) -> None:
+        """Campaigns for the leadership of ``group_id`` (at once); ``callback`` runs from
+        :meth:`run_watchers` each time this coordinator becomes the leader (a new term)."""
+        self._campaign(_as_bytes(group_id))
+        super().watch_elected_as_leader(group_id, callback)
+
+    def unwatch_elected_as_leader(
+        self, group_id: bytes, callback: coordination.EventCallback[coordination.LeaderElected]
+    ) -> None:
+        """Removes ``callback``; the last one removed stops the campaign (a leadership held is
+        released)."""
+        super().unwatch_elected_as_leader(group_id, callback)
+        group = _as_bytes(group_id)
+        if group not in self._hooks_elected_leader and group in self._campaigning:
+            self._campaigning.discard(group)
+            self._forget_leadership(group)
+            self._call("DELETE", f"/elections/{encode_name(group, 'group id')}")
+
+    def _forget_leadership(self, group: bytes) -> None:
+        with self._state:
+            leadership = self._leaderships.pop(group, None)
+            self._announced.pop(group, None)
+        if leadership is not None:
+            leadership._end()
+
+    def stand_down_group_leader(self, group_id: bytes) -> bool:
+        """Releases the leadership of ``group_id`` if held (staying a candidate: another
+        candidate takes it; this one takes it back only if nobody else does within a lease).
+        True when this coordinator was the leader."""
+        group = _as_bytes(group_id)
+        state, _ = self._election(group)
+        self._forget_leadership(group)
+        self._call("POST", f"/elections/{encode_name(group, 'group id')}/resign")
+        return bool(state.get("leading"))
+
+    def get_leader(self, group_id: bytes) -> coordination.CoordAsyncResult[Optional[bytes]]:  # type: ignore[override]
+        def call() -> Optional[bytes]:
+            state, _ = self._election(_as_bytes(group_id))
+            leader = state.get("leader")
+            return None if leader is None else decode_name(str(leader))
+
+        return _Done(call)
+
+    def _changes(self, since: int, wait: float) -> int:
+        query = urllib.parse.urlencode({"since": since, "wait_ms": int(wait * 1000)})
+        data = self._call("GET", f"/changes?{query}", timeout=wait + self._request_timeout)
+        return int(data["version"])
+
+    def run_watchers(self, timeout: Optional[float] = None) -> List[Any]:
+        """Runs the join/leave callbacks (members compared with the last run) and the
+        elected-as-leader callbacks.
+
+        Without ``timeout``: returns once every watched election has a leader (waiting for one
+        at most a lease), and, where another member leads, not before :attr:`SETTLE_GRACE` passed
+        without a change: the child's view of a leadership comes from its store's watch, which
+        can lag a stand-down made by another coordinator a moment ago by some milliseconds.
+
+        With ``timeout``: long-polls the child until a callback ran or ``timeout`` passed, so that
+        a new leadership runs its callback within milliseconds."""
+        started = time.monotonic()
+        if self._endpoint is None:
+            raise tooz.ToozError("the tenure coordinator is not started (call start() first)")
+        result: List[Any] = list(super().run_watchers(timeout))
+        groups = list(self._hooks_elected_leader)
+        if not groups:
+            return result
+        for group in groups:
+            self._campaign(group)  # again after a restart
+        deadline = started + (timeout if timeout is not None else self._timeout + LONG_POLL)
+        settle = started + self.SETTLE_GRACE
+        version = self._changes(0, 0)
+        while True:
+            leaderless = following = False
+            for group in groups:
+                state, leadership = self._election(group)
+                if leadership is not None:
+                    with self._state:
+                        fire = self._announced.get(group) != leadership.term
+                        self._announced[group] = leadership.term
+                    if fire:
+                        event = LeaderElected(group, self._member_id, leadership)
+                        result.extend(self._hooks_elected_leader[group].run(event))
+                else:
+                    with self._state:
+                        self._announced.pop(group, None)
+                    if state.get("leader") is None:
+                        leaderless = True
+                    else:
+                        following = True
+            now = time.monotonic()
+            if timeout is not None:
+                if result:
+                    return result
+                until = deadline
+            elif leaderless:
+                until = deadline
+            elif following:
+                until = settle
+            else:
+                return result
+            if until <= now:
+                return result
+            version = self._changes(version, min(until - now, LONG_POLL))
+
+    # -- locks -----------------------------------------------------------------------------
+
+    def get_lock(self, name: bytes) -> TenureLock:
+        return TenureLock(self, _as_bytes(name))
+
+    def _acquire(self, lock: TenureLock, blocking: bool, deadline: Optional[float]) -> bool:
+        name = lock._encoded
+        with self._locks:
+            # One holder per coordinator: the child holds a lock once for all its users.
+            while name in self._lock_owners:
+                if not blocking:
+                    return False
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._locks.wait(left)
+            self._lock_owners[name] = lock
+        acquired = False
+        try:
+            while True:
+                if not blocking:
+                    wait = 0.0
+                elif deadline is None:
+                    wait = LONG_POLL
+                else:
+                    wait = max(0.0, min(LONG_POLL, deadline - time.monotonic()))
+                sent = time.monotonic()
+                data = self._call(
+                    "POST", f"/locks/{name}?wait_ms={int(wait * 1000)}", timeout=wait + self._request_timeout
+                )
+                if data.get("acquired"):
+                    lock._term = int(data["term"])
+                    lock._deadline = sent + float(data["valid_ms"]) / 1000.0
+                    lock._acquired_at = sent
+                    lock._held = acquired = True
+                    return True
+                if not blocking or (deadline is not None and time.monotonic() >= deadline):
+                    return False
+        finally:
+            if not acquired:
+                with self._locks:
+                    if self._lock_owners.get(name) is lock:
+                        del self._lock_owners[name]
+                    self._locks.notify_all()
+
+    def _release(self, lock: TenureLock) -> bool:
+        name = lock._encoded
+        with self._locks:
+            if self._lock_owners.get(name) is not lock or not lock._held:
+                return False
+        try:
+            data = self._call("DELETE", f"/locks/{name}")
+            return bool(data.get("released"))
+        except SessionExpired:
+            return False  # the session ended, and every lock with it
+        finally:
+            with self._locks:
+                lock._held = False
+                lock._deadline = 0.0
+                if self._lock_owners.get(name) is lock:
+                    del self._lock_owners[name]
+                self._locks.notify_all()
+
+
+def _stop_member(process: "Process[Member]", timeout: float = STOP_TIMEOUT) -> None:
+    """Stops a ``tenure member`` child gracefully: the end of file on its lifeline sends it
+    SIGTERM (it leaves the group: every partition drains, then moves at once). The application
+    stopped its work (it left the group, or stopped the coordinator), so draining partitions are
+    released as soon as they show, instead of waiting for the drain timeout."""
+    process.close_stdin()
+    deadline = time.monotonic() + timeout
+    while process.popen.poll() is None and time.monotonic() < deadline:
+        try:
+            for partition, term in process.client.assignment().in_state(DRAINING).items():
+                process.client.release(partition, term)
+            process.popen.wait(0.05)
+        except subprocess.TimeoutExpired:
+            continue
+        except Exception:  # the member stopped serving: it is exiting
+            try:
+                process.popen.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            break
+    process.wait(max(0.0, deadline - time.monotonic()))
+
+
+class TenurePartitioner(partitioner.Partitioner):
+    """Tooz's partitioner, with ownership decided by Tenure (``tenure member``).
+
+    :meth:`belongs_to_self` answers whether this member *owns* the object now, as its ``tenure
+    member`` child says (``GET /owns``): a partition is assigned to a new owner only after the
+    previous owner's revoke (and release, or drain timeout), so two members never both get True
+    for one object while their leases hold. :meth:`owns` adds the fencing term. The objects' keys
+    are ``str(obj)`` (or ``obj.__tooz_hash__()``, decoded as UTF-8).
+
+    :attr:`ring` and :meth:`members_for_object` for *other* members are Tooz's consistent hash ring
+    over the group's members and weights, advisory only (a ``tenure member`` answers only for
+    itself): an object this member owns is answered as this member's, one it does not own as the
+    ring's choice among the others.
+
+    Draining: after a revoke, :meth:`belongs_to_self` is False at once; call
+    :meth:`release_draining` once no work on such objects is running any more, so the partitions
+    move at once (else they move after the drain timeout, the session TTL / 2).
+    """
+
+    def __init__(self, coordinator: TenureDriver, group_id: bytes, partitions: int, process: "Process[Member]") -> None:
+        super().__init__(coordinator, group_id, partitions=partitions)
+        self._tenure = coordinator
+        self._process: Optional[Process[Member]] = process
+
+    @property
+    def member(self) -> Member:
+        """The client of this member's ``tenure member`` child (assignment, events, releases)."""
+        if self._process is None:
+            raise tooz.ToozError("the partitioned group was left")
+        return self._process.client
+
+    @staticmethod
+    def _key(obj: object) -> str:
+        return partitioner.Partitioner._hash_object(obj).decode("utf-8", "backslashreplace")
+
+    def owns(self, obj: object) -> Optional[int]:
+        """The fencing term under which this member owns ``obj`` now, or None."""
+        try:
+            answer = self.member.owns(self._key(obj))
+        except _http.SidecarError as error:
+            raise coordination.ToozConnectionError(str(error)) from error
+        return answer.term if answer.owns else None
+
+    def belongs_to_self(self, obj: object, ignore_members: Optional[Any] = None, replicas: int = 1) -> bool:
+        if replicas != 1:
+            raise tooz.NotImplemented("tenure assigns each object to one member: replicas must be 1")
+        return self.owns(obj) is not None
+
+    def members_for_object(self, obj: object, ignore_members: Optional[Any] = None, replicas: int = 1) -> Any:
+        if replicas != 1:
+            raise tooz.NotImplemented("tenure assigns each object to one member: replicas must be 1")
+        me = self._tenure._member_id
+        ignored = set(ignore_members or ())
+        if me not in ignored and self.owns(obj) is not None:
+            return {me}
+        others = set(self.ring.nodes) - ignored - {me}
+        if not others:
+            return set()
+        return self.ring.get_nodes(self._hash_object(obj), ignore_nodes=ignored | {me}, replicas=1)
+
+    def release_draining(self) -> List[int]:
+        """Tells the group that work on every draining partition has stopped (they move to
+        their new owners at once); the partitions released."""
+        released = []
+        try:
+            for partition, term in self.member.assignment().in_state(DRAINING).items():
+                if self.member.release(partition, term):
+                    released.append(partition)
+        except _http.SidecarError as error:
+            raise coordination.ToozConnectionError(str(error)) from error
+        return released
+
+    def _stop_member(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            _stop_member(process)
+        if self in self._tenure._partitioners:
+            self._tenure._partitioners.remove(self)
+
+    def stop(self) -> None:
+        """Stops watching the group and leaves the partitioned group (graceful: the partitions
+        move at once)."""
+        try:
+            super().stop()
+        finally:
+            self._stop_member()
