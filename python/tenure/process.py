@@ -26,25 +26,6 @@ from .member import Member
 
 Client = TypeVar("Client", bound=_http.Client)
 
-#: ``Process(..., lifeline=True)``: a shell between this process and a ``tenure`` command that has no
-#: ``--stdin-lifeline`` of its own. It reads the pipe on its stdin and, at its end of file (this
-#: process closed it, or died however it died) or on SIGTERM, sends the command SIGTERM (a graceful
-#: leave) and waits for it.
-LIFELINE = (
-    "/bin/sh",
-    "-c",
-    # A background command's stdin would be /dev/null: the pipe goes to the reader as fd 3.
-    'exec 3<&0 </dev/null\n'
-    '"$@" 3<&- & child=$!\n'
-    'trap \'kill -TERM "$child" 2>/dev/null\' TERM INT\n'
-    "cat <&3 >/dev/null 3<&- & reader=$!\n"
-    "exec 3<&-\n"
-    'wait "$reader"\n'
-    'kill -TERM "$child" 2>/dev/null; kill "$reader" 2>/dev/null\n'
-    'wait "$child"\n',
-    "tenure-lifeline",
-)
-
 #: How long a sidecar may take to serve after it was started.
 START_TIMEOUT = 30.0
 
@@ -78,18 +59,12 @@ class Process(Generic[Client]):
         client: "type[Client]",
         env: Optional[Dict[str, str]] = None,
         stdin_pipe: bool = False,
-        lifeline: bool = False,
     ) -> None:
         """Starts ``tenure ARGUMENTS --http 127.0.0.1:0 --log-format json``. ``stdin_pipe``: the
         child's stdin is a pipe from this process that is never written, so that its end of file
-        tells the child this process is gone (``tenure coordinate`` then releases everything).
-        ``lifeline``: the same for a command that does not read its stdin, through
-        :data:`LIFELINE` (in a session of its own; :meth:`kill` kills both)."""
+        tells the child this process is gone (with ``--stdin-lifeline``, ``tenure coordinate``
+        then releases everything and ``tenure member`` leaves its group)."""
         command = [binary(), *arguments, "--http", "127.0.0.1:0", "--log-format", "json"]
-        self._group = lifeline
-        if lifeline:
-            command = [*LIFELINE, *command]
-            stdin_pipe = True
         environment = dict(os.environ if env is None else env)
         environment.setdefault("RUST_LOG", "info")
         self._log: Deque[str] = collections.deque(maxlen=200)
@@ -101,7 +76,6 @@ class Process(Generic[Client]):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env=environment,
-            start_new_session=lifeline,
         )
         threading.Thread(target=self._read_log, name="tenure-log", daemon=True).start()
         if not self._serving.wait(START_TIMEOUT) or self._address is None:
@@ -154,11 +128,6 @@ class Process(Generic[Client]):
 
     def kill(self) -> None:
         """SIGKILL: nothing is released; the lease runs out by itself."""
-        if self._group and self.popen.poll() is None:
-            try:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            except OSError:
-                pass
         self.signal(signal.SIGKILL)
         self.popen.wait()
         self.close_stdin()

@@ -524,11 +524,11 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
             raise tooz.ToozError(f"the number of partitions is a positive integer, not {partitions!r}")
         url = str(self._call("GET", "/url?" + urllib.parse.urlencode({"kind": "partitioned", "name": name}))["url"])
         arguments = [
-            "member", "--group", name, "--lock", url, "--id", self._member_name, "--ttl", _duration(self._timeout),
+            "member", "--stdin-lifeline", "--group", name, "--lock", url, "--id", self._member_name, "--ttl", _duration(self._timeout),
             "--partitions", str(partitions), "--weight", str(weight),
         ]  # fmt: skip
         try:
-            process = Process(arguments, Member, lifeline=True)
+            process = Process(arguments, Member, stdin_pipe=True)
         except (StartError, OSError) as error:
             raise coordination.ToozConnectionError(f"tenure member did not start: {error}") from error
         process.client.endpoint.timeout = self._request_timeout
@@ -772,8 +772,8 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
 
 
 def _stop_member(process: "Process[Member]", timeout: float = STOP_TIMEOUT) -> None:
-    """Stops a ``tenure member`` child gracefully: the end of file on its lifeline sends it
-    SIGTERM (it leaves the group: every partition drains, then moves at once). The application
+    """Stops a ``tenure member`` child gracefully: the end of file on its lifeline makes it leave
+    the group: every partition drains, then moves at once). The application
     stopped its work (it left the group, or stopped the coordinator), so draining partitions are
     released as soon as they show, instead of waiting for the drain timeout."""
     process.close_stdin()
