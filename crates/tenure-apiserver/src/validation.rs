@@ -12,17 +12,23 @@ use crate::resources::{NameRule, ResourceType};
 const SUBDOMAIN_HELP: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
 const LABEL_HELP: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 
-fn is_dns_label(text: &str) -> bool {
+/// The label regex `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, of any length.
+fn is_label_shaped(text: &str) -> bool {
     let bytes = text.as_bytes();
     !bytes.is_empty()
-        && bytes.len() <= 63
         && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
         && bytes[0] != b'-'
         && bytes[bytes.len() - 1] != b'-'
 }
 
+fn is_dns_label(text: &str) -> bool {
+    text.len() <= 63 && is_label_shaped(text)
+}
+
+/// As the real server checks a subdomain: 253 characters at most and the regex, whose dotted parts
+/// have no length limit of their own (a Lease may be named with a 100-character part).
 fn is_dns_subdomain(text: &str) -> bool {
-    text.len() <= 253 && text.split('.').all(is_dns_label)
+    text.len() <= 253 && text.split('.').all(is_label_shaped)
 }
 
 const CONFIG_MAP_KEY_HELP: &str = "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')";
@@ -343,6 +349,7 @@ mod tests {
         assert!(!is_dns_subdomain("Bad_Name"));
         assert!(!is_dns_subdomain("-a"));
         assert!(!is_dns_subdomain("a..b"));
+        assert!(is_dns_subdomain(&"a".repeat(100)), "no per-part limit, as in Kubernetes");
         assert!(is_dns_label("kube-system"));
         assert!(!is_dns_label("a.b"));
     }
