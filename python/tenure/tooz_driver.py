@@ -132,8 +132,10 @@ def _duration(seconds: float) -> str:
 
 class SessionExpired(coordination.ToozConnectionError):
     """The child ended the session: no request reached it for ``timeout`` seconds (the
-    application did not heartbeat, or was frozen). Every lock, leadership and membership of this
-    coordinator is gone; stop() and start() it again."""
+    application did not heartbeat, or was frozen). Every lock and leadership of that session is
+    gone. The call that raises it has already started a new session, in which the coordinator
+    joined its groups again and campaigns again where it watches an election: the next call goes
+    on from there (Tooz's heartbeat thread, which retries, carries on by itself)."""
 
 
 class _Done(coordination.CoordAsyncResult[T], Generic[T]):
@@ -290,6 +292,10 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         self._announced: Dict[bytes, int] = {}
         self._campaigning: Set[bytes] = set()
         self._partitioners: List[TenurePartitioner] = []
+        #: The JSON capabilities of every group this coordinator joined, to join again after a
+        #: session ended.
+        self._memberships: Dict[bytes, bytes] = {}
+        self._renewing = threading.Lock()
 
     # -- the child -------------------------------------------------------------------------
 
@@ -318,6 +324,11 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         for partitioned in list(self._partitioners):
             partitioned._stop_member()
         self._partitioners.clear()
+        self._memberships.clear()
+        self._end_session()
+
+    def _end_session(self) -> None:
+        """Forgets the session's locks and leaderships and stops its child."""
         process, endpoint = self._process, self._endpoint
         self._process = self._endpoint = None
         with self._locks:
@@ -337,10 +348,24 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
             endpoint.request("POST", "/stop", timeout=STOP_TIMEOUT)
         except _http.SidecarError:
             pass  # gone already, or hangs: the wait below kills it
-        # The end of file on stdin says the same as POST /stop; the child also needs it to exit
-        # (it keeps running after answering POST /stop while its stdin is open).
         process.close_stdin()
         process.wait(STOP_TIMEOUT)
+
+    def _renew_session(self, expired: _http.Endpoint) -> None:
+        """After the child ended the session ``expired``: a new child, the groups joined again
+        (elections are campaigned for again by run_watchers, which watches them)."""
+        with self._renewing:
+            if self._endpoint is not expired:
+                return  # another thread renewed it already
+            self._end_session()
+            self._start()
+            for group, body in list(self._memberships.items()):
+                name = encode_name(group, "group id")
+                try:
+                    self._call("PUT", f"/groups/{name}/members/{self._member_name}", body)
+                except tooz.ToozError:
+                    self._memberships.pop(group, None)
+                    self._joined_groups.discard(group)
 
     def _call(
         self,
@@ -376,8 +401,10 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         if errors and kind in errors:
             raise errors[kind]()
         if status == 410 or kind == "session_expired":
+            self._renew_session(endpoint)
             raise SessionExpired(
-                f"the tenure session ended (no request for {self._timeout:g}s: heartbeat more often): {message}"
+                f"the tenure session ended (no request for {self._timeout:g}s: heartbeat more often), so its"
+                f" locks and leaderships were released; a new session has started: {message}"
             )
         if status == 503 or kind == "unavailable":
             raise coordination.ToozConnectionError(f"the store is unavailable: {message}")
@@ -437,6 +464,7 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
                 },
             )
             self._joined_groups.add(_as_bytes(group_id))
+            self._memberships[_as_bytes(group_id)] = body
 
         return _Done(call)
 
@@ -455,6 +483,7 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
                 )
             finally:
                 self._joined_groups.discard(_as_bytes(group_id))
+                self._memberships.pop(_as_bytes(group_id), None)
 
         return _Done(call)
 
@@ -504,6 +533,8 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
                     "member_not_joined": lambda: coordination.MemberNotJoined(group_id, self._member_id),
                 },
             )
+            if _as_bytes(group_id) in self._memberships:
+                self._memberships[_as_bytes(group_id)] = b'{"capabilities": ' + body + b"}"
 
         return _Done(call)
 
