@@ -16,6 +16,7 @@ Drivers and their URL templates ({port}, {lease}, {dir} are filled in):
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -29,6 +30,11 @@ URLS = {
     "tenure-etcd": "tenure+etcd://127.0.0.1:{port}/tooz-bench?timeout={lease}",
     "tenure-zookeeper": "tenure+zookeeper://127.0.0.1:{port}/tooz-bench?timeout={lease}",
     "tenure-file": "tenure+file://{dir}/store?timeout={lease}",
+}
+# variants: the same server and URL with extra controller arguments
+VARIANTS = {
+    "zookeeper-callback-only": ("zookeeper", ["--check", "none"]),
+    "etcd-callback-only": ("etcd", ["--check", "none"]),
 }
 __doc__ += "\n".join(f"    {k:18} {v}" for k, v in URLS.items()) + "\n"
 
@@ -47,9 +53,9 @@ def requests_of(counters):
     return counters["zk_packets_received"]
 
 
-def at_rest(url, server, n, seconds, workdir, lease):
+def at_rest(url, server, n, seconds, workdir, lease, extra=()):
     """Requests per minute per idle coordinator (None without a server to count at)."""
-    cluster = faults.Cluster(url, n, workdir, ["--idle"], os.environ.copy())
+    cluster = faults.Cluster(url, n, workdir, ["--idle"] + list(extra), os.environ.copy())
     try:
         for replica in range(1, n + 1):
             cluster.start(replica)
@@ -84,6 +90,9 @@ def at_rest(url, server, n, seconds, workdir, lease):
 
 
 def main():
+    # SIGTERM (also what a background job gets instead of SIGINT): unwind, so that the finally
+    # blocks stop every controller and server this run started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description="Tooz drivers under controller.py's fault run",
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--drivers", default="etcd,zookeeper")
@@ -104,18 +113,19 @@ def main():
     for driver in args.drivers.split(","):
         workdir = os.path.join(base, driver)
         os.makedirs(workdir, exist_ok=True)
-        server = server_for(driver)
+        kind, extra = VARIANTS.get(driver, (driver, []))
+        server = server_for(kind)
         try:
             if server:
                 server.start()
-            url = urls[driver].format(port=server.port if server else 0, lease=args.lease, dir=workdir)
-            print(f"== {driver}: {url}", flush=True)
-            rest = at_rest(url, server, args.n, args.rest_seconds, os.path.join(workdir, "rest"), args.lease)
+            url = urls[kind].format(port=server.port if server else 0, lease=args.lease, dir=workdir)
+            print(f"== {driver}: {url} {' '.join(extra)}", flush=True)
+            rest = at_rest(url, server, args.n, args.rest_seconds, os.path.join(workdir, "rest"), args.lease, extra)
             print(f"at rest: {json.dumps(rest)}", flush=True)
             summary, results = faults.run(url, args.n, args.faults, args.lease, workdir=os.path.join(workdir, "faults"),
-                                          log=lambda s: print(s, flush=True))
+                                          extra_args=extra, log=lambda s: print(s, flush=True))
             faults.print_summary(summary, lambda s: print(s, flush=True))
-            report[driver] = {"url": url, "at_rest": rest, "summary": summary, "results": results}
+            report[driver] = {"url": url, "controller_args": extra, "at_rest": rest, "summary": summary, "results": results}
         except Exception as error:  # one driver's failure must not hide the others' numbers
             print(f"{driver}: FAILED: {type(error).__name__}: {error}", flush=True)
             report[driver] = {"error": f"{type(error).__name__}: {error}"}

@@ -203,6 +203,21 @@ class Leadership:
             return self.lock.acquired
         return True   # "none": nothing but the callback
 
+    def on_lost(self):
+        """After a failed check: with Tenure's leadership(), a newer term already held is a new
+        leadership (its callback may have run before the check noticed); other drivers keep
+        stale local state (kazoo's lock.is_acquired, the etcd lock's lease) until told to stand
+        down, which also lets them campaign again."""
+        old_term = self.term
+        self.elected.clear()
+        if self.check == "leadership":
+            held = self.coord.leadership(GROUP)
+            if held is not None and held.valid() and held.term != old_term:
+                self.elected_at = time.monotonic()
+                self.elected.set()
+            return
+        self.stand_down()
+
     def stand_down(self):
         self.elected.clear()
         if self.mode == "lock":
@@ -248,6 +263,7 @@ def main():
     joined = False
     leading = False
     handled = 0
+    next_watch = 0.0
     while not stop.is_set():
         began = time.monotonic()
         try:
@@ -258,7 +274,13 @@ def main():
                     witness.write("joined")
                 except coordination.MemberAlreadyExist:
                     joined = True
-            coord.run_watchers(timeout=args.poll)
+            if not leading:
+                # standby: wait here for the callback (Tenure long-polls; others return at once)
+                coord.run_watchers(timeout=args.poll)
+                next_watch = time.monotonic() + args.poll
+            elif began >= next_watch:
+                coord.run_watchers(timeout=0)   # the leader's periodic task, between objects
+                next_watch = began + args.poll
             leadership.campaign()
             if leadership.elected.is_set() and not leading:
                 leadership.term = leadership.current_term()
@@ -268,7 +290,7 @@ def main():
                 witness.write("lost", term=leadership.term, check_error=leadership.check_error)
                 leadership.check_error = None
                 leading = False
-                leadership.stand_down()   # lets the driver campaign again
+                leadership.on_lost()
                 continue
             if leading and api is not None and not args.idle:
                 obj = api.claim()
@@ -281,6 +303,21 @@ def main():
                 continue
         except Exception as error:  # tooz errors, and driver exceptions that tooz lets through
             witness.write("error", error=f"{type(error).__name__}: {error}"[:300])
+            if type(error).__name__ == "SessionExpired":
+                # Tenure's driver: the child ended the session (this process was frozen past the
+                # timeout); everything is released. Start a new session and campaign again.
+                if leading:
+                    witness.write("lost", term=leadership.term, check_error="SessionExpired")
+                leading = False
+                leadership.elected.clear()
+                try:
+                    coord.stop()
+                except Exception:
+                    pass
+                coord.start(start_heart=True)
+                joined = False
+                witness.write("restarted")
+                continue
         stop.wait(max(0.0, args.poll - (time.monotonic() - began)))
 
     # Graceful stop: stand down first (so the next leader starts at once), then leave and stop.

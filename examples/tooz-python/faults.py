@@ -95,6 +95,7 @@ class Cluster:
 
     def __init__(self, url, n, workdir, extra_args, env):
         self.url, self.n, self.workdir, self.extra, self.env = url, n, workdir, extra_args, env
+        os.makedirs(workdir, exist_ok=True)
         self.witness_path = os.path.join(workdir, "witness.jsonl")
         self.api = os.path.join(workdir, "api")
         self.procs = {}        # replica -> (id, Popen)
@@ -403,6 +404,9 @@ def print_summary(summary, out=print):
 
 
 def main():
+    # SIGTERM (also what a background job gets instead of SIGINT): unwind, so that the finally
+    # blocks stop every controller and server this run started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=os.environ.get("TOOZ_URL"), required=not os.environ.get("TOOZ_URL"))
     parser.add_argument("-n", type=int, default=3)
