@@ -305,19 +305,13 @@ def main():
             witness.write("error", error=f"{type(error).__name__}: {error}"[:300])
             if type(error).__name__ == "SessionExpired":
                 # Tenure's driver: the child ended the session (this process was frozen past the
-                # timeout); everything is released. Start a new session and campaign again.
+                # timeout) and released everything. The driver says "stop() and start() again",
+                # but Tooz's Heart retries the failing heartbeat forever and stop() joins it, so
+                # stop() never returns: exit instead, as a crashed pod would, to be restarted.
                 if leading:
                     witness.write("lost", term=leadership.term, check_error="SessionExpired")
-                leading = False
-                leadership.elected.clear()
-                try:
-                    coord.stop()
-                except Exception:
-                    pass
-                coord.start(start_heart=True)
-                joined = False
-                witness.write("restarted")
-                continue
+                witness.write("exit", code=75, reason="session expired")
+                os._exit(75)
         stop.wait(max(0.0, args.poll - (time.monotonic() - began)))
 
     # Graceful stop: stand down first (so the next leader starts at once), then leave and stop.

@@ -4,7 +4,10 @@
 Starts N controllers on one Tooz URL, waits for a leader that handles objects, then injects
 faults in rotation, each on the current leader:
 
-* ``kill``: SIGKILL, then restart it (a new incarnation, id ``rK-I``);
+* ``kill``: SIGKILL of the controller, then restart it (a new incarnation, id ``rK-I``);
+* ``killtree``: SIGKILL of the controller and every process it started (the Tenure driver's
+  ``tenure coordinate`` child) at once, as when a container or host dies; the same as ``kill``
+  for drivers without a child;
 * ``stop``: SIGSTOP for ``--pause`` seconds (default 2 x lease + 1), then SIGCONT;
 * ``term``: SIGTERM (the controller stands down, leaves and stops), then restart it.
 
@@ -90,6 +93,26 @@ class Witness:
             time.sleep(step)
 
 
+def descendants(pid):
+    """Every process below pid (from /proc/PID/task/TID/children)."""
+    found, stack = [], [pid]
+    while stack:
+        parent = stack.pop()
+        try:
+            tids = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except OSError:
+                kids = []
+            found.extend(kids)
+            stack.extend(kids)
+    return found
+
+
 class Cluster:
     """N controller processes; replica k's incarnations are ids rK-1, rK-2, ..."""
 
@@ -130,6 +153,25 @@ class Cluster:
         t = time.monotonic()
         proc.send_signal(sig)
         self.events.append({"ev": kind, "id": ident, "pid": proc.pid, "mono": t})
+        return t
+
+    def kill_tree(self, replica):
+        """SIGKILL of the controller and of every process it started (a Tenure driver's child),
+        frozen first so that none of them reacts to the others' death: a container or host dying."""
+        ident, proc = self.procs[replica]
+        pids = [proc.pid] + descendants(proc.pid)
+        t = time.monotonic()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.events.append({"ev": "kill", "id": ident, "pid": proc.pid, "tree": pids, "mono": t})
         return t
 
     def wait_exit(self, replica, timeout):
@@ -195,7 +237,8 @@ def new_leader_after(cluster, t0, exclude, timeout):
     return elected, begin
 
 
-def run(url, n=3, faults=30, lease=3.0, pause=None, workdir=None, extra_args=(), env=None, kinds=("kill", "stop", "term"),
+def run(url, n=3, faults=30, lease=3.0, pause=None, workdir=None, extra_args=(), env=None,
+        kinds=("kill", "killtree", "stop", "term"),
         log=print):
     pause = pause if pause is not None else 2 * lease + 1
     workdir = workdir or tempfile.mkdtemp(prefix="tooz-faults-")
@@ -213,6 +256,12 @@ def run(url, n=3, faults=30, lease=3.0, pause=None, workdir=None, extra_args=(),
         since = run_started
         for k in range(faults):
             kind = kinds[k % len(kinds)]
+            for replica, (ident, proc) in list(cluster.procs.items()):
+                if proc.poll() is not None:   # exited by itself (e.g. its session expired): a supervisor restarts it
+                    cluster.events.append({"ev": "exited", "id": ident, "code": proc.returncode, "mono": time.monotonic()})
+                    log(f"{ident} exited by itself with {proc.returncode}: restarting it")
+                    cluster.start(replica)
+                    cluster.wait_ready(cluster.procs[replica][0], 60)
             found = cluster.leader(since, 3, takeover_timeout)
             if found is None:
                 results.append({"fault": k, "kind": kind, "error": "no leader handling objects"})
@@ -221,8 +270,11 @@ def run(url, n=3, faults=30, lease=3.0, pause=None, workdir=None, extra_args=(),
                 continue
             replica, ident = found
             result = {"fault": k, "kind": kind, "target": ident}
-            if kind == "kill":
-                t0 = cluster.signal(replica, signal.SIGKILL, "kill")
+            if kind in ("kill", "killtree"):
+                if kind == "kill":
+                    t0 = cluster.signal(replica, signal.SIGKILL, "kill")
+                else:
+                    t0 = cluster.kill_tree(replica)
                 cluster.wait_exit(replica, 10)
                 elected, begin = new_leader_after(cluster, t0, ident, takeover_timeout)
                 cluster.start(replica)
@@ -373,6 +425,8 @@ def analyse(lines, events, results):
         "thawed_begins_before_noticing": sum(r.get("thawed_begins_before_noticing", 0) for r in results),
         "kill_failover": stats("first_begin", "kill"),
         "kill_callback": stats("callback", "kill"),
+        "killtree_failover": stats("first_begin", "killtree"),
+        "killtree_callback": stats("callback", "killtree"),
         "stop_failover": stats("first_begin", "stop"),
         "stop_callback": stats("callback", "stop"),
         "stop_thawed_noticed_loss": stats("thawed_noticed_loss", "stop"),
@@ -398,7 +452,7 @@ def print_summary(summary, out=print):
         f"{summary['overlap_seconds_total']:.2f} s in all)  term violations: {summary['term_violations']}")
     out(f"faults without takeover: {summary['faults_without_takeover']}  stale leaders killed: "
         f"{summary['stale_leaders_killed']}  begins by thawed leaders before noticing: {summary['thawed_begins_before_noticing']}")
-    for key in ("kill_failover", "kill_callback", "stop_failover", "stop_callback", "stop_thawed_noticed_loss",
+    for key in ("kill_failover", "kill_callback", "killtree_failover", "killtree_callback", "stop_failover", "stop_callback", "stop_thawed_noticed_loss",
                 "term_handover_callback", "term_handover_first_begin", "term_standdown_to_callback"):
         out(f"  {key:28} {fmt(summary[key])}")
 
@@ -414,7 +468,7 @@ def main():
     parser.add_argument("--lease", type=float, default=3.0, help="the driver's timeout (for the pause and deadlines)")
     parser.add_argument("--pause", type=float, help="SIGSTOP duration (default 2 x lease + 1)")
     parser.add_argument("--workdir")
-    parser.add_argument("--kinds", default="kill,stop,term")
+    parser.add_argument("--kinds", default="kill,killtree,stop,term")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args, extra = parser.parse_known_args()
     summary, _ = run(args.url, args.n, args.faults, args.lease, args.pause, args.workdir, extra,
