@@ -75,6 +75,9 @@ def at_rest(url, server, n, seconds, workdir, lease, extra=()):
         minutes = (time.monotonic() - t0) / 60
         result = {"requests_per_min_per_coordinator": (requests_of(after) - requests_of(before)) / minutes / n,
                   "window_s": minutes * 60}
+        writes = "etcd_server_proposals_committed_total" if "by_method" in after else "zk_zxid"
+        result["writes_per_min_per_coordinator"] = (after[writes] - before[writes]) / minutes / n
+        result["writes_counter"] = writes
         if "by_method" in after:
             result["by_method_per_min_per_coordinator"] = {
                 m: round((v - before["by_method"].get(m, 0.0)) / minutes / n, 1)
@@ -87,6 +90,37 @@ def at_rest(url, server, n, seconds, workdir, lease, extra=()):
         return result
     finally:
         cluster.stop_all()
+
+
+def table(report):
+    """The README's table for a report (driver -> results)."""
+    def m(stat):
+        if not stat or stat.get("median") is None:
+            return "-"
+        return f"{stat['median']:.2f} / {stat['p99']:.2f}"
+
+    rows = ["| driver (controller check) | requests/min per idle coordinator | writes/min per idle coordinator "
+            "| kill -9 controller: failover | kill -9 controller + driver child: failover | SIGSTOP 7 s: failover "
+            "| thawed leader stops within | SIGTERM: handover (to callback) | overlapping handlings: stale start / in flight (fenced by term) "
+            "| term violations |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for driver, r in report.items():
+        if "error" in r:
+            rows.append(f"| {driver} | failed: {r['error']} |||||||||")
+            continue
+        s, rest = r["summary"], r["at_rest"]
+        check = next((l for l in [r.get("check")] if l), None)
+        thawed = s["stop_thawed_noticed_loss"]
+        thawed_text = m(thawed) if thawed["n"] else f"never ({s['stale_leaders_killed']}/{s['stop_failover']['n']} killed by the runner)"
+        rows.append(
+            f"| {driver}{' (' + check + ')' if check else ''} | {rest.get('requests_per_min_per_coordinator', 0):.0f} "
+            f"| {rest.get('writes_per_min_per_coordinator', float('nan')):.0f} "
+            f"| {m(s['kill_failover'])} | {m(s['killtree_failover'])} | {m(s['stop_failover'])} | {thawed_text} "
+            f"| {m(s['term_handover_callback'])} "
+            f"| {s['overlaps_stale_start']} / {s['overlaps_in_flight']} ({s['overlaps_fenced_by_api']}) | {s['term_violations']} |")
+    rows.append("")
+    rows.append("Times in seconds, median / p99 (nearest rank) over the faults of that kind.")
+    return "\n".join(rows)
 
 
 def main():
@@ -103,7 +137,15 @@ def main():
     parser.add_argument("--url", action="append", default=[], help="DRIVER=TEMPLATE to override a URL template")
     parser.add_argument("--out", help="write all results as JSON here")
     parser.add_argument("--workdir")
+    parser.add_argument("--table", nargs="+", metavar="JSON", help="only print the table of earlier --out files")
     args = parser.parse_args()
+    if args.table:
+        merged = {}
+        for path in args.table:
+            with open(path) as f:
+                merged.update(json.load(f))
+        print(table(merged))
+        return 0
     urls = dict(URLS)
     for item in args.url:
         name, _, template = item.partition("=")
@@ -125,7 +167,9 @@ def main():
             summary, results = faults.run(url, args.n, args.faults, args.lease, workdir=os.path.join(workdir, "faults"),
                                           extra_args=extra, log=lambda s: print(s, flush=True))
             faults.print_summary(summary, lambda s: print(s, flush=True))
-            report[driver] = {"url": url, "controller_args": extra, "at_rest": rest, "summary": summary, "results": results}
+            ready = [l for l in faults.Witness(os.path.join(workdir, "faults", "witness.jsonl")).poll() if l.get("ev") == "ready"]
+            check = f"{ready[0].get('mode')}, {ready[0].get('check')}" if ready else None
+            report[driver] = {"url": url, "check": check, "controller_args": extra, "at_rest": rest, "summary": summary, "results": results}
         except Exception as error:  # one driver's failure must not hide the others' numbers
             print(f"{driver}: FAILED: {type(error).__name__}: {error}", flush=True)
             report[driver] = {"error": f"{type(error).__name__}: {error}"}
@@ -135,23 +179,8 @@ def main():
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1, default=str)
-    print("\n| driver | req/min/coordinator at rest | kill: failover median / p99 | kill: callback median | "
-          "SIGSTOP: failover median / p99 | SIGTERM: handover (callback) median / p99 | overlaps (stale start / in flight) | term violations |")
-    print("|---|---|---|---|---|---|---|---|")
-    for driver, r in report.items():
-        if "error" in r:
-            print(f"| {driver} | failed: {r['error']} |")
-            continue
-        s = r["summary"]
-
-        def m(stat, key="median"):
-            return f"{stat[key]:.2f}" if stat.get(key) is not None else "-"
-        rpm = r["at_rest"].get("requests_per_min_per_coordinator")
-        print(f"| {driver} | {rpm:.0f} | {m(s['kill_failover'])} / {m(s['kill_failover'], 'p99')} | "
-              f"{m(s['kill_callback'])} | {m(s['stop_failover'])} / {m(s['stop_failover'], 'p99')} | "
-              f"{m(s['term_handover_callback'])} / {m(s['term_handover_callback'], 'p99')} | "
-              f"{s['overlaps']} ({s['overlaps_stale_start']} / {s['overlaps_in_flight']}) | {s['term_violations']} |"
-              if rpm is not None else f"| {driver} | - | ... see JSON |")
+    print()
+    print(table(report))
     return 0
 
 

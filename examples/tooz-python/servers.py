@@ -92,7 +92,8 @@ class Etcd(Server):
     def counters(self):
         """Sums of etcd's gRPC counters (the v3 gateway and gRPC clients both end up there)."""
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5).read().decode()
-        sums = {"grpc_server_handled_total": 0.0, "grpc_server_msg_received_total": 0.0}
+        sums = {"grpc_server_handled_total": 0.0, "grpc_server_msg_received_total": 0.0,
+                "etcd_server_proposals_committed_total": 0.0}
         by_method = {}
         for line in text.splitlines():
             for name in sums:
@@ -149,6 +150,9 @@ class ZooKeeper(Server):
                     values[parts[0]] = float(parts[1])
                 except ValueError:
                     pass
-        return {"zk_packets_received": values.get("zk_packets_received", 0.0),
+        # every write transaction (and session creation/close) takes the next zxid
+        zxid = re.search(r"Zxid: 0x([0-9a-fA-F]+)", four_letter_word(self.port, "srvr"))
+        return {"zk_zxid": float(int(zxid.group(1), 16) & 0xFFFFFFFF) if zxid else 0.0,
+                "zk_packets_received": values.get("zk_packets_received", 0.0),
                 "zk_packets_sent": values.get("zk_packets_sent", 0.0),
                 "zk_num_alive_connections": values.get("zk_num_alive_connections", 0.0)}
