@@ -97,10 +97,10 @@ class Etcd(Server):
         by_method = {}
         for line in text.splitlines():
             for name in sums:
-                if line.startswith(name + "{"):
+                if line.startswith(name + "{") or line.startswith(name + " "):
                     value = float(line.rsplit(" ", 1)[1])
                     sums[name] += value
-                    if name == "grpc_server_msg_received_total":
+                    if name == "grpc_server_msg_received_total" and "grpc_method=" in line:
                         method = re.search(r'grpc_method="([^"]+)"', line).group(1)
                         by_method[method] = by_method.get(method, 0.0) + value
         sums["by_method"] = by_method
