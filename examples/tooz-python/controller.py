@@ -303,15 +303,13 @@ def main():
                 continue
         except Exception as error:  # tooz errors, and driver exceptions that tooz lets through
             witness.write("error", error=f"{type(error).__name__}: {error}"[:300])
-            if type(error).__name__ == "SessionExpired":
+            if type(error).__name__ == "SessionExpired" and leading:
                 # Tenure's driver: the child ended the session (this process was frozen past the
-                # timeout) and released everything. The driver says "stop() and start() again",
-                # but Tooz's Heart retries the failing heartbeat forever and stop() joins it, so
-                # stop() never returns: exit instead, as a crashed pod would, to be restarted.
-                if leading:
-                    witness.write("lost", term=leadership.term, check_error="SessionExpired")
-                witness.write("exit", code=75, reason="session expired")
-                os._exit(75)
+                # timeout) and released everything; the driver has started a new session, in which
+                # this replica campaigns again like any other.
+                witness.write("lost", term=leadership.term, check_error="SessionExpired")
+                leading = False
+                leadership.on_lost()
         stop.wait(max(0.0, args.poll - (time.monotonic() - began)))
 
     # Graceful stop: stand down first (so the next leader starts at once), then leave and stop.
