@@ -378,6 +378,9 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         """One request to the child; its JSON answer (None when empty). Error answers become
         Tooz's exceptions: ``errors`` maps the child's error kinds to the caller's."""
         endpoint, process = self._endpoint, self._process
+        if endpoint is None and self._renewing.locked():
+            with self._renewing:  # another thread is starting the next session: wait for it
+                endpoint, process = self._endpoint, self._process
         if endpoint is None or process is None:
             raise tooz.ToozError("the tenure coordinator is not started (call start() first)")
         try:
@@ -694,7 +697,7 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         With ``timeout``: long-polls the child until a callback ran or ``timeout`` passed, so that
         a new leadership runs its callback within milliseconds."""
         started = time.monotonic()
-        if self._endpoint is None:
+        if self._endpoint is None and not self._renewing.locked():
             raise tooz.ToozError("the tenure coordinator is not started (call start() first)")
         result: List[Any] = list(super().run_watchers(timeout))
         groups = list(self._hooks_elected_leader)
