@@ -948,12 +948,8 @@ impl World {
         // With touches, a silent record is read after two retry periods and expired a lease after that read.
         let unread = (self.timing.retry_period * 2).min(self.timing.renew_deadline).as_nanos() as f64 / slowest;
         let touch = if self.touch_watch { unread as u64 + 2 * round_trip } else { 0 };
-        let bound = (self.lease_ns() as f64 / slowest) as u64
-            + 8 * round_trip
-            + MAX_WATCH_DELAY
-            + MAX_DRAIN
-            + 2 * poll
-            + touch;
+        let bound =
+            (self.lease_ns() as f64 / slowest) as u64 + 8 * round_trip + MAX_WATCH_DELAY + MAX_DRAIN + 2 * poll + touch;
         if !self.run_until(start + bound, &|w| w.all_owned()) {
             if self.failure.is_none() {
                 let owners = self.owners();

@@ -233,9 +233,10 @@ impl GroupStore for ZkGroupStore {
         let store = self.clone();
         // One persistent recursive watch on the group's path. Once it is in place: `Resync` (the
         // member reads once, after the watch exists). A member node changed: `Touched`, unread;
-        // the table changed or a node created: one `getData` of it; a node deleted: `Deleted`; the session reconnected (events may have been lost
-        // meanwhile): `Resync`. A terminal session state ends the stream; the driver re-opens
-        // it on a new session after a retry period.
+        // the table changed or a node created: one `getData` of it; a node deleted: `Deleted`;
+        // the session reconnected (events may have been lost meanwhile): `Resync`. A terminal
+        // session state ends the stream; the driver re-opens it on a new session after a retry
+        // period.
         let stream = futures::stream::unfold(Some(None::<zk::PersistentWatcher>), move |watcher| {
             let store = store.clone();
             async move {
@@ -265,13 +266,11 @@ impl GroupStore for ZkGroupStore {
                         }
                         zk::EventType::Session | zk::EventType::NodeChildrenChanged => Ok(None),
                         zk::EventType::NodeDeleted => Ok(store.record_key(&event.path).map(Change::Deleted)),
-                        zk::EventType::NodeDataChanged => match store.record_key(&event.path) {
-                            Some(key @ Key::Member(_)) => Ok(Some(Change::Touched(key))),
-                            Some(key) => store.fetch(key).await,
-                            None => Ok(None),
-                        },
-                        zk::EventType::NodeCreated => {
+                        zk::EventType::NodeCreated | zk::EventType::NodeDataChanged => {
                             match store.record_key(&event.path) {
+                                Some(key @ Key::Member(_)) if event.event_type == zk::EventType::NodeDataChanged => {
+                                    Ok(Some(Change::Touched(key)))
+                                }
                                 Some(key) => store.fetch(key).await,
                                 None => Ok(None),
                             }
