@@ -381,3 +381,20 @@ fn a_crash_seen_only_as_touches_is_read_after_two_silent_retry_periods_and_expir
     step_b(&mut store, &mut b, read_at + lease);
     assert_eq!(b.owned(at(read_at + lease)).len(), PARTITIONS as usize);
 }
+
+/// A renew that conflicted waits for a read showing our record; when the membership lapses
+/// before such a read and the member rejoins, the join's compare-and-swap tells the record, so
+/// the member renews again (with ZooKeeper's touches no event ever shows it its own record).
+#[test]
+fn a_member_whose_renew_conflicted_renews_again_after_it_rejoined() {
+    let (mut store, mut a) = a_alone_at_zero();
+    let Some(Action::Write { key, .. }) = a.poll_action(at(1000)) else { panic!("no renew at 1 s") };
+    a.on_write(at(1000), &key, Err(StoreError::Conflict));
+    assert_eq!(a.poll_action(at(1000)), Some(Action::Read));
+    a.on_read(at(1000), Err(StoreError::Unavailable("dropped by the test".into())));
+    // The membership lapses at 2 s; at 2.5 s a reads, rejoins, and renews from then on.
+    store.apply(&mut a, at(2500));
+    assert!(a.is_member(at(2500)), "a did not rejoin");
+    store.apply(&mut a, at(3500));
+    assert!(a.is_member(at(4600)), "a never renewed after it rejoined");
+}
