@@ -128,6 +128,14 @@ pub enum Change {
     Put(Key, Stored<Value>),
     /// The record was deleted.
     Deleted(Key),
+    /// The member record changed (one or more writes), content and version not read: ZooKeeper's
+    /// watch events name the node without its data, and a `getData` per renew of every other
+    /// member would make each member's requests at rest grow with the member count. The core
+    /// takes it as a sign of life and reads the record only before acting on it (see
+    /// [`crate::handoff::MemberCore::on_store_change`] for why that is safe). A store sends it
+    /// only for member records that existed before (a created record comes as [`Change::Put`]);
+    /// of the table it means [`Change::Changed`].
+    Touched(Key),
 }
 
 /// The changes of a group's records, in the store's order (see [`GroupStore::watch_records`]).
@@ -161,8 +169,9 @@ pub trait GroupStore: Send + Sync + 'static {
     ///
     /// A store that overrides it must: yield [`Change::Resync`] once the watch is established
     /// (and again after anything that may have lost changes: a reconnection); yield the changes
-    /// after it in the order the store applied them; and give a record versions that increase
-    /// while it exists. An error ends the stream; the driver re-opens it after a retry period.
+    /// after it in the order the store applied them, each after the write it announces; and give
+    /// a record versions that increase while it exists. An error ends the stream; the driver
+    /// re-opens it after a retry period.
     fn watch_records(&self) -> Option<RecordStream> {
         use futures::StreamExt;
         self.watch().map(|changes| changes.map(|change| change.map(|()| Change::Changed)).boxed())

@@ -13,9 +13,11 @@
 //!   (the write applied), and both delayed up to 3 call timeouts (writes that land after their
 //!   caller gave up). A watch (in half of the schedules; the others poll) notifies every member
 //!   after each write, with a delay, coalescing like a real watch; in half of the watched
-//!   schedules it pushes the changed records themselves instead (etcd, Kubernetes, ZooKeeper
-//!   with a read per node), in the store's order, each after a delay, and in storms it loses
-//!   what was queued and says `Resync` (a watch that broke and re-opened). Departed members'
+//!   schedules it pushes the changed records themselves instead (etcd, Kubernetes), in the
+//!   store's order, each after a delay, and in storms it loses what was queued and says `Resync`
+//!   (a watch that broke and re-opened); in half of those (odd seeds) a member record that
+//!   changed comes as `Touched`, without content (ZooKeeper), and only created records and the
+//!   table as records. Departed members'
 //!   records are deleted by the members (compare-and-swap on the version).
 //! - **Faults**, one per phase: a crash (requests in flight still land) with a later restart under
 //!   the same identity (a new incarnation: it must wait the old one's lease out), a pause of up to
@@ -232,6 +234,8 @@ struct World {
     has_watch: bool,
     /// The watch pushes records ([`Change`]) rather than "something changed".
     record_watch: bool,
+    /// The record watch says only `Touched` of a member record that changed (ZooKeeper).
+    touch_watch: bool,
     drift: f64,
     storm: bool,
     phases_left: u32,
@@ -273,6 +277,7 @@ impl World {
             partitions,
             has_watch,
             record_watch,
+            touch_watch: record_watch && seed % 2 == 1,
             drift,
             storm: false,
             phases_left,
@@ -520,7 +525,12 @@ impl World {
                     self.next_version += 1;
                     trace!(self, "store: {} writes {key} = {}", self.nodes[node].identity, describe(&value));
                     self.store.insert(key.clone(), (version, value.clone()));
-                    self.notify_all(Change::Put(key.clone(), Stored { version, value }));
+                    let touched = self.touch_watch && current.is_some() && matches!(key, Key::Member(_));
+                    self.notify_all(if touched {
+                        Change::Touched(key.clone())
+                    } else {
+                        Change::Put(key.clone(), Stored { version, value })
+                    });
                     Ok(version)
                 } else if expected.is_none() {
                     Err(StoreError::AlreadyExists)
@@ -935,7 +945,11 @@ impl World {
         let start = self.now;
         let round_trip = 2 * MAX_DELAY;
         let poll = if self.has_watch { 0 } else { (self.timing.retry_period.as_nanos() as f64 / slowest) as u64 };
-        let bound = (self.lease_ns() as f64 / slowest) as u64 + 8 * round_trip + MAX_WATCH_DELAY + MAX_DRAIN + 2 * poll;
+        // With touches, a silent record is read after two retry periods and expired a lease after that read.
+        let unread = (self.timing.retry_period * 2).min(self.timing.renew_deadline).as_nanos() as f64 / slowest;
+        let touch = if self.touch_watch { unread as u64 + 2 * round_trip } else { 0 };
+        let bound =
+            (self.lease_ns() as f64 / slowest) as u64 + 8 * round_trip + MAX_WATCH_DELAY + MAX_DRAIN + 2 * poll + touch;
         if !self.run_until(start + bound, &|w| w.all_owned()) {
             if self.failure.is_none() {
                 let owners = self.owners();

@@ -7,9 +7,14 @@
 //! fails with `NodeExists`), a compare-and-swap is `setData` with the expected version. A read is
 //! two requests whatever the group's size: the member list, then one multi-read of the table
 //! and every member node (a consistent snapshot). Changes come from one persistent recursive
-//! watch on `P` (ZooKeeper 3.6 and later); its events name the node but do not carry the data,
-//! so each changed node costs one `getData` (never a read of the whole group). A departed
-//! member's node is deleted with its data version.
+//! watch on `P` (ZooKeeper 3.6 and later); its events name the node but do not carry the data.
+//! A member node that changed (a renew, at rest) is passed on as [`Change::Touched`], without
+//! reading it: a member learns that the other member is alive and reads its record only before
+//! acting on it (the core's rule, [`tenure_group::handoff::MemberCore::on_store_change`]), so
+//! its requests at rest are its own renew and a read of the group per lease whatever the member
+//! count. The table changed and a member node created cost one `getData` each (they decide
+//! handoffs at once, and happen only on a handoff or a join). A departed member's node is
+//! deleted with its data version.
 //!
 //! The nodes are persistent, not ephemeral: a dead member's record must stay readable so that the
 //! others end its epoch by compare-and-swap after its lease ran out on their own clocks (the core's
@@ -227,10 +232,11 @@ impl GroupStore for ZkGroupStore {
     fn watch_records(&self) -> Option<RecordStream> {
         let store = self.clone();
         // One persistent recursive watch on the group's path. Once it is in place: `Resync` (the
-        // member reads once, after the watch exists). A node created or changed: one `getData`
-        // of it; a node deleted: `Deleted`; the session reconnected (events may have been lost
-        // meanwhile): `Resync`. A terminal session state ends the stream; the driver re-opens
-        // it on a new session after a retry period.
+        // member reads once, after the watch exists). A member node changed: `Touched`, unread;
+        // the table changed or a node created: one `getData` of it; a node deleted: `Deleted`;
+        // the session reconnected (events may have been lost meanwhile): `Resync`. A terminal
+        // session state ends the stream; the driver re-opens it on a new session after a retry
+        // period.
         let stream = futures::stream::unfold(Some(None::<zk::PersistentWatcher>), move |watcher| {
             let store = store.clone();
             async move {
@@ -262,6 +268,9 @@ impl GroupStore for ZkGroupStore {
                         zk::EventType::NodeDeleted => Ok(store.record_key(&event.path).map(Change::Deleted)),
                         zk::EventType::NodeCreated | zk::EventType::NodeDataChanged => {
                             match store.record_key(&event.path) {
+                                Some(key @ Key::Member(_)) if event.event_type == zk::EventType::NodeDataChanged => {
+                                    Ok(Some(Change::Touched(key)))
+                                }
                                 Some(key) => store.fetch(key).await,
                                 None => Ok(None),
                             }

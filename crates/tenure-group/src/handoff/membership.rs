@@ -235,6 +235,9 @@ impl MemberCore {
         let timing = self.config.timing;
         match kind {
             WriteKind::Join { epoch } => {
+                // Our record is at the version we just wrote: a renew conflict before the join
+                // is settled (the watch may never bring our own record: ZooKeeper's touches).
+                self.renew_after_read = false;
                 self.view.absent_since.remove(&self.identity);
                 self.last_epoch = self.last_epoch.max(epoch);
                 let membership = Membership { epoch, version, valid_until: started + timing.renew_deadline, renewals };

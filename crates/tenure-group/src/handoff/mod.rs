@@ -394,12 +394,13 @@ impl MemberCore {
 
     /// The earliest local time at which [`MemberCore::poll_action`] may have something new to do
     /// without any input: a timer (`Timer`), the end of our membership, the lease of a live
-    /// member's record or of an owner's absence.
+    /// member's record or of an owner's absence, the silence of a record not read since it changed.
     pub fn next_wakeup(&self, now: MonotonicTime) -> Option<MonotonicTime> {
         let lapse = self.membership().map(|m| m.valid_until);
         let expiries = self.view.members.values().filter_map(ObservedMember::alive_until);
         let absences = self.view.absent_since.iter().map(|(id, since)| *since + self.absent_lease(id));
-        self.timers.next_after(now, lapse.into_iter().chain(expiries).chain(absences))
+        let unread = self.unread_silent_at();
+        self.timers.next_after(now, lapse.into_iter().chain(expiries).chain(absences).chain(unread))
     }
 
     /// What to do next on the store, if anything; call again until `None`, then again after

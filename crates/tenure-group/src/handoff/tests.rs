@@ -1,7 +1,7 @@
 //! Unit tests of the core against a tiny synchronous store.
 
 use super::*;
-use crate::record::{MemberRecord, MemberState};
+use crate::record::{MemberRecord, MemberState, Owner};
 use crate::store::{Change, Snapshot};
 use std::time::Duration;
 
@@ -21,6 +21,11 @@ fn at(millis: u64) -> MonotonicTime {
 struct Store {
     records: BTreeMap<Key, (Version, Value)>,
     next: u64,
+    /// The changes as ZooKeeper's watch gives them ([`deliver`]): a member record that changed
+    /// as `Touched`, a created record and the table as records.
+    changes: Vec<Change>,
+    /// Snapshot reads answered.
+    reads: u64,
 }
 
 impl Store {
@@ -37,8 +42,15 @@ impl Store {
             return Err(StoreError::Conflict);
         }
         self.next += 1;
-        self.records.insert(key.clone(), (Version(self.next), value));
-        Ok(Version(self.next))
+        let version = Version(self.next);
+        let touched = expected.is_some() && matches!(key, Key::Member(_));
+        self.changes.push(if touched {
+            Change::Touched(key.clone())
+        } else {
+            Change::Put(key.clone(), Stored { version, value: value.clone() })
+        });
+        self.records.insert(key.clone(), (version, value));
+        Ok(version)
     }
 
     /// Applies every action at once; with `hold`, the first table write is committed but its
@@ -51,7 +63,10 @@ impl Store {
     ) -> Option<(Key, Result<Version, StoreError>)> {
         while let Some(action) = core.poll_action(now) {
             match action {
-                Action::Read => core.on_read(now, Ok(self.snapshot())),
+                Action::Read => {
+                    self.reads += 1;
+                    core.on_read(now, Ok(self.snapshot()));
+                }
                 Action::Write { key, expected, value } => {
                     let result = self.write(&key, expected, value);
                     if hold && key == Key::Table {
@@ -63,6 +78,7 @@ impl Store {
                 Action::Delete { key, expected } => {
                     let result = if self.records.get(&key).map(|(v, _)| *v) == Some(expected) {
                         self.records.remove(&key);
+                        self.changes.push(Change::Deleted(key.clone()));
                         Ok(())
                     } else {
                         Err(StoreError::Conflict)
@@ -251,4 +267,134 @@ fn a_pushed_record_older_than_the_view_is_ignored_and_a_newer_one_applied() {
     // A deletion removes the record from the view.
     b.on_store_change(at(300), Change::Deleted(Key::Member("a".into())));
     assert!(b.live_members(at(300)).iter().all(|m| m.identity != "a"));
+}
+
+/// Hands `core` the store's changes since the last delivery, as ZooKeeper's watch gives them.
+fn deliver(store: &mut Store, core: &mut MemberCore, now: MonotonicTime) {
+    for change in std::mem::take(&mut store.changes) {
+        core.on_store_change(now, change);
+    }
+}
+
+/// a and b own two partitions each, all at time 0; from then on b learns of a's record only by
+/// `Touched` ([`deliver`]).
+fn a_and_b_settled() -> (Store, MemberCore, MemberCore) {
+    let (mut store, mut a, mut b) = a_and_b_at_zero();
+    for p in revoked_partitions(&mut a) {
+        a.on_drained(at(0), p);
+    }
+    store.apply(&mut a, at(0));
+    b.on_change(at(0));
+    store.apply(&mut b, at(0));
+    a.on_change(at(0));
+    store.apply(&mut a, at(0));
+    store.changes.clear();
+    assert_eq!((a.owned(at(0)).len(), b.owned(at(0)).len()), (2, 2));
+    (store, a, b)
+}
+
+/// a lapses and rejoins under a new epoch; b hears of it only by a touch of a's record, then the
+/// table naming a's new epoch. b must not take the new epoch for a record gone missing (it would
+/// claim a's partitions a lease later, while a owns them): it reads the record first.
+#[test]
+fn a_rejoin_seen_only_as_touches_is_read_before_anything_hangs_on_the_new_epoch() {
+    let (mut store, mut a, mut b) = a_and_b_settled();
+    let (old_epoch, partitions) = (a.epoch(), a.owned(at(0)));
+    store.apply(&mut b, at(1000));
+    store.apply(&mut b, at(2000));
+    // a missed its renews past its deadline (2 s): it rejoins and claims its partitions again.
+    store.apply(&mut a, at(2500));
+    assert!(a.epoch() > old_epoch && a.owned(at(2500)).keys().eq(partitions.keys()), "a did not rejoin");
+    let rejoined = Owner { member: "a".into(), epoch: a.epoch().unwrap() };
+    deliver(&mut store, &mut b, at(2500));
+    assert_eq!(b.poll_action(at(2500)), Some(Action::Read), "b did not read the record of a's new epoch");
+    // The read is slow. a renews and b hears touches: a's new epoch never counts as gone.
+    let lease = timing().lease_duration.as_millis() as u64;
+    for t in (2600..=2500 + 2 * lease).step_by(100) {
+        if t % 1000 == 500 {
+            store.apply(&mut a, at(t));
+        }
+        deliver(&mut store, &mut b, at(t));
+        assert!(!b.owner_is_gone(&rejoined, at(t)), "b took a's new epoch for over at {t} ms");
+        assert!(b.live_members(at(t)).iter().any(|m| m.identity == "a"), "b lost a at {t} ms");
+    }
+    let end = at(2500 + 2 * lease);
+    b.on_read(end, Ok(store.snapshot()));
+    for p in partitions.keys() {
+        assert_eq!(b.owner_of(*p, end).as_deref(), Some("a"), "partition {p} after the read");
+    }
+}
+
+/// a leaves; b hears the table (a's partitions released, a marked leaving) and a touch of a's
+/// record (its `Left`): b reads it at once, owns everything, and deletes a's record.
+#[test]
+fn a_leave_seen_only_as_a_touch_is_read_at_once() {
+    let (mut store, mut a, mut b) = a_and_b_settled();
+    a.leave(at(100));
+    store.apply(&mut a, at(100));
+    for p in revoked_partitions(&mut a) {
+        a.on_drained(at(100), p);
+    }
+    store.apply(&mut a, at(100));
+    assert!(a.has_left());
+    deliver(&mut store, &mut b, at(110));
+    assert_eq!(b.poll_action(at(110)), Some(Action::Read), "b did not read the record of a leaving member");
+    b.on_read(at(110), Ok(store.snapshot()));
+    store.apply(&mut b, at(110));
+    assert_eq!(b.owned(at(110)).len(), PARTITIONS as usize);
+    assert!(!store.records.contains_key(&Key::Member("a".into())), "a's record was not deleted");
+}
+
+/// At rest b reads nothing but its once-per-lease snapshot, whatever a's renews. a crashes right
+/// after a renew: b reads a's record after two silent retry periods and ends a's epoch a lease
+/// after that read, never earlier than a lease after the last touch.
+#[test]
+fn a_crash_seen_only_as_touches_is_read_after_two_silent_retry_periods_and_expired_a_lease_later() {
+    let (mut store, mut a, mut b) = a_and_b_settled();
+    let lease = timing().lease_duration.as_millis() as u64;
+    let mut b_reads = 0;
+    let mut step_b = |store: &mut Store, b: &mut MemberCore, t: u64| {
+        deliver(store, b, at(t));
+        let before = store.reads;
+        store.apply(b, at(t));
+        b_reads += store.reads - before;
+        b_reads
+    };
+    // a renews every second until it crashes after its renew at 5 s.
+    for t in (100..=5000).step_by(100) {
+        if t % 1000 == 0 {
+            store.apply(&mut a, at(t));
+        }
+        step_b(&mut store, &mut b, t);
+    }
+    assert_eq!(step_b(&mut store, &mut b, 5000), 1, "b read more than once a lease at rest");
+    drop(a);
+    let read_at = 5000 + 2 * timing().retry_period.as_millis() as u64;
+    for t in (5100..read_at).step_by(100) {
+        assert_eq!(step_b(&mut store, &mut b, t), 1, "b read a's record before it was silent at {t} ms");
+    }
+    assert_eq!(step_b(&mut store, &mut b, read_at), 2, "b did not read a's silent record");
+    for t in (read_at + 100..read_at + lease).step_by(100) {
+        step_b(&mut store, &mut b, t);
+        assert_eq!(b.owned(at(t)).len(), 2, "b took a's partitions at {t} ms");
+    }
+    step_b(&mut store, &mut b, read_at + lease);
+    assert_eq!(b.owned(at(read_at + lease)).len(), PARTITIONS as usize);
+}
+
+/// A renew that conflicted waits for a read showing our record; when the membership lapses
+/// before such a read and the member rejoins, the join's compare-and-swap tells the record, so
+/// the member renews again (with ZooKeeper's touches no event ever shows it its own record).
+#[test]
+fn a_member_whose_renew_conflicted_renews_again_after_it_rejoined() {
+    let (mut store, mut a) = a_alone_at_zero();
+    let Some(Action::Write { key, .. }) = a.poll_action(at(1000)) else { panic!("no renew at 1 s") };
+    a.on_write(at(1000), &key, Err(StoreError::Conflict));
+    assert_eq!(a.poll_action(at(1000)), Some(Action::Read));
+    a.on_read(at(1000), Err(StoreError::Unavailable("dropped by the test".into())));
+    // The membership lapses at 2 s; at 2.5 s a reads, rejoins, and renews from then on.
+    store.apply(&mut a, at(2500));
+    assert!(a.is_member(at(2500)), "a did not rejoin");
+    store.apply(&mut a, at(3500));
+    assert!(a.is_member(at(4600)), "a never renewed after it rejoined");
 }

@@ -13,12 +13,17 @@ use crate::config::record_lease;
 use crate::record::{MemberRecord, MemberState, Owner, PartitionTable};
 use crate::store::{Change, Key, Snapshot, StoreError, Stored, Value, Version};
 
-/// Another member's record, and when this version of it first arrived here.
+/// Another member's record, and when it was last seen changing.
 #[derive(Debug, Clone)]
 pub(super) struct ObservedMember {
     pub(super) stored: Stored<MemberRecord>,
-    /// Local time at which this version was first seen.
+    /// Local time at which this record was last seen changing: when this version first arrived,
+    /// or a later [`Change::Touched`] of it. Its lease counts from here.
     pub(super) seen_at: MonotonicTime,
+    /// A [`Change::Touched`] came after `stored` was read: the record is probably at a later
+    /// version, whose content this member has not read. Only what no later write can undo is
+    /// judged on such a record (see [`MemberCore::on_store_change`]).
+    pub(super) unread: bool,
 }
 
 impl ObservedMember {
@@ -123,6 +128,33 @@ impl MemberCore {
     /// compare-and-swap at the version this member saw, so a view that lags only makes a write
     /// fail and a read follow; a record's lease is counted from when its version arrived here,
     /// which is never earlier than when it was written.
+    ///
+    /// A [`Change::Touched`] member record (ZooKeeper: the event names the node, not its data)
+    /// is a liveness observation without content: the record's lease counts again from now (a
+    /// touch comes after the write it announces, so never too early), and the record is marked
+    /// unread. Why that is enough, and as safe:
+    /// - **Ending an epoch** compares and swaps at a version whose content was read, and only
+    ///   once the record was seen unchanged for its whole lease since the later of that read and
+    ///   the last touch: if the record is still at that version, no renew came after it, which
+    ///   is the rule; if it moved, the write fails. An unread record silent for two retry
+    ///   periods (a renew missed) is read first (`read_action`), so a crashed
+    ///   member is expired about one lease after its last renew, not two.
+    /// - **Claiming from an epoch that is over** uses only what no later write undoes: a record
+    ///   showing a later epoch, or the same epoch `Left`/`Expired` (a record goes back to
+    ///   `Alive` only at a new epoch). A record older than the table's owner counts as absent
+    ///   only once read (`after_view_change`): unread, it is the rejoin the
+    ///   table names, and it is read.
+    /// - **The other state changes** a member record carries: a leave (also in the table, which
+    ///   is always applied: the leaver's partitions are released and it is out of every
+    ///   assignment at once; its record is read when the table marks it leaving), an expiry by
+    ///   another member and a rejoin (read when the rejoined member claims, as the table then
+    ///   names an epoch the view lacks; a touch of a record not `Alive` is read at once), a new
+    ///   weight (only with a new process, so a rejoin) are read before anything hangs on them;
+    ///   until then they only delay a handoff or tilt an assignment, within a lease (the
+    ///   periodic read).
+    /// - **Our own record** is known from our writes' replies: its touches are ignored while we
+    ///   are a member (a write by anyone else makes our next renew conflict, and the read after
+    ///   it ends our epoch; S1 never depended on seeing it).
     pub fn on_store_change(&mut self, now: MonotonicTime, change: Change) {
         self.check_lapse(now);
         let key = match change {
@@ -153,6 +185,7 @@ impl MemberCore {
                 }
                 Key::Member(id)
             }
+            Change::Touched(Key::Member(id)) => return self.touch_member(now, id),
             // `Changed`; `Resync` (the watch lost changes); the table deleted (by hand: see what is left).
             other => {
                 self.read_wanted = true;
@@ -167,18 +200,55 @@ impl MemberCore {
         self.after_view_change(now);
     }
 
+    /// A [`Change::Touched`] of `id`'s record (see [`MemberCore::on_store_change`]).
+    fn touch_member(&mut self, now: MonotonicTime, id: String) {
+        if id == self.identity && self.membership().is_some() {
+            return;
+        }
+        let leaving = self.view.table.as_ref().is_some_and(|t| t.value.leaving.iter().any(|o| o.member == id));
+        let behind = self.view.absent_since.remove(&id).is_some();
+        match self.view.members.get_mut(&id) {
+            Some(observed) => {
+                observed.seen_at = now;
+                observed.unread = true;
+                // Read at once what the change probably decides: a record that was not alive (a
+                // rejoin), one the table marks leaving (its `Left`), one behind the table (the
+                // rejoin the table names).
+                self.read_wanted |= observed.stored.value.state != MemberState::Alive || leaving || behind;
+            }
+            None => self.read_wanted = true,
+        }
+        // A read issued before this touch may be older than the record: it does not mark it read.
+        self.mark_changed(&Key::Member(id));
+    }
+
+    /// How long an unread record may stay silent before this member reads the group: two retry
+    /// periods (its member missed a renew), at most the renew deadline. Its lease then counts
+    /// from that read, so the touches save every read at rest for about this much failover time.
+    fn unread_silence(&self) -> Duration {
+        let timing = self.config.timing;
+        (timing.retry_period * 2).min(timing.renew_deadline)
+    }
+
+    /// When the first unread record will have been silent for [`MemberCore::unread_silence`].
+    pub(super) fn unread_silent_at(&self) -> Option<MonotonicTime> {
+        self.view.members.values().filter(|o| o.unread).map(|o| o.seen_at + self.unread_silence()).min()
+    }
+
     pub(super) fn mark_changed(&mut self, key: &Key) {
         self.view.writes_completed += 1;
         self.view.written_at.insert(key.clone(), self.view.writes_completed);
     }
 
     /// A read, if one is wanted or the poll is due, and none is in flight or waiting for a retry.
+    /// An unread record silent for [`MemberCore::unread_silence`] is read (with the whole group).
     pub(super) fn read_action(&mut self, now: MonotonicTime) -> Option<Action> {
         let poll_due = self.timers.elapsed(&Timer::Poll, now);
-        if self.view.pending_read.is_some()
-            || !self.timers.elapsed(&Timer::ReadRetry, now)
-            || !(self.read_wanted || poll_due)
-        {
+        if self.view.pending_read.is_some() || !self.timers.elapsed(&Timer::ReadRetry, now) {
+            return None;
+        }
+        self.read_wanted |= self.unread_silent_at().is_some_and(|at| now >= at);
+        if !(self.read_wanted || poll_due) {
             return None;
         }
         let periodic = !self.read_wanted;
@@ -233,8 +303,14 @@ impl MemberCore {
         let mut seen = BTreeSet::new();
         for (id, stored) in snapshot.members {
             seen.insert(id.clone());
+            // A record touched since the read was issued may be newer still: its content is
+            // taken if newer than the view's, and stays unread.
+            let unread = self.view.members.get(&id).filter(|o| o.unread).map(|o| o.stored.version);
             if !newer_here(&Key::Member(id.clone()), &self.view.written_at) {
                 self.observe_member(now, id, stored);
+            } else if unread.is_some_and(|version| version < stored.version) {
+                self.observe_member(now, id.clone(), stored);
+                self.view.members.entry(id).and_modify(|o| o.unread = true);
             }
         }
         let written_at = &self.view.written_at;
@@ -266,9 +342,12 @@ impl MemberCore {
         let known = self.view.known_leases.entry(id.clone()).or_default();
         *known = (*known).max(record_lease(stored.value.lease_millis));
         match self.view.members.get_mut(&id) {
-            Some(observed) if observed.stored.version == stored.version => observed.stored = stored,
+            Some(observed) if observed.stored.version == stored.version => {
+                observed.stored = stored;
+                observed.unread = false;
+            }
             _ => {
-                self.view.members.insert(id, ObservedMember { stored, seen_at: now });
+                self.view.members.insert(id, ObservedMember { stored, seen_at: now, unread: false });
             }
         }
     }
@@ -286,8 +365,13 @@ impl MemberCore {
         let members = &self.view.members;
         let behind =
             |id: &String| named.get(id).is_some_and(|e| members.get(id).is_none_or(|o| o.stored.value.epoch < *e));
-        self.view.absent_since.retain(|id, _| behind(id));
-        for id in named.keys().filter(|id| behind(id)) {
+        // A record behind the table but not read since it changed is most likely the rejoin the
+        // table names: read it; an absence counts only on what was read.
+        let unread = |id: &String| members.get(id).is_some_and(|o| o.unread);
+        self.read_wanted |= named.keys().any(|id| behind(id) && unread(id));
+        let absent = |id: &String| behind(id) && !unread(id);
+        self.view.absent_since.retain(|id, _| absent(id));
+        for id in named.keys().filter(|id| absent(id)) {
             self.view.absent_since.entry(id.clone()).or_insert(now);
         }
         if table.is_consistent() && table.partition_count != self.config.partition_count {
@@ -322,21 +406,29 @@ impl MemberCore {
         }
     }
 
-    /// True when `owner`'s record shows another epoch, or that epoch not alive (the epoch is over).
+    /// True when `owner`'s record shows another epoch, or that epoch not alive (the epoch is over);
+    /// of a record not read since it changed, only a later epoch or that epoch not alive counts.
     pub(super) fn epoch_over(&self, owner: &Owner) -> bool {
         self.view.members.get(&owner.member).is_some_and(|observed| {
-            observed.stored.value.epoch != owner.epoch || observed.stored.value.state != MemberState::Alive
+            let record = &observed.stored.value;
+            match record.epoch.cmp(&owner.epoch) {
+                std::cmp::Ordering::Less => !observed.unread,
+                std::cmp::Ordering::Equal => record.state != MemberState::Alive,
+                std::cmp::Ordering::Greater => true,
+            }
         })
     }
 
     /// Ends the epoch of a member whose record was seen unchanged for its whole lease (ours too,
-    /// if another process wrote it), by writing it `Expired` at the version seen.
+    /// if another process wrote it), by writing it `Expired` at the version seen (read, not only
+    /// touched: an unread record is read first).
     pub(super) fn tombstone_action(&mut self, now: MonotonicTime) -> Option<Action> {
         let (key, stored) = self.view.members.iter().find_map(|(id, observed)| {
             let record = &observed.stored.value;
             let ours = *id == self.identity && record.incarnation == self.incarnation;
             let key = Key::Member(id.clone());
-            (record.state == MemberState::Alive && !ours && observed.expired(now) && self.may_write(&key, now))
+            let known = !observed.unread;
+            (record.state == MemberState::Alive && !ours && known && observed.expired(now) && self.may_write(&key, now))
                 .then(|| (key, observed.stored.clone()))
         })?;
         let record = MemberRecord { state: MemberState::Expired, ..stored.value };
@@ -372,7 +464,7 @@ impl MemberCore {
                 _ => record_lease(record.lease_millis).mul_f64(stretch),
             };
             let key = Key::Member(id.clone());
-            (!named && now >= observed.seen_at + wait && self.may_write(&key, now))
+            (!named && !observed.unread && now >= observed.seen_at + wait && self.may_write(&key, now))
                 .then(|| (key, observed.stored.clone()))
         })?;
         let pending = PendingWrite { started: now, kind: WriteKind::Delete, value: Value::Member(stored.value) };
