@@ -68,7 +68,11 @@ pub mod gc;
 #[cfg(feature = "kube")]
 pub mod kube_controller;
 #[cfg(feature = "kube")]
+pub mod kube_labeller;
+#[cfg(feature = "kube")]
 pub mod kube_shard;
+#[cfg(feature = "kube")]
+pub mod kube_shard_watch;
 #[cfg(feature = "kube")]
 pub mod kube_watch;
 pub mod metrics;

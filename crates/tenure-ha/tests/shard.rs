@@ -14,7 +14,9 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{replica_runtime, until, Journal, Span, TestServer, PATIENCE};
+use common::{
+    assert_no_overlapping_owners, assert_terms_grow_per_partition, replica_runtime, until, Journal, TestServer, PATIENCE,
+};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
@@ -303,37 +305,6 @@ async fn hold_every_reconcile_of(cluster: &Cluster, replica: &Replica) -> (Vec<S
     })
     .await;
     (objects, touched)
-}
-
-/// Checks that no two replicas (or two terms) ever reconciled objects of one partition at
-/// overlapping times, and that every reconcile has ended.
-fn assert_no_overlapping_owners(spans: &[Span]) {
-    for (i, a) in spans.iter().enumerate() {
-        let a_end = a.ended.unwrap_or_else(|| panic!("a reconcile never ended: {a:?}"));
-        for b in &spans[i + 1..] {
-            if a.partition != b.partition || (a.replica == b.replica && a.term == b.term) {
-                continue;
-            }
-            let b_end = b.ended.unwrap_or_else(|| panic!("a reconcile never ended: {b:?}"));
-            assert!(
-                a_end <= b.started || b_end <= a.started,
-                "two owners of partition {} reconciled at once: {a:?} and {b:?}",
-                a.partition
-            );
-        }
-    }
-}
-
-/// Checks that the terms of each partition only grow over time: an older ownership never
-/// reconciles after a newer one started.
-fn assert_terms_grow_per_partition(spans: &[Span]) {
-    for a in spans {
-        for b in spans {
-            if a.partition == b.partition && a.started < b.started {
-                assert!(a.term <= b.term, "partition {} went back from term {} to {}", a.partition, a.term, b.term);
-            }
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
