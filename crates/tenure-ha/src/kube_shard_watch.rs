@@ -80,7 +80,9 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::kube_shard::{log_outcome, object_key, reconcile_owned, Failed, Owning, ShardController, ShardError, Shared};
+use crate::kube_shard::{
+    log_outcome, object_key, reconcile_owned, Failed, Owning, ShardController, ShardError, Shared,
+};
 
 /// The label that carries an object's partition: the partition of its key, in decimal.
 pub const PARTITION_LABEL: &str = "tenure.dev/partition";
@@ -472,6 +474,12 @@ mod tests {
     #[test]
     fn the_selector_names_every_owned_partition() {
         assert_eq!(partition_selector([0, 3, 7]), "tenure.dev/partition in (0,3,7)");
+    }
+
+    #[test]
+    fn one_selector_of_all_1024_partitions_is_about_4_kib() {
+        // Why one watch per replica is enough (see the module documentation).
+        assert_eq!(partition_selector(0..1024).len(), 4035);
     }
 
     #[test]

@@ -11,9 +11,13 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::io::Write;
+use std::ops::Deref;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use common::shard::{
+    key, names, reconciled_by_current_owners, share_the_partitions, ShardReplica, FOREVER, OBJECTS, PARTITIONS,
+};
 use common::{
     assert_no_overlapping_owners, assert_terms_grow_per_partition, replica_runtime, until, Journal, TestServer,
 };
@@ -27,26 +31,11 @@ use serde_json::json;
 use tenure::{Elector, Timing};
 use tenure_group::{Group, GroupConfig, NotOwner};
 use tenure_ha::kube_labeller::{Labeller, LabellerCounters};
-use tenure_ha::kube_shard::{object_key, Owning, ShardController};
+use tenure_ha::kube_shard::Owning;
 use tenure_ha::kube_shard_watch::{ShardedWatch, WatchCounters, PARTITION_LABEL};
 use tenure_ha::{Gate, GateHandle};
 use tenure_kube::{KubeGroupStore, WriteGate};
 use tokio::sync::watch;
-
-const FOREVER: Duration = Duration::from_secs(3600);
-const OBJECTS: usize = 30;
-const PARTITIONS: u32 = 12;
-
-fn names() -> Vec<String> {
-    (0..OBJECTS).map(|i| format!("cm-{i:02}")).collect()
-}
-
-fn key(name: &str) -> String {
-    let mut cm = ConfigMap::default();
-    cm.metadata.namespace = Some("default".into());
-    cm.metadata.name = Some(name.into());
-    object_key(&cm)
-}
 
 /// The partition of a test ConfigMap's key.
 fn partition(name: &str) -> u32 {
@@ -154,13 +143,15 @@ impl Cluster {
                 let configmaps: Api<ConfigMap> = Api::namespaced(client, "default");
                 let watch = ShardedWatch::new(group, configmaps, watcher::Config::default().labels("app=shard"));
                 let (cache, counters) = (watch.store(), watch.counters());
-                let shard =
-                    watch.run(reconcile, |_cm, _error, _ctx| Action::requeue(Duration::from_millis(100)), probe).unwrap();
+                let shard = watch
+                    .run(reconcile, |_cm, _error, _ctx| Action::requeue(Duration::from_millis(100)), probe)
+                    .unwrap();
                 (shard, cache, counters)
             })
             .await
             .unwrap();
-        Replica { identity: identity.to_owned(), hold, shard: Some(shard), cache, counters, runtime: Some(runtime) }
+        let member = ShardReplica { identity: identity.to_owned(), shard: Some(shard), runtime: Some(runtime) };
+        Replica { member, hold, cache, counters }
     }
 
     /// A labeller in a runtime of its own, elected on the Lease `labeller`.
@@ -213,70 +204,34 @@ impl Drop for LabellerProcess {
     }
 }
 
+/// A replica, the switch that holds its reconciles in flight while on, its cache and its watch's
+/// counters.
 struct Replica {
-    identity: String,
+    member: ShardReplica,
     hold: watch::Sender<bool>,
-    shard: Option<ShardController>,
     cache: Store<ConfigMap>,
     counters: Arc<WatchCounters>,
-    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Deref for Replica {
+    type Target = ShardReplica;
+
+    fn deref(&self) -> &ShardReplica {
+        &self.member
+    }
 }
 
 impl Replica {
-    fn group(&self) -> &Group {
-        self.shard.as_ref().unwrap().group()
-    }
-
-    fn owns(&self, name: &str) -> Option<u64> {
-        self.shard.as_ref().and_then(|s| s.group().belongs_to_self(&key(name))).map(|t| t.0)
-    }
-
-    fn owned_partitions(&self) -> BTreeSet<u32> {
-        self.group().assignment().borrow().owned.keys().copied().collect()
-    }
-
     /// The names of the ConfigMaps in this replica's cache.
     fn cached(&self) -> BTreeSet<String> {
         self.cache.state().iter().filter_map(|cm| cm.metadata.name.clone()).collect()
     }
-
-    /// The names of the ConfigMaps whose key's partition this replica owns.
-    fn owned_objects(&self) -> BTreeSet<String> {
-        names().into_iter().filter(|n| self.owns(n).is_some()).collect()
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        drop(self.shard.take());
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
-        }
-    }
-}
-
-/// True once every object has exactly one owner among `replicas` and that owner has completed a
-/// reconcile of it under its current term, started at or after `since`.
-fn reconciled_by_current_owners(journal: &Journal, replicas: &[&Replica], objects: &[String], since: Instant) -> bool {
-    let spans = journal.spans();
-    objects.iter().all(|name| {
-        let owners: Vec<(&str, u64)> =
-            replicas.iter().filter_map(|r| r.owns(name).map(|t| (r.identity.as_str(), t))).collect();
-        let [(owner, term)] = owners[..] else { return false };
-        spans
-            .iter()
-            .any(|s| s.name == *name && s.replica == owner && s.term == term && s.started >= since && s.ended.is_some())
-    })
 }
 
 /// Waits until `replicas` share the partitions and each caches exactly the objects of its
 /// partitions.
 async fn shared_and_cached(replicas: &[&Replica]) {
-    until("the replicas share the partitions", || {
-        let shares: Vec<usize> = replicas.iter().map(|r| r.owned_partitions().len()).collect();
-        shares.iter().all(|n| *n > 0) && shares.iter().sum::<usize>() == PARTITIONS as usize
-    })
-    .await;
+    share_the_partitions(replicas).await;
     until("each replica caches exactly the objects of its partitions", || {
         replicas.iter().all(|r| r.cached() == r.owned_objects())
     })
@@ -381,7 +336,11 @@ async fn a_join_moves_objects_between_caches_and_no_object_is_reconciled_by_two_
         assert!(c.group().guard(*partition).is_none(), "replica-c took partition {partition} while it drained");
     }
     assert!(
-        cluster.journal.spans().iter().all(|s| !(moving.contains(&s.name) && s.replica != "replica-a" && s.started >= touched)),
+        cluster
+            .journal
+            .spans()
+            .iter()
+            .all(|s| !(moving.contains(&s.name) && s.replica != "replica-a" && s.started >= touched)),
         "another replica reconciled a draining object"
     );
 
@@ -446,7 +405,8 @@ async fn an_object_whose_label_was_removed_or_edited_is_reconciled_by_exactly_it
     })
     .await;
 
-    for (name, why) in [(removed, "is missing"), (other, "names another partition"), (out_of_range, "is out of range")] {
+    for (name, why) in [(removed, "is missing"), (other, "names another partition"), (out_of_range, "is out of range")]
+    {
         let lines = log_lines_with(&["relabelling the object", &format!("key=\"default/{name}\""), why]);
         assert!(!lines.is_empty(), "the labeller said why it relabelled {name} ({why})");
     }

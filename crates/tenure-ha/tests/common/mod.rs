@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 /// How long any single expected event may take before a test fails instead of hanging.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
+pub mod shard;
+
 // The API server harness of the tenure-kube tests, shared rather than copied.
 #[path = "../../../tenure-kube/tests/common/mod.rs"]
 mod kube_harness;
