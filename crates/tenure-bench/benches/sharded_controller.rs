@@ -21,7 +21,10 @@
 //!    reconcile that saw the change - the moment the change was written;
 //! 4. what each replica cached (objects, and bytes as JSON) and received (watch events: listed
 //!    objects and changes) over the whole run and during the throughput phase (one change per
-//!    ConfigMap).
+//!    ConfigMap);
+//! 5. one more replica joins while nothing changes: the time until the partitions are shared
+//!    again, every cache holds its share and the joiner reconciled every object it took over, and
+//!    what the replicas already there received meanwhile (their re-lists: the constant).
 //!
 //! Replicas share this process, so memory is the cache's content (object count and JSON bytes),
 //! not RSS.
@@ -70,6 +73,8 @@ fn name(i: usize) -> String {
 struct Recorder {
     started: Mutex<HashMap<(String, u32), Instant>>,
     done: Mutex<HashMap<u32, HashSet<String>>>,
+    /// Reconciles started per replica.
+    by_replica: Mutex<HashMap<String, usize>>,
 }
 
 impl Recorder {
@@ -79,6 +84,7 @@ impl Recorder {
 }
 
 struct Probe {
+    identity: String,
     recorder: Arc<Recorder>,
     call: Duration,
 }
@@ -89,6 +95,7 @@ async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Owning<Probe>>) -> Result<Action
     let name = cm.metadata.name.clone().unwrap_or_default();
     let generation: u32 = cm.data.as_ref().and_then(|d| d.get("generation")).and_then(|g| g.parse().ok()).unwrap_or(0);
     ctx.recorder.started.lock().unwrap().entry((name.clone(), generation)).or_insert(now);
+    *ctx.recorder.by_replica.lock().unwrap().entry(ctx.identity.clone()).or_default() += 1;
     tokio::time::sleep(ctx.call).await; // the external call
     ctx.recorder.done.lock().unwrap().entry(generation).or_default().insert(name);
     Ok(Action::await_change())
@@ -131,7 +138,10 @@ struct Settings {
 async fn start_replica(url: &str, identity: &str, settings: &Settings, recorder: &Arc<Recorder>) -> Replica {
     let runtime = one_thread_runtime();
     let url = url.to_owned();
-    let (id, probe) = (identity.to_owned(), Arc::new(Probe { recorder: recorder.clone(), call: settings.call }));
+    let (id, probe) = (
+        identity.to_owned(),
+        Arc::new(Probe { identity: identity.to_owned(), recorder: recorder.clone(), call: settings.call }),
+    );
     let concurrency = settings.concurrency;
     let started = runtime.spawn(async move {
         // The client's connection tasks run in this replica's runtime.
@@ -223,6 +233,20 @@ struct Run {
     steady: Summary,
     steady_rate: f64,
     per_replica: Vec<ReplicaNumbers>,
+    join: Join,
+}
+
+/// What one more replica joining cost.
+struct Join {
+    /// From its start until the partitions were shared again, every cache held its share and the
+    /// joiner had reconciled every object in its cache.
+    time: Duration,
+    /// Objects the joiner took over.
+    gained: usize,
+    /// Watch events the replicas already there received meanwhile (mean): their re-lists.
+    events_others: f64,
+    /// Watches the replicas already there started meanwhile (mean).
+    lists_others: f64,
 }
 
 async fn run(replica_count: usize, settings: &Settings) -> Run {
@@ -315,9 +339,37 @@ async fn run(replica_count: usize, settings: &Settings) -> Run {
             }
         })
         .collect();
+
+    // 5. One more replica joins, with nothing changing: its share moves into its cache (and out of
+    // the others') and is reconciled because it was gained.
+    let events_before: Vec<u64> = replicas.iter().map(|r| r.counters.events()).collect();
+    let lists_before: Vec<u64> = replicas.iter().map(|r| r.counters.lists()).collect();
+    let joiner = format!("replica-{replica_count}");
+    let join_started = Instant::now();
+    replicas.push(start_replica(&url, &joiner, settings, &recorder).await);
+    wait_until("the joiner took its share and reconciled it", || {
+        let cached: usize = replicas.iter().map(|r| r.cache.state().len()).sum();
+        let owned: usize = replicas.iter().map(Replica::owned).sum();
+        let joined = &replicas[replica_count];
+        let reconciled = recorder.by_replica.lock().unwrap().get(&joiner).copied().unwrap_or(0);
+        let share = joined.cache.state().len();
+        replicas.iter().all(|r| r.owned() > 0)
+            && owned == PARTITIONS as usize
+            && cached == settings.objects
+            && share > 0
+            && reconciled >= share
+    })
+    .await;
+    let others = &replicas[..replica_count];
+    let join = Join {
+        time: join_started.elapsed(),
+        gained: replicas[replica_count].cache.state().len(),
+        events_others: mean(others.iter().zip(&events_before).map(|(r, b)| (r.counters.events() - b) as f64)),
+        lists_others: mean(others.iter().zip(&lists_before).map(|(r, b)| (r.counters.lists() - b) as f64)),
+    };
     drop(replicas);
     labeller.stop().await;
-    Run { replicas: replica_count, start, throughput_time, steady, steady_rate: rate, per_replica }
+    Run { replicas: replica_count, start, throughput_time, steady, steady_rate: rate, per_replica, join }
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
@@ -405,6 +457,19 @@ fn main() {
             "events",
         );
         report.info(&format!("n{n}_lists"), &format!("N={n}: watches started per replica (mean)"), lists_mean, "lists");
+        let join = &run.join;
+        let joined = format!("N={n}: one more replica joins: shared, cached and reconciled");
+        report.info(&format!("n{n}_join_s"), &joined, join.time.as_secs_f64(), "s");
+        report.info(
+            &format!("n{n}_join_gained"),
+            &format!("N={n}: objects the joiner took over"),
+            join.gained as f64,
+            "objects",
+        );
+        let relisted = format!("N={n}: events per replica already there, during the join (mean)");
+        report.info(&format!("n{n}_join_events"), &relisted, join.events_others, "events");
+        let restarts = format!("N={n}: watches started per replica already there, during the join (mean)");
+        report.info(&format!("n{n}_join_lists"), &restarts, join.lists_others, "lists");
         if n > 1 {
             let singleton_cached = singleton.per_replica[0].cached as f64;
             report.info(
