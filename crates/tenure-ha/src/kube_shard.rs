@@ -16,6 +16,9 @@
 //!   replicas on one object at once. `ctx.check()?` refuses to act once the partition was
 //!   revoked, and `ctx.term()` is the fencing token to write with.
 //!
+//! Every replica here still watches and caches every object; [`crate::kube_shard_watch`] runs the
+//! same reconciler and guards on a watch of this replica's partitions only.
+//!
 //! **Objects of gained partitions.** When this replica gains a partition, its objects are
 //! reconciled at once, without waiting for a change: the assignment watch feeds
 //! [`Controller::reconcile_all_on`] whenever the set of owned `(partition, term)` pairs grows. The
