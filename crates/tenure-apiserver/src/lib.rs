@@ -23,6 +23,7 @@ pub mod election;
 pub mod errors;
 pub mod faults;
 pub mod kubeconfig;
+pub mod metadata_only;
 pub mod patch;
 pub mod resources;
 pub mod routes;

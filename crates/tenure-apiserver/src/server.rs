@@ -19,6 +19,7 @@ use crate::coordinator::{self, CoordinatorConfig, CoordinatorMetrics, Counters};
 use crate::discovery;
 use crate::errors::ApiError;
 use crate::faults::{Faults, InjectedFault, Verb};
+use crate::metadata_only;
 use crate::patch::{self, PatchFormat};
 use crate::resources::ResourceType;
 use crate::routes::{self, ResourcePath, Route};
@@ -337,6 +338,18 @@ fn wants_table(headers: &HeaderMap) -> bool {
     headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(table::wants_table)
 }
 
+fn wants_metadata(headers: &HeaderMap) -> bool {
+    headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(metadata_only::wants_metadata)
+}
+
+/// One object as the client asked for it: whole, or its metadata alone.
+fn object_response(status: StatusCode, headers: &HeaderMap, object: &Value) -> Response {
+    match wants_metadata(headers) {
+        true => json_response(status, &metadata_only::partial(object)),
+        false => json_response(status, object),
+    }
+}
+
 fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
     serde_json::from_slice(body).map_err(|error| {
         ApiError::bad_request(format!("the body of the request could not be decoded as JSON: {error}"))
@@ -372,7 +385,7 @@ fn serve_resource(
                 let version = object["metadata"]["resourceVersion"].as_str().unwrap_or("").to_string();
                 return Ok(json_response(StatusCode::OK, &table::render(resource, &[object], &version)));
             }
-            Ok(json_response(StatusCode::OK, &object))
+            Ok(object_response(StatusCode::OK, headers, &object))
         }
         (Method::GET, None) if is_true(query.get("watch")) => {
             let invalid = |seconds| ApiError::bad_request(format!("invalid timeoutSeconds {seconds:?}: not a number"));
@@ -390,6 +403,7 @@ fn serve_resource(
                 timeout,
                 client,
                 as_table: wants_table(headers),
+                as_metadata: wants_metadata(headers),
             };
             let body: Body = watch::serve(store, &shared.faults, &shared.shutdown, request);
             Ok((StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response())
@@ -399,16 +413,20 @@ fn serve_resource(
             if wants_table(headers) {
                 return Ok(json_response(StatusCode::OK, &table::render(resource, &items, &version.to_string())));
             }
+            if wants_metadata(headers) {
+                let partial = metadata_only::partial_list(items.iter().map(|item| &**item), version);
+                return Ok(json_response(StatusCode::OK, &partial));
+            }
             Ok(json_response(StatusCode::OK, &list_body(resource, version, items.iter().map(|item| &**item))))
         }
         (Method::POST, None) => {
             let created = store.create(resource, &namespace, parse_body(body)?)?;
-            Ok(json_response(StatusCode::CREATED, &created))
+            Ok(object_response(StatusCode::CREATED, headers, &created))
         }
         (Method::PUT, Some(name)) => {
             let (stored, created) = store.update(resource, &namespace, name, parse_body(body)?)?;
             let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-            Ok(json_response(status, &stored))
+            Ok(object_response(status, headers, &stored))
         }
         (Method::PATCH, Some(name)) => {
             let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
@@ -424,7 +442,7 @@ fn serve_resource(
                 }
                 Ok(object)
             })?;
-            Ok(json_response(StatusCode::OK, &patched))
+            Ok(object_response(StatusCode::OK, headers, &patched))
         }
         (Method::DELETE, Some(name)) => {
             let options = if body.is_empty() { json!({}) } else { parse_body(body)? };

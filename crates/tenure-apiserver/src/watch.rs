@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::errors::ApiError;
 use crate::faults::Faults;
+use crate::metadata_only;
 use crate::resources::ResourceType;
 use crate::selectors::Selectors;
 use crate::store::{ChangeType, Store, WatchMessage, WatchStart};
@@ -38,6 +39,9 @@ pub struct WatchRequest {
     /// a one-row Table, the first with the column definitions, the rest without (as the real
     /// server sends them, to save bandwidth; kubectl keeps the columns it was given first).
     pub as_table: bool,
+    /// Whether the client asked for `PartialObjectMetadata` objects (a metadata-only watch):
+    /// each event then carries the object's metadata alone.
+    pub as_metadata: bool,
 }
 
 /// How the objects of a watch's events are encoded.
@@ -47,6 +51,8 @@ enum Encoding {
     Objects,
     /// One-row Tables; `headers_sent` once the first carried the column definitions.
     Table { headers_sent: bool },
+    /// `PartialObjectMetadata`: the objects' metadata alone.
+    Metadata,
 }
 
 /// One watch event line.
@@ -97,6 +103,7 @@ fn event_for(
     };
     match encoding {
         Encoding::Objects => Some(event_line_of(event_type, change.object_json())),
+        Encoding::Metadata => Some(event_line(event_type, &metadata_only::partial(&change.object))),
         Encoding::Table { headers_sent } => {
             let mut table =
                 table::render(resource, std::slice::from_ref(&change.object), &change.resource_version.to_string());
@@ -142,7 +149,11 @@ pub fn serve(store: &Arc<Store>, faults: &Faults, shutdown: &CancellationToken, 
                 }
             }
         };
-        let mut encoding = if request.as_table { Encoding::Table { headers_sent: false } } else { Encoding::Objects };
+        let mut encoding = match (request.as_table, request.as_metadata) {
+            (true, _) => Encoding::Table { headers_sent: false },
+            (false, true) => Encoding::Metadata,
+            (false, false) => Encoding::Objects,
+        };
         let stream = async {
             for message in &first {
                 if let Some(line) = event_for(message, request.resource, &request.selectors, &mut encoding) {

@@ -7,7 +7,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Namespace};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
-use kube::core::Status;
+use kube::core::{PartialObjectMeta, Status};
 use kube::{Api, Client, Config};
 use serde_json::json;
 use tenure_apiserver::{ApiServer, ApiServerConfig, FaultScope, InjectedFault, Verb, CLIENT_HEADER};
@@ -215,6 +215,43 @@ async fn watches_filter_resume_bookmark_and_expire() {
         WatchEvent::Error(status) => assert_eq!((status.code, status.reason.as_str()), (410, "Expired")),
         other => panic!("expected 410 Expired, got {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn metadata_only_clients_get_partial_object_metadata_from_get_list_watch_and_patch() {
+    let server = server(ApiServerConfig::default()).await;
+    let client = client(&server, "t");
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let data = [("big".to_string(), "x".repeat(1000))].into_iter().collect();
+    let cm = ConfigMap {
+        metadata: kube::api::ObjectMeta { name: Some("a".into()), ..Default::default() },
+        data: Some(data),
+        ..Default::default()
+    };
+    configmaps.create(&PostParams::default(), &cm).await.unwrap();
+    // kube-rs's metadata requests (Accept: ...;as=PartialObjectMetadata[List];g=meta.k8s.io;v=v1).
+    let metadata: Api<PartialObjectMeta<ConfigMap>> = Api::namespaced(client, "default");
+
+    let one = metadata.get("a").await.unwrap();
+    assert_eq!(one.types.as_ref().map(|t| t.kind.as_str()), Some("PartialObjectMetadata"));
+    assert_eq!(one.metadata.name.as_deref(), Some("a"));
+    let list = metadata.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    let (code, body) = raw(&server, "GET", "/api/v1/namespaces/default/configmaps", "").await;
+    assert_eq!(code, 200);
+    assert!(body.contains(&"x".repeat(1000)), "a plain list still carries the objects' data");
+
+    let start = list.metadata.resource_version.clone().unwrap();
+    let mut events = metadata.watch(&WatchParams::default().timeout(5), &start).await.unwrap().boxed();
+    let patch = Patch::Merge(json!({"metadata": {"labels": {"k": "v"}}}));
+    let patched = metadata.patch("a", &PatchParams::default(), &patch).await.unwrap();
+    assert_eq!(patched.metadata.labels.unwrap()["k"], "v");
+    let event = tokio::time::timeout(WAIT, events.try_next()).await.unwrap().unwrap().unwrap();
+    let WatchEvent::Modified(modified) = event else { panic!("expected MODIFIED, got {event:?}") };
+    assert_eq!(modified.types.map(|t| t.kind), Some("PartialObjectMetadata".into()));
+    assert_eq!(modified.metadata.labels.unwrap()["k"], "v");
+    let stored = configmaps.get("a").await.unwrap();
+    assert_eq!(stored.data.unwrap()["big"].len(), 1000, "a metadata patch leaves the data alone");
 }
 
 #[tokio::test]

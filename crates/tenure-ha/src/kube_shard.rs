@@ -16,6 +16,9 @@
 //!   replicas on one object at once. `ctx.check()?` refuses to act once the partition was
 //!   revoked, and `ctx.term()` is the fencing token to write with.
 //!
+//! Every replica here still watches and caches every object; [`crate::kube_shard_watch`] runs the
+//! same reconciler and guards on a watch of this replica's partitions only.
+//!
 //! **Objects of gained partitions.** When this replica gains a partition, its objects are
 //! reconciled at once, without waiting for a change: the assignment watch feeds
 //! [`Controller::reconcile_all_on`] whenever the set of owned `(partition, term)` pairs grows. The
@@ -192,6 +195,18 @@ pub struct ShardController {
 }
 
 impl ShardController {
+    /// A handle on a running controller: `controller` runs the reconciles and ends (its
+    /// in-flight reconciles drained) once `shutdown` is cancelled; `feeder` is the task that feeds
+    /// it from the assignment (aborted after the drain).
+    pub(crate) fn from_parts(
+        group: Arc<Group>,
+        shutdown: CancellationToken,
+        controller: AbortOnDropHandle<()>,
+        feeder: AbortOnDropHandle<()>,
+    ) -> Self {
+        ShardController { group, shutdown, controller, gains: feeder }
+    }
+
     /// This replica's membership: its identity, the assignment watch, `belongs_to_self`.
     pub fn group(&self) -> &Group {
         &self.group
@@ -218,18 +233,43 @@ impl ShardController {
 /// A user's reconcile error, with the action its error policy chose while the guard was held.
 #[derive(Debug, thiserror::Error)]
 #[error("{error}")]
-struct Failed<E: std::error::Error + 'static> {
+pub(crate) struct Failed<E: std::error::Error + 'static> {
     error: E,
-    action: Action,
+    pub(crate) action: Action,
 }
 
 /// What every reconcile shares: the user's parts. Not the group: kube-runtime runs each reconcile
 /// in a task of its own, which outlives the controller's stream briefly when aborted, and the
 /// group must be free to leave as soon as the stream is gone (the guards keep the drain rule).
-struct Shared<Ctx, Reconcile, ErrorPolicy> {
-    context: Arc<Ctx>,
-    reconcile: Reconcile,
-    error_policy: ErrorPolicy,
+pub(crate) struct Shared<Ctx, Reconcile, ErrorPolicy> {
+    pub(crate) context: Arc<Ctx>,
+    pub(crate) reconcile: Reconcile,
+    pub(crate) error_policy: ErrorPolicy,
+}
+
+/// One reconcile of a sharded controller: skipped (and any requeue of it dropped) without `guard`
+/// (the object is not this replica's now), else the user's reconciler with the guard held in its
+/// [`Owning`] context, and on failure the user's error policy, before the guard is dropped.
+pub(crate) async fn reconcile_owned<K, Ctx, Reconcile, ReconcileFut, ReconcileError, ErrorPolicy>(
+    guard: Option<PartitionGuard>,
+    object: Arc<K>,
+    shared: Arc<Shared<Ctx, Reconcile, ErrorPolicy>>,
+) -> Result<Action, Failed<ReconcileError>>
+where
+    Reconcile: Fn(Arc<K>, Arc<Owning<Ctx>>) -> ReconcileFut,
+    ReconcileFut: Future<Output = Result<Action, ReconcileError>>,
+    ReconcileError: std::error::Error + 'static,
+    ErrorPolicy: Fn(Arc<K>, &ReconcileError, Arc<Owning<Ctx>>) -> Action,
+{
+    let Some(guard) = guard else { return Ok(Action::await_change()) };
+    let owning = Arc::new(Owning { guard, context: shared.context.clone() });
+    match (shared.reconcile)(object.clone(), owning.clone()).await {
+        Ok(action) => Ok(action),
+        Err(error) => {
+            let action = (shared.error_policy)(object, &error, owning);
+            Err(Failed { error, action })
+        }
+    }
 }
 
 /// Runs `controller` on this replica of `group`, reconciling only the objects whose key this
@@ -282,19 +322,9 @@ where
         controller
             .run(
                 move |object: Arc<K>, shared: Arc<Shared<Ctx, Reconcile, ErrorPolicy>>| {
+                    // Not this replica's object (now): skipped, and any requeue of it dropped.
                     let guard = owner.guard_for_key(&object_key(object.as_ref()));
-                    async move {
-                        // Not this replica's object (now): skip, and drop any requeue of it.
-                        let Some(guard) = guard else { return Ok(Action::await_change()) };
-                        let owning = Arc::new(Owning { guard, context: shared.context.clone() });
-                        match (shared.reconcile)(object.clone(), owning.clone()).await {
-                            Ok(action) => Ok(action),
-                            Err(error) => {
-                                let action = (shared.error_policy)(object, &error, owning);
-                                Err(Failed { error, action })
-                            }
-                        }
-                    }
+                    reconcile_owned(guard, object, shared)
                 },
                 |_object, failed: &Failed<ReconcileError>, _shared| failed.action.clone(),
                 shared,
@@ -311,9 +341,17 @@ where
 
 /// Logs one item of the controller's output stream: reconciles (and skips) at debug, failures as
 /// warnings.
-fn log_outcome<K: Resource<DynamicType: Debug>, E: Error, W: Error>(identity: &str, result: Outcome<K, E, W>) {
+pub(crate) fn log_outcome<K: Resource<DynamicType: Debug>, E: Error, W: Error>(
+    identity: &str,
+    result: Outcome<K, E, W>,
+) {
     match result {
         Ok((object, action)) => tracing::debug!(identity, %object, ?action, "reconciled or skipped"),
+        // A requeue of an object that has left the cache since: deleted, or (with sharded
+        // watches) its partition moved away.
+        Err(ControllerError::ObjectNotFound(object)) => {
+            tracing::debug!(identity, %object, "not reconciled: no longer cached (deleted or moved away)")
+        }
         Err(ControllerError::ReconcilerFailed(error, object)) => {
             tracing::warn!(identity, %object, %error, "reconcile failed; the error policy decides the retry")
         }

@@ -17,8 +17,9 @@
 //! feature `checkpoint::zk` through a multi-operation that checks the election node: stores that
 //! refuse a deposed leader themselves. With the `kube` feature, `kube_controller` runs a
 //! kube-runtime `Controller` only while leading, `kube_shard` runs one on every replica of a
-//! `tenure_group::Group`, each reconciling the objects it owns (Active/Active), and `kube_watch`
-//! gates a resumable watch.
+//! `tenure_group::Group`, each reconciling the objects it owns (Active/Active), `kube_shard_watch`
+//! gives each such replica a watch and cache of its own partitions' objects only (labels kept by
+//! `kube_labeller`), and `kube_watch` gates a resumable watch.
 //!
 //! ```
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
@@ -68,7 +69,11 @@ pub mod gc;
 #[cfg(feature = "kube")]
 pub mod kube_controller;
 #[cfg(feature = "kube")]
+pub mod kube_labeller;
+#[cfg(feature = "kube")]
 pub mod kube_shard;
+#[cfg(feature = "kube")]
+pub mod kube_shard_watch;
 #[cfg(feature = "kube")]
 pub mod kube_watch;
 pub mod metrics;

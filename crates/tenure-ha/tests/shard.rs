@@ -11,10 +11,17 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{replica_runtime, until, Journal, Span, TestServer, PATIENCE};
+use common::shard::{
+    key, names, reconciled_by_current_owners, share_the_partitions, ShardReplica, FOREVER, PARTITIONS,
+};
+use common::{
+    assert_no_overlapping_owners, assert_terms_grow_per_partition, replica_runtime, until, Journal, TestServer,
+    PATIENCE,
+};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
@@ -24,27 +31,10 @@ use serde_json::json;
 use tenure::Timing;
 use tenure_apiserver::Verb;
 use tenure_group::{Group, GroupConfig, NotOwner};
-use tenure_ha::kube_shard::{object_key, shard_controller, Owning, ShardController};
+use tenure_ha::kube_shard::{shard_controller, Owning};
 use tenure_kube::write_gate::object_key as key_of;
 use tenure_kube::{user_agent, KubeGroupStore, RefusalReason, WriteGate, WriteRefused};
 use tokio::sync::watch;
-
-/// A drain timeout no test reaches: a handover that depends on it hangs and the test fails.
-const FOREVER: Duration = Duration::from_secs(3600);
-const OBJECTS: usize = 30;
-const PARTITIONS: u32 = 12;
-
-fn names() -> Vec<String> {
-    (0..OBJECTS).map(|i| format!("cm-{i:02}")).collect()
-}
-
-/// The key the controller shards a ConfigMap of the test by.
-fn key(name: &str) -> String {
-    let mut cm = ConfigMap::default();
-    cm.metadata.namespace = Some("default".into());
-    cm.metadata.name = Some(name.into());
-    object_key(&cm)
-}
 
 /// What one replica's reconciler shares: where it records, the switch that holds its reconciles
 /// in flight while on, the requeue interval it asks for (none: wait for a change), and, for a
@@ -212,74 +202,39 @@ impl Cluster {
             })
             .await
             .unwrap();
-        Replica { identity: identity.to_owned(), hold, shard: Some(shard), runtime: Some(runtime) }
+        let member = ShardReplica { identity: identity.to_owned(), shard: Some(shard), runtime: Some(runtime) };
+        Replica { member, hold }
     }
 }
 
+/// A replica, and the switch that holds its reconciles in flight while on.
 struct Replica {
-    identity: String,
+    member: ShardReplica,
     hold: watch::Sender<bool>,
-    shard: Option<ShardController>,
-    runtime: Option<tokio::runtime::Runtime>,
 }
 
-impl Replica {
-    fn group(&self) -> &Group {
-        self.shard.as_ref().unwrap().group()
-    }
+impl Deref for Replica {
+    type Target = ShardReplica;
 
-    /// The term under which this replica owns the object now, if it does.
-    fn owns(&self, name: &str) -> Option<u64> {
-        self.shard.as_ref().and_then(|s| s.group().belongs_to_self(&key(name))).map(|t| t.0)
-    }
-
-    fn owned_partitions(&self) -> BTreeSet<u32> {
-        self.group().assignment().borrow().owned.keys().copied().collect()
-    }
-
-    /// A graceful leave as on SIGTERM: the reconciles in flight finish (or are aborted after
-    /// `drain`), then the partitions go.
-    fn leave(&mut self, drain: Duration) -> tokio::task::JoinHandle<()> {
-        let shard = self.shard.take().unwrap();
-        self.runtime.as_ref().unwrap().spawn(async move { shard.leave(drain).await.unwrap() })
+    fn deref(&self) -> &ShardReplica {
+        &self.member
     }
 }
 
-impl Drop for Replica {
-    fn drop(&mut self) {
-        drop(self.shard.take());
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
-        }
+impl DerefMut for Replica {
+    fn deref_mut(&mut self) -> &mut ShardReplica {
+        &mut self.member
     }
 }
 
-/// True once every object has exactly one owner among `replicas` and that owner has completed a
-/// reconcile of it under its current term, started at or after `since`.
+/// True once every ConfigMap is reconciled by its current owner among `replicas` since `since`.
 fn all_reconciled_by_current_owners(journal: &Journal, replicas: &[&Replica], since: Instant) -> bool {
-    let spans = journal.spans();
-    names().iter().all(|name| {
-        let owners: Vec<(&str, u64)> =
-            replicas.iter().filter_map(|r| r.owns(name).map(|t| (r.identity.as_str(), t))).collect();
-        let [(owner, term)] = owners[..] else { return false };
-        spans
-            .iter()
-            .any(|s| s.name == *name && s.replica == owner && s.term == term && s.started >= since && s.ended.is_some())
-    })
-}
-
-/// Waits until `replicas` share the partitions: each owns some, together all.
-async fn settled(replicas: &[&Replica]) {
-    until("the replicas share the partitions", || {
-        let shares: Vec<usize> = replicas.iter().map(|r| r.owned_partitions().len()).collect();
-        shares.iter().all(|n| *n > 0) && shares.iter().sum::<usize>() == PARTITIONS as usize
-    })
-    .await;
+    reconciled_by_current_owners(journal, replicas, &names(), since)
 }
 
 /// Waits until `replicas` share the partitions and every ConfigMap was reconciled by its owner.
 async fn settled_and_reconciled(journal: &Journal, replicas: &[&Replica], since: Instant) {
-    settled(replicas).await;
+    share_the_partitions(replicas).await;
     until("every ConfigMap is reconciled by its current owner", || {
         all_reconciled_by_current_owners(journal, replicas, since)
     })
@@ -303,37 +258,6 @@ async fn hold_every_reconcile_of(cluster: &Cluster, replica: &Replica) -> (Vec<S
     })
     .await;
     (objects, touched)
-}
-
-/// Checks that no two replicas (or two terms) ever reconciled objects of one partition at
-/// overlapping times, and that every reconcile has ended.
-fn assert_no_overlapping_owners(spans: &[Span]) {
-    for (i, a) in spans.iter().enumerate() {
-        let a_end = a.ended.unwrap_or_else(|| panic!("a reconcile never ended: {a:?}"));
-        for b in &spans[i + 1..] {
-            if a.partition != b.partition || (a.replica == b.replica && a.term == b.term) {
-                continue;
-            }
-            let b_end = b.ended.unwrap_or_else(|| panic!("a reconcile never ended: {b:?}"));
-            assert!(
-                a_end <= b.started || b_end <= a.started,
-                "two owners of partition {} reconciled at once: {a:?} and {b:?}",
-                a.partition
-            );
-        }
-    }
-}
-
-/// Checks that the terms of each partition only grow over time: an older ownership never
-/// reconciles after a newer one started.
-fn assert_terms_grow_per_partition(spans: &[Span]) {
-    for a in spans {
-        for b in spans {
-            if a.partition == b.partition && a.started < b.started {
-                assert!(a.term <= b.term, "partition {} went back from term {} to {}", a.partition, a.term, b.term);
-            }
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -463,7 +387,7 @@ async fn a_requeue_of_an_object_that_moved_to_another_replica_is_dropped_without
     until("replica-a reconciled everything", || all_reconciled_by_current_owners(&cluster.journal, &[&a], start)).await;
 
     let b = cluster.replica("replica-b", Some(Duration::from_millis(200))).await;
-    settled(&[&a, &b]).await;
+    share_the_partitions(&[&a, &b]).await;
     let settled = Instant::now();
     // Several requeue intervals: the requeues replica-a had scheduled for b's objects came due.
     until("both replicas requeued their objects several times", || {

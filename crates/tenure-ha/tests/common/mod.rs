@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 /// How long any single expected event may take before a test fails instead of hanging.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
+pub mod shard;
+
 // The API server harness of the tenure-kube tests, shared rather than copied.
 #[path = "../../../tenure-kube/tests/common/mod.rs"]
 mod kube_harness;
@@ -99,6 +101,37 @@ impl Drop for SpanEnd {
         let mut spans = self.journal.0.lock().unwrap();
         spans[self.index].ended = Some(Instant::now());
         spans[self.index].completed = self.completed;
+    }
+}
+
+/// Checks that no two replicas (or two terms) ever reconciled objects of one partition at
+/// overlapping times, and that every reconcile has ended.
+pub fn assert_no_overlapping_owners(spans: &[Span]) {
+    for (i, a) in spans.iter().enumerate() {
+        let a_end = a.ended.unwrap_or_else(|| panic!("a reconcile never ended: {a:?}"));
+        for b in &spans[i + 1..] {
+            if a.partition != b.partition || (a.replica == b.replica && a.term == b.term) {
+                continue;
+            }
+            let b_end = b.ended.unwrap_or_else(|| panic!("a reconcile never ended: {b:?}"));
+            assert!(
+                a_end <= b.started || b_end <= a.started,
+                "two owners of partition {} reconciled at once: {a:?} and {b:?}",
+                a.partition
+            );
+        }
+    }
+}
+
+/// Checks that the terms of each partition only grow over time: an older ownership never
+/// reconciles after a newer one started.
+pub fn assert_terms_grow_per_partition(spans: &[Span]) {
+    for a in spans {
+        for b in spans {
+            if a.partition == b.partition && a.started < b.started {
+                assert!(a.term <= b.term, "partition {} went back from term {} to {}", a.partition, a.term, b.term);
+            }
+        }
     }
 }
 
