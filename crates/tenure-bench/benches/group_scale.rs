@@ -14,14 +14,17 @@
 //! whether the group settled: every partition owned by exactly one live member, every member
 //! owning the floor or the ceiling of 1024 / N.
 //!
-//! Per size N, a group of N settles, then its requests at rest are counted over a window; then
+//! Per size N, N members join one after another (each join settled before the next, as a rolling
+//! deployment starts them), then their requests at rest are counted over a window; then
 //! each run makes six changes, each timed from the call until the group settled again:
 //! a crash of one of N (a `Group` dropped without leaving; timed until its partitions are owned
 //! again), a join into N-1, a join into N (timed; the partitions whose owner changed are counted),
 //! a leave of one of N+1, a graceful leave of one of N (timed), and a join back to N.
 //!
 //! Settings: GROUP_SCALE_RUNS (default 10), GROUP_SCALE_WINDOW_SECS (requests at rest, default
-//! 20), GROUP_SCALE_SIZES (default "10,50"), GROUP_SCALE_BACKENDS (default "etcd,kube").
+//! 20), GROUP_SCALE_SIZES (default "10,50"), GROUP_SCALE_BACKENDS (default "etcd,kube"),
+//! GROUP_SCALE_TTL_SECS (default 2: the members' `Timing::from_ttl`); RUST_LOG
+//! (e.g. `tenure_group=info`) logs what the members do, on standard error.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -51,8 +54,10 @@ const APP_DRAIN: Duration = Duration::from_millis(10);
 /// How long one change may take to settle before the scenario gives up.
 const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 
+/// `Timing::from_ttl` of GROUP_SCALE_TTL_SECS (default 2 s: lease 2 s, renew deadline 1 s,
+/// retry period 500 ms).
 fn timing() -> Timing {
-    Timing::from_ttl(Duration::from_secs(2)).expect("a valid timing")
+    Timing::from_ttl(env_seconds("GROUP_SCALE_TTL_SECS", Duration::from_secs(2))).expect("a valid timing")
 }
 
 enum Backend {
@@ -90,7 +95,11 @@ impl Backend {
 
 /// The simulated application of one member: a guard per owned partition, dropped 10 ms after the
 /// partition was revoked. Pokes `changed` after each assignment it handled.
-async fn application(ownership: Ownership, mut assignment: watch::Receiver<Assignment>, changed: Arc<watch::Sender<u64>>) {
+async fn application(
+    ownership: Ownership,
+    mut assignment: watch::Receiver<Assignment>,
+    changed: Arc<watch::Sender<u64>>,
+) {
     let mut held: BTreeMap<u32, Term> = BTreeMap::new();
     loop {
         let owned = assignment.borrow_and_update().owned.clone();
@@ -294,15 +303,17 @@ fn step(took: Option<Duration>, fleet: &Fleet<'_>, measured: &mut Measured) -> O
 async fn scenario(backend: &Backend, n: usize, runs: usize, window: Duration) -> Measured {
     let mut fleet = Fleet::new(backend, format!("scale{n}"));
     let mut measured = Measured::default();
+    // One after another, each join settled before the next, as a rolling deployment starts
+    // them (50 members joining at the same instant is a thundering herd, not measured here).
     let start = Instant::now();
     for _ in 0..n {
-        fleet.join().await;
+        let at = fleet.join().await;
+        if fleet.settled(at, &[]).await.is_none() {
+            measured.stuck += 1;
+            return measured;
+        }
     }
-    let Some(took) = fleet.settled(start, &[]).await else {
-        measured.stuck += 1;
-        return measured;
-    };
-    eprintln!("  {} members settled {:.0} ms after the first join", n, ms(took));
+    eprintln!("  {} members joined one by one in {:.0} ms", n, ms(start.elapsed()));
     measured.balance = fleet.balance();
     (measured.requests_per_min, measured.cpu_percent) = fleet.requests_at_rest(window).await;
     eprintln!("  at rest: {:.0} requests/member/min, {:.0} % CPU", measured.requests_per_min, measured.cpu_percent);
@@ -352,16 +363,44 @@ fn record(report: &mut Report, backend: &str, n: usize, measured: &Measured) {
     }
     if let Some(crashes) = Summary::of(&measured.crashes) {
         let goal = (n == 50).then_some(lease_ms + 100.0);
-        report.distribution(&key("crash_ms"), &label("a member crashes, until its partitions are owned"), &crashes, "ms", goal);
+        report.distribution(
+            &key("crash_ms"),
+            &label("a member crashes, until its partitions are owned"),
+            &crashes,
+            "ms",
+            goal,
+        );
     }
     if let Some(leaves) = Summary::of(&measured.leaves) {
-        report.distribution(&key("leave_ms"), &label("a member leaves, until its partitions are owned"), &leaves, "ms", None);
+        report.distribution(
+            &key("leave_ms"),
+            &label("a member leaves, until its partitions are owned"),
+            &leaves,
+            "ms",
+            None,
+        );
     }
     report.goal(&key("balance"), &label("balance max/mean, worst settled state"), measured.balance, "", 1.05);
-    report.info(&key("requests_per_member_per_min"), &label("requests per member per minute at rest"), measured.requests_per_min, "/min");
-    report.info(&key("cpu_percent_at_rest"), &label("this process's CPU at rest (% of a core)"), measured.cpu_percent, "%");
+    report.info(
+        &key("requests_per_member_per_min"),
+        &label("requests per member per minute at rest"),
+        measured.requests_per_min,
+        "/min",
+    );
+    report.info(
+        &key("cpu_percent_at_rest"),
+        &label("this process's CPU at rest (% of a core)"),
+        measured.cpu_percent,
+        "%",
+    );
     report.goal(&key("stuck"), &label("changes that did not settle within 60 s"), measured.stuck as f64, "", 0.0);
-    report.goal(&key("two_owners"), &label("checks that found a partition with two owners"), measured.violations as f64, "", 0.0);
+    report.goal(
+        &key("two_owners"),
+        &label("checks that found a partition with two owners"),
+        measured.violations as f64,
+        "",
+        0.0,
+    );
 }
 
 fn list(name: &str, default: &str) -> Vec<String> {
@@ -380,6 +419,10 @@ async fn start(backend: &str) -> Backend {
 }
 
 fn main() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
     let runs = env_usize("GROUP_SCALE_RUNS", 10);
     let window = env_seconds("GROUP_SCALE_WINDOW_SECS", Duration::from_secs(20));
     let sizes: Vec<usize> =
@@ -398,7 +441,8 @@ fn main() {
                 rates.push(measured.requests_per_min);
             }
             if let [first, .., last] = rates[..] {
-                let label = format!("{name}: requests at rest, {} members / {} members", sizes[sizes.len() - 1], sizes[0]);
+                let label =
+                    format!("{name}: requests at rest, {} members / {} members", sizes[sizes.len() - 1], sizes[0]);
                 report.goal(&format!("{name}_requests_growth"), &label, last / first, "", 1.1);
             }
             if let Backend::Kube(server) = backend {
@@ -408,8 +452,12 @@ fn main() {
     });
     report.extra("partitions", json!(PARTITIONS));
     report.extra("runs", json!(runs));
-    report.note("lease 2 s, renew deadline 1 s, retry period 500 ms; the application drains each revoked partition in 10 ms, concurrently");
+    let t = timing();
+    report.note(format!(
+        "lease {:?}, renew deadline {:?}, retry period {:?}; the application drains each revoked partition in 10 ms, concurrently",
+        t.lease_duration, t.renew_deadline, t.retry_period
+    ));
     report.note("members, their applications (and the Kubernetes API server) share one 2-worker runtime in this process; etcd is a child process");
-    report.note("crash: from dropping the member until the others own its partitions (its last renew was 0 to 500 ms before)");
+    report.note("crash: from dropping the member until the others own its partitions (its last renew was up to a retry period before)");
     report.print();
 }

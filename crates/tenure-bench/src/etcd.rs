@@ -33,7 +33,8 @@ impl EtcdServer {
     {
         let dir = ScratchDir::new("etcd").map_err(|e| format!("scratch directory: {e}"))?;
         let port = |what| free_loopback_port().map_err(|e| format!("a free port for {what}: {e}"));
-        let (client, peer) = (format!("http://127.0.0.1:{}", port("clients")?), format!("http://127.0.0.1:{}", port("peers")?));
+        let (client, peer) =
+            (format!("http://127.0.0.1:{}", port("clients")?), format!("http://127.0.0.1:{}", port("peers")?));
         let log = dir.path().join("etcd.log");
         let log_file = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
         let mut command = Command::new("etcd");
