@@ -9,6 +9,7 @@
 
 pub mod binary;
 pub mod cluster;
+pub mod etcd;
 pub mod http_get;
 pub mod kube_client;
 pub mod lock_watch;

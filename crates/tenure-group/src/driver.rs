@@ -380,6 +380,7 @@ impl<S: GroupStore> GroupBuilder<S> {
             timing: self.config.timing,
             drain_timeout: self.drain_timeout,
             draining: BTreeMap::new(),
+            owners_from: None,
         };
         let task = runtime.spawn(driver.run(watch));
         Ok(Group { identity: self.identity, shared, assignment, commands, task: Some(task) })
@@ -519,7 +520,12 @@ struct Driver<S> {
     drain_timeout: Duration,
     /// Revoked partitions waiting for their guards, with the drain deadline.
     draining: BTreeMap<u32, (Term, Instant)>,
+    /// What the published owners were computed from (see `publish`).
+    owners_from: Option<OwnersFrom>,
 }
+
+/// The table version, live members and own partitions the owner of every partition follows from.
+type OwnersFrom = (Option<Version>, Vec<String>, BTreeMap<u32, Term>);
 
 impl<S: GroupStore> Driver<S> {
     fn mono(&self, at: Instant) -> MonotonicTime {
@@ -730,7 +736,13 @@ impl<S: GroupStore> Driver<S> {
         let count = self.core.partition_count();
         let owned = self.core.owned(mono);
         let members: Vec<String> = self.core.live_members(mono).into_iter().map(|m| m.identity).collect();
-        let owners: Vec<Option<String>> = (0..count).map(|p| self.core.owner_of(p, mono)).collect();
+        // The owner of each partition (a pass over all of them) only when what it follows from
+        // changed: a member at rest publishes after every other member's renew.
+        let from = (self.core.table_version(), members.clone(), owned.clone());
+        let owners: Option<Vec<Option<String>>> = (self.owners_from.as_ref() != Some(&from)).then(|| {
+            self.owners_from = Some(from);
+            (0..count).map(|p| self.core.owner_of(p, mono)).collect()
+        });
         let shrunk = {
             let mut state = self.shared.state();
             let valid_until = self.core.valid_until().filter(|_| self.core.is_member(mono)).map(|t| self.instant(t));
@@ -741,7 +753,9 @@ impl<S: GroupStore> Driver<S> {
             state.working = self.core.working(mono).collect();
             state.missed_changes = self.core.missed_changes();
             state.valid_until = valid_until;
-            state.owners = owners;
+            if let Some(owners) = owners {
+                state.owners = owners;
+            }
             state.members = members.clone();
             shrunk
         };

@@ -222,7 +222,8 @@ impl TimerTable {
     }
 }
 
-/// A write in flight, and what it means once it succeeds.
+/// A write in flight, and what it means once it succeeds (`base` of a table write: the version
+/// it replaces).
 #[derive(Debug, Clone)]
 enum WriteKind {
     Join { epoch: u64 },
@@ -231,7 +232,7 @@ enum WriteKind {
     Tombstone,
     Delete,
     CreateTable,
-    Table { epoch: u64, claims: Moves, releases: Moves },
+    Table { epoch: u64, claims: Moves, releases: Moves, base: Version },
 }
 
 /// Partitions with a term each: the claims or the releases of a table write.
@@ -272,6 +273,11 @@ pub struct MemberCore {
     /// False once the store refused a deletion: departed members' records are then kept.
     can_delete: bool,
     pending: BTreeMap<Key, PendingWrite>,
+    /// The table version our last table write conflicted with: no table write until the view
+    /// holds a newer table (the write would only conflict again).
+    table_conflict: Option<Version>,
+    /// The inputs of the last table decision that wrote nothing (see `decision_inputs`).
+    idle_decision: Option<u64>,
     timers: TimerTable,
     events: VecDeque<GroupEvent>,
     /// The last event reported of each kind that is reported once (a mismatch, a duplicate, a
@@ -308,6 +314,8 @@ impl MemberCore {
             assignment_cache: AssignmentCache::default(),
             can_delete: true,
             pending: BTreeMap::new(),
+            table_conflict: None,
+            idle_decision: None,
             timers: TimerTable::default(),
             events: VecDeque::new(),
             reported: Vec::new(),
@@ -345,6 +353,12 @@ impl MemberCore {
     /// Every partition this member owns at `now`, with its term.
     pub fn owned(&self, now: MonotonicTime) -> BTreeMap<u32, Term> {
         self.held.keys().filter_map(|p| Some((*p, self.owns(*p, now)?))).collect()
+    }
+
+    /// The version of the table in this member's view, if it has read one: what the owners of
+    /// the partitions ([`MemberCore::owner_of`]) are judged from, besides the live members.
+    pub fn table_version(&self) -> Option<Version> {
+        self.view.table.as_ref().map(|t| t.version)
     }
 
     /// True while the membership is valid at `now`.
@@ -470,8 +484,10 @@ impl MemberCore {
             Ok(version) => version,
             Err(error) => {
                 self.write_failed(now, key, &error);
-                if let WriteKind::Renew { epoch } = pending.kind {
-                    self.renew_failed(now, epoch, &error);
+                match pending.kind {
+                    WriteKind::Renew { epoch } => self.renew_failed(now, epoch, &error),
+                    WriteKind::Table { base, .. } if error.is_conflict() => self.table_conflict = Some(base),
+                    _ => {}
                 }
                 return;
             }
@@ -484,7 +500,7 @@ impl MemberCore {
                 self.observe_member(now, id.clone(), Stored { version, value: record });
                 self.on_member_written(now, kind, pending.started, version, renewals);
             }
-            (WriteKind::Table { epoch, claims, releases }, Value::Table(table), _) => {
+            (WriteKind::Table { epoch, claims, releases, .. }, Value::Table(table), _) => {
                 self.adopt_table(version, table);
                 self.on_table_written(now, epoch, claims, releases);
             }

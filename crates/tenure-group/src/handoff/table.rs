@@ -1,6 +1,8 @@
 //! The partitions this member holds and the table write that moves them (assignment, revoke
 //! before assign, releases, claims): where P1 is kept.
 
+use std::hash::{Hash, Hasher};
+
 use tenure::{MonotonicTime, Term};
 
 use super::{Action, GroupEvent, MemberCore, Moves, WriteKind};
@@ -72,31 +74,41 @@ impl Share {
 
 impl MemberCore {
     /// The table write to make now, if any: releases and, if `may_claim`, claims. In this order:
-    /// create a missing table (report a corrupt one); step 2 [`MemberCore::share`]; step 3
-    /// [`MemberCore::revoke_and_restore`]; step 4 [`MemberCore::releases`], [`MemberCore::claims`];
-    /// then one compare-and-swap with them and the [`MemberCore::leaving_marks`].
+    /// create a missing table (report a corrupt one); step 2 [`MemberCore::share`] (unless its
+    /// inputs are those of the last decision that wrote nothing); step 3
+    /// [`MemberCore::revoke_and_restore`]; step 4 [`MemberCore::releases`],
+    /// [`MemberCore::claims`]; then one compare-and-swap with them and the
+    /// [`MemberCore::leaving_marks`].
     pub(super) fn table_action(&mut self, now: MonotonicTime, may_claim: bool) -> Option<Action> {
         let membership = self.membership().filter(|m| now < m.valid_until)?;
-        if !self.may_write(&Key::Table, now) {
-            return None;
-        }
         let Some(table) = &self.view.table else {
             let value = Value::Table(PartitionTable::new(self.config.partition_count));
-            return may_claim.then(|| self.start_write(now, Key::Table, None, value, WriteKind::CreateTable));
+            let create = may_claim && self.may_write(&Key::Table, now);
+            return create.then(|| self.start_write(now, Key::Table, None, value, WriteKind::CreateTable));
         };
         if !table.value.is_consistent() {
             self.report_once(GroupEvent::CorruptTable);
             return None;
         }
         let me = Owner { member: self.identity.clone(), epoch: membership.epoch };
-        let (share, first) = self.share(now, membership.epoch)?;
+        let live = self.live_members(now);
+        let inputs = self.decision_inputs(now, may_claim, &live);
+        if self.idle_decision == Some(inputs) {
+            return None;
+        }
+        let (share, first) = self.share(live, membership.epoch)?;
         self.revoke_and_restore(&share);
         let table = self.view.table.as_ref()?;
+        // After a conflict, the same write would only conflict again: wait for the newer table.
+        if !self.may_write(&Key::Table, now) || self.table_conflict == Some(table.version) {
+            return None;
+        }
         let wanted = |p: u32| may_claim && !self.is_leaving() && share.mine(p);
         let releases = self.releases(&table.value, &me, wanted);
         let claims = self.claims(&table.value, now, wanted);
         let tidy = may_claim && first && self.leaving_marks_to_tidy(&table.value, &me);
         if releases.is_empty() && claims.is_empty() && !tidy {
+            self.idle_decision = Some(inputs);
             return None;
         }
         let mut next = table.value.clone();
@@ -109,14 +121,39 @@ impl MemberCore {
         let mark_leaving =
             self.is_leaving() && !releases.is_empty() && self.held.values().all(|h| h.state == Holding::Drained);
         self.leaving_marks(&mut next, &me, mark_leaving);
-        let (expected, kind) = (Some(table.version), WriteKind::Table { epoch: membership.epoch, claims, releases });
-        Some(self.start_write(now, Key::Table, expected, Value::Table(next), kind))
+        let kind = WriteKind::Table { epoch: membership.epoch, claims, releases, base: table.version };
+        Some(self.start_write(now, Key::Table, Some(table.version), Value::Table(next), kind))
+    }
+
+    /// A digest of everything a table decision depends on besides the clock's passing of
+    /// deadlines that it also covers: the table, our epoch and holdings, every record's epoch and
+    /// state, the live members (whose records' leases run out), owners absent for a lease.
+    ///
+    /// Why: at rest a member is told of every other member's renew, and each used to cost passes
+    /// over every partition (the share, releases, claims): work growing with members x
+    /// partitions, enough to saturate two cores with 50 members of 1,024 partitions in one
+    /// process. A decision that wrote nothing is not made again until its inputs change. (Doing
+    /// nothing is always safe; a collision of digests would only delay a move to the next change.)
+    fn decision_inputs(&self, now: MonotonicTime, may_claim: bool, live: &[WeightedMember]) -> u64 {
+        let mut digest = std::hash::DefaultHasher::new();
+        (self.view.table.as_ref().map(|t| t.version), self.membership().map(|m| m.epoch)).hash(&mut digest);
+        (may_claim, self.is_leaving(), self.table_conflict).hash(&mut digest);
+        for (partition, held) in &self.held {
+            (partition, held.term, held.state as u8).hash(&mut digest);
+        }
+        for (identity, observed) in &self.view.members {
+            let record = &observed.stored.value;
+            (identity, record.epoch, record.state as u8, record.weight).hash(&mut digest);
+        }
+        live.iter().for_each(|m| m.identity.hash(&mut digest));
+        let absent = self.view.absent_since.iter().filter(|(id, since)| now >= **since + self.absent_lease(id));
+        absent.count().hash(&mut digest);
+        digest.finish()
     }
 
     /// Step 2: our share of the target assignment (from who owns what now, so that little moves),
     /// and whether we are the first live member.
-    fn share(&mut self, now: MonotonicTime, epoch: u64) -> Option<(Share, bool)> {
-        let live = self.live_members(now);
+    fn share(&mut self, live: Vec<WeightedMember>, epoch: u64) -> Option<(Share, bool)> {
         let table = self.view.table.as_ref()?;
         let current = table.value.slots.iter().map(|slot| self.live_owner_index(slot, &live, epoch)).collect();
         let target = self.assignment_cache.target(table, &live, current);

@@ -398,3 +398,29 @@ fn a_member_whose_renew_conflicted_renews_again_after_it_rejoined() {
     store.apply(&mut a, at(3500));
     assert!(a.is_member(at(4600)), "a never renewed after it rejoined");
 }
+
+#[test]
+fn after_a_conflict_the_table_is_not_written_again_until_a_newer_table_is_seen() {
+    let (mut store, mut a) = a_alone_at_zero();
+    let mut b = member("b");
+    store.apply(&mut b, at(10));
+    // Another write of the table that a does not hear of yet.
+    let (version, table) = store.records[&Key::Table].clone();
+    store.write(&Key::Table, Some(version), table).unwrap();
+    let (version, record) = store.records[&Key::Member("b".into())].clone();
+    a.on_store_change(at(20), Change::Put(Key::Member("b".into()), Stored { version, value: record }));
+    assert_eq!(a.poll_action(at(20)), None);
+    for p in revoked_partitions(&mut a) {
+        a.on_drained(at(30), p);
+    }
+    let Some(Action::Write { key: Key::Table, expected, value }) = a.poll_action(at(30)) else {
+        panic!("a releases what it drained")
+    };
+    let result = store.write(&Key::Table, expected, value);
+    assert!(matches!(result, Err(StoreError::Conflict)));
+    a.on_write(at(30), &Key::Table, result);
+    assert_eq!(a.poll_action(at(30)), Some(Action::Read));
+    assert_eq!(a.poll_action(at(30)), None, "a wrote the table again at the version that conflicted");
+    a.on_read(at(40), Ok(store.snapshot()));
+    assert!(matches!(a.poll_action(at(40)), Some(Action::Write { key: Key::Table, .. })));
+}

@@ -359,8 +359,11 @@ impl MemberCore {
         // Owners without a record, or with a record older than the ownership: since when.
         let mut named: BTreeMap<String, u64> = BTreeMap::new();
         for owner in table.slots.iter().filter_map(|s| s.owner.as_ref()) {
-            let epoch = named.entry(owner.member.clone()).or_default();
-            *epoch = (*epoch).max(owner.epoch);
+            // Cloning the name only for its first slot: this runs on every change, at rest too.
+            match named.get_mut(&owner.member) {
+                Some(epoch) => *epoch = (*epoch).max(owner.epoch),
+                None => _ = named.insert(owner.member.clone(), owner.epoch),
+            }
         }
         let members = &self.view.members;
         let behind =
