@@ -375,6 +375,9 @@ fn if_the_supervisor_is_killed_tenure_kills_the_tree_itself_and_exits_1() {
     );
     let mut runner = Tenure::start("runner", &on_memory(&["--", "sh", "-c", &script]));
     wait_until(Duration::from_secs(10), || ready.exists().then_some(())).expect("the command tree started");
+    // Killed once tenure knows the command started (before that, a dead supervisor is a failed
+    // start, another path).
+    runner.wait_for_log("started the command", Duration::from_secs(10));
     let pids: Vec<i32> = std::fs::read_to_string(&pids).unwrap().lines().map(|l| l.parse().unwrap()).collect();
     let supervisor = children_of(runner.pid());
     assert_eq!(supervisor.len(), 1, "one supervisor under tenure");
