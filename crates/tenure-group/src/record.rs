@@ -82,8 +82,9 @@ pub struct PartitionTable {
     pub partition_count: u32,
     /// One slot per partition.
     pub slots: Vec<Slot>,
-    /// Members (with their epoch) that are leaving: released everything in the same write, and are
-    /// left out of the assignment by everyone at once, so their partitions move in one more write.
+    /// Members (with their epoch) that are leaving, marked in their first release (each release
+    /// hands what it drained to the next owners): left out of the assignment by everyone at
+    /// once, so that what a leaver hands over stays where it goes.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub leaving: BTreeSet<Owner>,
 }

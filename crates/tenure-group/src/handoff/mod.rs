@@ -36,14 +36,20 @@
 //!   lease_duration`, it stopped believing before (up to the drift bound of
 //!   [`tenure::Timing::max_clock_drift`]).
 //! - **Revoke before assign.** Every ownership is recorded in the table as (member, epoch) with a
-//!   term. A member claims a partition by compare-and-swap of the table, writing `term + 1`, and
-//!   only if the slot is free (its owner stopped work and released it), or its owner's epoch is
-//!   certainly over (its record is `Left`/`Expired` at that epoch, or shows a later epoch), or the
-//!   owner's record has been absent or inconsistent for a whole lease on the claimer's clock.
+//!   term. A partition moves by compare-and-swap of the table, writing `term + 1` and its new
+//!   owner, and only if the slot is free (its owner stopped work and released it, maybe in this
+//!   same write), or its owner's epoch is certainly over (its record is `Left`/`Expired` at that
+//!   epoch, or shows a later epoch), or the owner's record has been absent or inconsistent for a
+//!   whole lease on the writer's clock. Whoever writes the table moves every partition that may
+//!   move to the live member its assignment names (a claim when that is itself, a handover
+//!   otherwise), so that one write does what each new owner's own claim did one after another.
 //!   An owner that should give a partition away first stops believing ([`GroupEvent::Revoked`]),
 //!   waits for the application to drain ([`MemberCore::on_drained`]), and only then releases it.
-//! - **Belief starts with a successful claim**, and only if the membership epoch the claim was
-//!   made in is still valid when the reply arrives.
+//! - **Belief starts with a successful claim, or with a table that hands the partition over**,
+//!   and only while the membership epoch it names is still valid: a claim counts when its reply
+//!   arrives, a handover when this member sees the table name it under its current epoch at a
+//!   term it never held nor released (a term it released may still be in a view its release has
+//!   not reached).
 //! - **Identity.** A record of this identity written by another process (another incarnation) is
 //!   waited out like any other member's: the running process keeps the identity, the newcomer
 //!   reports [`GroupEvent::DuplicateIdentity`] and joins only after the other's lease ran out.
@@ -232,7 +238,7 @@ enum WriteKind {
     Tombstone,
     Delete,
     CreateTable,
-    Table { epoch: u64, claims: Moves, releases: Moves, base: Version },
+    Table { epoch: u64, claims: Moves, releases: Moves },
 }
 
 /// Partitions with a term each: the claims or the releases of a table write.
@@ -243,6 +249,8 @@ struct PendingWrite {
     started: MonotonicTime,
     kind: WriteKind,
     value: Value,
+    /// The version the write expects (`None`: a create or a deletion).
+    expected: Option<Version>,
 }
 
 /// The decision state of one member of one group. See the module documentation.
@@ -273,9 +281,14 @@ pub struct MemberCore {
     /// False once the store refused a deletion: departed members' records are then kept.
     can_delete: bool,
     pending: BTreeMap<Key, PendingWrite>,
-    /// The table version our last table write conflicted with: no table write until the view
-    /// holds a newer table (the write would only conflict again).
-    table_conflict: Option<Version>,
+    /// The version each record's last write conflicted at: no write of it at that version again
+    /// (it would only conflict again) until the view holds another (cleared on every change of the
+    /// record in the view and by every read; ZooKeeper reuses versions after a re-creation).
+    conflicted: BTreeMap<Key, Version>,
+    /// The highest term of each partition this process held or released: a slot naming us at such
+    /// a term is never taken up as handed to us (our release of it may be in the store already, its
+    /// reply lost, with a later owner after it).
+    spent: BTreeMap<u32, u64>,
     /// The inputs of the last table decision that wrote nothing (see `decision_inputs`).
     idle_decision: Option<u64>,
     timers: TimerTable,
@@ -314,7 +327,8 @@ impl MemberCore {
             assignment_cache: AssignmentCache::default(),
             can_delete: true,
             pending: BTreeMap::new(),
-            table_conflict: None,
+            conflicted: BTreeMap::new(),
+            spent: BTreeMap::new(),
             idle_decision: None,
             timers: TimerTable::default(),
             events: VecDeque::new(),
@@ -464,16 +478,30 @@ impl MemberCore {
         value: Value,
         kind: WriteKind,
     ) -> Action {
-        self.pending.insert(key.clone(), PendingWrite { started: now, kind, value: value.clone() });
+        self.pending.insert(key.clone(), PendingWrite { started: now, kind, value: value.clone(), expected });
         Action::Write { key, expected, value }
     }
 
-    /// After a failed write or delete: read again; retry a retry period later unless it conflicted.
-    fn write_failed(&mut self, now: MonotonicTime, key: &Key, error: &StoreError) {
-        self.read_wanted = true;
-        if !error.is_conflict() {
-            self.timers.set(Timer::WriteRetry(key.clone()), now + self.config.timing.retry_period);
+    /// After a failed write or delete: retry a retry period later unless it conflicted; read again,
+    /// unless it conflicted over another member's record or the table and a watch will bring the
+    /// newer version (after a crash among many members, every survivor's end of its epoch but one
+    /// conflicts, as do all but one table write: a read of the whole group each cost more than
+    /// the handoff). Our own record's conflicts are always read (`renew_failed`).
+    fn write_failed(&mut self, now: MonotonicTime, key: &Key, expected: Option<Version>, error: &StoreError) {
+        let own = *key == Key::Member(self.identity.clone());
+        self.read_wanted |= !(error.is_conflict() && self.has_watch) || own;
+        match expected {
+            Some(version) if error.is_conflict() => _ = self.conflicted.insert(key.clone(), version),
+            _ if !error.is_conflict() => {
+                self.timers.set(Timer::WriteRetry(key.clone()), now + self.config.timing.retry_period);
+            }
+            _ => {}
         }
+    }
+
+    /// True unless a write of `key` at `version` already conflicted (see `conflicted`).
+    fn not_conflicted(&self, key: &Key, version: Version) -> bool {
+        self.conflicted.get(key) != Some(&version)
     }
 
     /// The reply to [`Action::Write`] for `key`.
@@ -483,11 +511,9 @@ impl MemberCore {
         let version = match result {
             Ok(version) => version,
             Err(error) => {
-                self.write_failed(now, key, &error);
-                match pending.kind {
-                    WriteKind::Renew { epoch } => self.renew_failed(now, epoch, &error),
-                    WriteKind::Table { base, .. } if error.is_conflict() => self.table_conflict = Some(base),
-                    _ => {}
+                self.write_failed(now, key, pending.expected, &error);
+                if let WriteKind::Renew { epoch } = pending.kind {
+                    self.renew_failed(now, epoch, &error);
                 }
                 return;
             }

@@ -96,33 +96,48 @@ impl MemberCore {
         if self.idle_decision == Some(inputs) {
             return None;
         }
-        let (share, first) = self.share(live, membership.epoch)?;
+        let (share, first) = self.share(&live, membership.epoch)?;
         self.revoke_and_restore(&share);
+        let wanted = |p: u32| may_claim && !self.is_leaving() && share.mine(p);
+        for (partition, term) in self.handed_to_us(now, &me, wanted) {
+            self.hold(partition, term);
+        }
         let table = self.view.table.as_ref()?;
         // After a conflict, the same write would only conflict again: wait for the newer table.
-        if !self.may_write(&Key::Table, now) || self.table_conflict == Some(table.version) {
+        if !self.may_write(&Key::Table, now) || !self.not_conflicted(&Key::Table, table.version) {
             return None;
         }
         let wanted = |p: u32| may_claim && !self.is_leaving() && share.mine(p);
         let releases = self.releases(&table.value, &me, wanted);
-        let claims = self.claims(&table.value, now, wanted);
-        let tidy = may_claim && first && self.leaving_marks_to_tidy(&table.value, &me);
-        if releases.is_empty() && claims.is_empty() && !tidy {
-            self.idle_decision = Some(inputs);
-            return None;
-        }
         let mut next = table.value.clone();
         for (partition, _) in &releases {
             next.slots[*partition as usize].owner = None;
         }
-        for (partition, term) in &claims {
-            next.slots[*partition as usize] = Slot { term: *term, owner: Some(me.clone()) };
+        let moves = if may_claim { self.moves(&next, now, &share, &live, &me, wanted) } else { Vec::new() };
+        let tidy = may_claim && first && self.leaving_marks_to_tidy(&table.value, &me);
+        if releases.is_empty() && moves.is_empty() && !tidy {
+            self.idle_decision = Some(inputs);
+            return None;
         }
-        let mark_leaving =
-            self.is_leaving() && !releases.is_empty() && self.held.values().all(|h| h.state == Holding::Drained);
-        self.leaving_marks(&mut next, &me, mark_leaving);
-        let kind = WriteKind::Table { epoch: membership.epoch, claims, releases, base: table.version };
-        Some(self.start_write(now, Key::Table, Some(table.version), Value::Table(next), kind))
+        let mut claims = Moves::new();
+        for (partition, owner) in moves {
+            let slot = &mut next.slots[partition as usize];
+            slot.term = slot.term.saturating_add(1);
+            if owner == me {
+                claims.push((partition, slot.term));
+            }
+            slot.owner = Some(owner);
+        }
+        // A leaver is marked in its first release: from then on everyone leaves it out of the
+        // assignment as it does itself, so what it hands over is wanted where it goes (unmarked,
+        // the others would hand its partitions back to it while it drains the rest).
+        self.leaving_marks(&mut next, &me, self.is_leaving());
+        let version = table.version;
+        for (partition, term) in &releases {
+            self.spend(*partition, *term);
+        }
+        let kind = WriteKind::Table { epoch: membership.epoch, claims, releases };
+        Some(self.start_write(now, Key::Table, Some(version), Value::Table(next), kind))
     }
 
     /// A digest of everything a table decision depends on besides the clock's passing of
@@ -137,7 +152,7 @@ impl MemberCore {
     fn decision_inputs(&self, now: MonotonicTime, may_claim: bool, live: &[WeightedMember]) -> u64 {
         let mut digest = std::hash::DefaultHasher::new();
         (self.view.table.as_ref().map(|t| t.version), self.membership().map(|m| m.epoch)).hash(&mut digest);
-        (may_claim, self.is_leaving(), self.table_conflict).hash(&mut digest);
+        (may_claim, self.is_leaving(), self.conflicted.get(&Key::Table)).hash(&mut digest);
         for (partition, held) in &self.held {
             (partition, held.term, held.state as u8).hash(&mut digest);
         }
@@ -153,10 +168,10 @@ impl MemberCore {
 
     /// Step 2: our share of the target assignment (from who owns what now, so that little moves),
     /// and whether we are the first live member.
-    fn share(&mut self, live: Vec<WeightedMember>, epoch: u64) -> Option<(Share, bool)> {
+    fn share(&mut self, live: &[WeightedMember], epoch: u64) -> Option<(Share, bool)> {
         let table = self.view.table.as_ref()?;
-        let current = table.value.slots.iter().map(|slot| self.live_owner_index(slot, &live, epoch)).collect();
-        let target = self.assignment_cache.target(table, &live, current);
+        let current = table.value.slots.iter().map(|slot| self.live_owner_index(slot, live, epoch)).collect();
+        let target = self.assignment_cache.target(table, live, current);
         let me = live.iter().position(|m| m.identity == self.identity);
         Some((Share { target, me }, me == Some(0)))
     }
@@ -206,29 +221,84 @@ impl MemberCore {
         drained.map(|(p, h)| (*p, h.term)).chain(lost_replies.map(|p| (p, table.slots[p as usize].term))).collect()
     }
 
-    /// Step 4b: the slots of our share we do not hold that are free or whose owner is gone, each
-    /// with its next term.
-    fn claims(&self, table: &PartitionTable, now: MonotonicTime, wanted: impl Fn(u32) -> bool) -> Moves {
-        (0..table.partition_count)
+    /// Slots of our share that the table gives us under our current epoch, at a term we never held
+    /// nor released, and that we do not hold: handed to us in another member's table write (or
+    /// our own claim, whose reply is still on its way or was lost). Taken up without a write: the
+    /// writer found the slot free or its owner gone, as a claim of ours would have, and the
+    /// compare-and-swap of the table made that term ours alone.
+    fn handed_to_us(&self, now: MonotonicTime, me: &Owner, wanted: impl Fn(u32) -> bool) -> Moves {
+        let Some(table) = self.view.table.as_ref().filter(|_| self.is_member(now)) else { return Moves::new() };
+        let fresh = |p: u32, term: u64| self.spent.get(&p).is_none_or(|spent| term > *spent);
+        (0..table.value.partition_count)
             .filter(|p| !self.held.contains_key(p) && wanted(*p))
             .filter_map(|p| {
-                let slot = &table.slots[p as usize];
-                slot.owner.as_ref().is_none_or(|o| self.owner_is_gone(o, now)).then(|| (p, slot.term.saturating_add(1)))
+                let slot = &table.value.slots[p as usize];
+                (slot.owner.as_ref() == Some(me) && fresh(p, slot.term)).then_some((p, slot.term))
             })
             .collect()
+    }
+
+    /// Step 4b: every slot that may move now, free (`next` has our releases) or its owner gone,
+    /// with the live member it goes to: to us, a claim (if `wanted`); to another member, a
+    /// handover under the epoch its record shows, which that member takes up when it sees the
+    /// table ([`MemberCore::handed_to_us`]). Why hand over: after a crash among many members the
+    /// new owners each claimed their part with their own compare-and-swap of the one table, one
+    /// round after another; and a graceful move was a release, then a claim. Now the first table
+    /// write moves everything that can move, and P1 is kept the same way: the writer checks what
+    /// a claimer would, and the new owner starts only once it sees the table.
+    fn moves(
+        &self,
+        next: &PartitionTable,
+        now: MonotonicTime,
+        share: &Share,
+        live: &[WeightedMember],
+        me: &Owner,
+        wanted: impl Fn(u32) -> bool,
+    ) -> Vec<(u32, Owner)> {
+        let released = |p: u32| next.slots[p as usize].owner.is_none();
+        (0..next.partition_count)
+            .filter(|p| !self.held.contains_key(p) || released(*p))
+            .filter(|p| next.slots[*p as usize].owner.as_ref().is_none_or(|o| self.owner_is_gone(o, now)))
+            .filter_map(|p| {
+                let target = &live.get(share.target.get(p as usize).copied()??)?.identity;
+                if *target == me.member {
+                    return wanted(p).then(|| (p, me.clone()));
+                }
+                let record = &self.view.members.get(target)?.stored.value;
+                Some((p, Owner { member: target.clone(), epoch: record.epoch }))
+            })
+            .collect()
+    }
+
+    /// Starts holding `partition` under `term` (claimed or handed to us).
+    fn hold(&mut self, partition: u32, term: u64) {
+        self.spend(partition, term);
+        self.held.insert(partition, Held { term, state: Holding::Active });
+        self.events.push_back(GroupEvent::Acquired { partition, term: Term(term) });
+    }
+
+    /// Remembers that `term` of `partition` was ours (see `MemberCore::spent`).
+    fn spend(&mut self, partition: u32, term: u64) {
+        let spent = self.spent.entry(partition).or_default();
+        *spent = (*spent).max(term);
     }
 
     /// Our table write of `epoch` is in: releases are done, claims count if the epoch is valid.
     pub(super) fn on_table_written(&mut self, now: MonotonicTime, epoch: u64, claims: Moves, releases: Moves) {
         for (partition, term) in releases {
-            if self.held.remove(&partition).is_some() {
+            // Only the ownership released: the watch may have brought this write first, and with
+            // it our claim of the partition under the next term.
+            if self.held.get(&partition).is_some_and(|h| h.term == term) {
+                self.held.remove(&partition);
                 self.events.push_back(GroupEvent::Released { partition, term: Term(term) });
             }
         }
         if self.membership().is_some_and(|m| m.epoch == epoch && now < m.valid_until) {
+            // A claim the watch brought first was taken up already.
             for (partition, term) in claims {
-                self.held.insert(partition, Held { term, state: Holding::Active });
-                self.events.push_back(GroupEvent::Acquired { partition, term: Term(term) });
+                if !self.held.contains_key(&partition) {
+                    self.hold(partition, term);
+                }
             }
         }
         self.after_view_change(now);

@@ -209,12 +209,14 @@ impl MemberCore {
         let behind = self.view.absent_since.remove(&id).is_some();
         match self.view.members.get_mut(&id) {
             Some(observed) => {
+                // Read at once what the change probably decides: a record that was not alive (a
+                // rejoin), one silent for its lease (most likely its end written by another
+                // member, whose write made ours conflict), one the table marks leaving (its
+                // `Left`), one behind the table (the rejoin the table names).
+                let decisive = observed.stored.value.state != MemberState::Alive || observed.expired(now);
+                self.read_wanted |= decisive || leaving || behind;
                 observed.seen_at = now;
                 observed.unread = true;
-                // Read at once what the change probably decides: a record that was not alive (a
-                // rejoin), one the table marks leaving (its `Left`), one behind the table (the
-                // rejoin the table names).
-                self.read_wanted |= observed.stored.value.state != MemberState::Alive || leaving || behind;
             }
             None => self.read_wanted = true,
         }
@@ -236,6 +238,7 @@ impl MemberCore {
     }
 
     pub(super) fn mark_changed(&mut self, key: &Key) {
+        self.conflicted.remove(key);
         self.view.writes_completed += 1;
         self.view.written_at.insert(key.clone(), self.view.writes_completed);
     }
@@ -281,6 +284,7 @@ impl MemberCore {
             return;
         };
         self.view.resyncs_read = Some(read.resyncs);
+        self.conflicted.clear();
         // Without a watch, reading is how changes are seen: every retry period. With one, a read
         // per lease is the safety net for a change the watch lost without saying so (a watch
         // that ends quietly, an event dropped between two connections): such a loss then
@@ -431,7 +435,8 @@ impl MemberCore {
             let ours = *id == self.identity && record.incarnation == self.incarnation;
             let key = Key::Member(id.clone());
             let known = !observed.unread;
-            (record.state == MemberState::Alive && !ours && known && observed.expired(now) && self.may_write(&key, now))
+            let fresh = self.not_conflicted(&key, observed.stored.version);
+            (record.state == MemberState::Alive && !ours && known && fresh && observed.expired(now) && self.may_write(&key, now))
                 .then(|| (key, observed.stored.clone()))
         })?;
         let record = MemberRecord { state: MemberState::Expired, ..stored.value };
@@ -467,10 +472,12 @@ impl MemberCore {
                 _ => record_lease(record.lease_millis).mul_f64(stretch),
             };
             let key = Key::Member(id.clone());
-            (!named && !observed.unread && now >= observed.seen_at + wait && self.may_write(&key, now))
+            let fresh = self.not_conflicted(&key, observed.stored.version);
+            (!named && !observed.unread && fresh && now >= observed.seen_at + wait && self.may_write(&key, now))
                 .then(|| (key, observed.stored.clone()))
         })?;
-        let pending = PendingWrite { started: now, kind: WriteKind::Delete, value: Value::Member(stored.value) };
+        let expected = Some(stored.version);
+        let pending = PendingWrite { started: now, kind: WriteKind::Delete, value: Value::Member(stored.value), expected };
         self.pending.insert(key.clone(), pending);
         Some(Action::Delete { key, expected: stored.version })
     }
@@ -478,9 +485,7 @@ impl MemberCore {
     /// The reply to [`Action::Delete`] for `key`.
     pub fn on_delete(&mut self, now: MonotonicTime, key: &Key, result: Result<(), StoreError>) {
         self.check_lapse(now);
-        if self.pending.remove(key).is_none() {
-            return;
-        }
+        let Some(pending) = self.pending.remove(key) else { return };
         match result {
             Ok(()) => {
                 self.timers.stop(&Timer::WriteRetry(key.clone()));
@@ -491,7 +496,7 @@ impl MemberCore {
                 self.after_view_change(now);
             }
             Err(StoreError::Rejected(_)) => self.can_delete = false,
-            Err(error) => self.write_failed(now, key, &error),
+            Err(error) => self.write_failed(now, key, pending.expected, &error),
         }
     }
 
