@@ -428,7 +428,8 @@ impl MemberCore {
         let expiries = self.view.members.values().filter_map(ObservedMember::alive_until);
         let absences = self.view.absent_since.iter().map(|(id, since)| *since + self.absent_lease(id));
         let unread = self.unread_silent_at();
-        self.timers.next_after(now, lapse.into_iter().chain(expiries).chain(absences).chain(unread))
+        let deadlines = lapse.into_iter().chain(expiries).chain(absences).chain(unread).chain(self.ends_settle_at());
+        self.timers.next_after(now, deadlines)
     }
 
     /// What to do next on the store, if anything; call again until `None`, then again after
@@ -524,6 +525,9 @@ impl MemberCore {
             (kind, Value::Member(record), Key::Member(id)) if !matches!(kind, WriteKind::Delete) => {
                 let renewals = record.renewals;
                 self.observe_member(now, id.clone(), Stored { version, value: record });
+                if let (WriteKind::Tombstone, Some(observed)) = (&kind, self.view.members.get_mut(id)) {
+                    observed.ended_here = observed.stored.version == version;
+                }
                 self.on_member_written(now, kind, pending.started, version, renewals);
             }
             (WriteKind::Table { epoch, claims, releases, .. }, Value::Table(table), _) => {

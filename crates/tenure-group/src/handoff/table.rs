@@ -158,11 +158,12 @@ impl MemberCore {
         }
         for (identity, observed) in &self.view.members {
             let record = &observed.stored.value;
-            (identity, record.epoch, record.state as u8, record.weight).hash(&mut digest);
+            (identity, record.epoch, record.state as u8, record.weight, observed.ended_here).hash(&mut digest);
         }
         live.iter().for_each(|m| m.identity.hash(&mut digest));
         let absent = self.view.absent_since.iter().filter(|(id, since)| now >= **since + self.absent_lease(id));
         absent.count().hash(&mut digest);
+        self.ends_settle_at().filter(|at| now >= *at).count().hash(&mut digest);
         digest.finish()
     }
 
@@ -258,7 +259,10 @@ impl MemberCore {
         let released = |p: u32| next.slots[p as usize].owner.is_none();
         (0..next.partition_count)
             .filter(|p| !self.held.contains_key(p) || released(*p))
-            .filter(|p| next.slots[*p as usize].owner.as_ref().is_none_or(|o| self.owner_is_gone(o, now)))
+            .filter(|p| {
+                let owner = next.slots[*p as usize].owner.as_ref();
+                owner.is_none_or(|o| self.owner_is_gone(o, now) && self.end_is_settled(o, now))
+            })
             .filter_map(|p| {
                 let target = &live.get(share.target.get(p as usize).copied()??)?.identity;
                 if *target == me.member {

@@ -24,6 +24,9 @@ pub(super) struct ObservedMember {
     /// version, whose content this member has not read. Only what no later write can undo is
     /// judged on such a record (see [`MemberCore::on_store_change`]).
     pub(super) unread: bool,
+    /// This version is our own end of the member's epoch (our `Expired` write): we move its
+    /// partitions at once, others a retry period after they saw it (see `end_is_settled`).
+    pub(super) ended_here: bool,
 }
 
 impl ObservedMember {
@@ -226,13 +229,16 @@ impl MemberCore {
         }
         let leaving = self.view.table.as_ref().is_some_and(|t| t.value.leaving.iter().any(|o| o.member == id));
         let behind = self.view.absent_since.remove(&id).is_some();
+        let silence = self.unread_silence();
         match self.view.members.get_mut(&id) {
             Some(observed) => {
                 // Read at once what the change probably decides: a record that was not alive (a
-                // rejoin), one silent for its lease (most likely its end written by another
-                // member, whose write made ours conflict), one the table marks leaving (its
-                // `Left`), one behind the table (the rejoin the table names).
-                let decisive = observed.stored.value.state != MemberState::Alive || observed.expired(now);
+                // rejoin), one silent for two retry periods (its member missed a renew: most
+                // likely its end written by another member, which the touch must not pass off as
+                // a sign of life for another lease), one the table marks leaving (its `Left`),
+                // one behind the table (the rejoin the table names).
+                let silent = now >= observed.seen_at + silence;
+                let decisive = observed.stored.value.state != MemberState::Alive || silent;
                 self.read_wanted |= decisive || leaving || behind;
                 observed.seen_at = now;
                 observed.unread = true;
@@ -370,7 +376,7 @@ impl MemberCore {
                 observed.unread = false;
             }
             _ => {
-                self.view.members.insert(id, ObservedMember { stored, seen_at: now, unread: false });
+                self.view.members.insert(id, ObservedMember { stored, seen_at: now, unread: false, ended_here: false });
             }
         }
     }
@@ -425,6 +431,27 @@ impl MemberCore {
         }
     }
 
+    /// May the partitions of `owner`, whose epoch is over ([`MemberCore::owner_is_gone`]), move in
+    /// our table write now? At once if we ended the epoch (our `Expired` write) or by anything
+    /// but another member's end of it; a retry period after we saw that end otherwise. Why:
+    /// after a crash among 50 members every survivor saw the end within milliseconds and wrote
+    /// the table (some 40 KiB at 1,024 partitions) to move the same partitions; all writes but
+    /// one conflicted, and that burst was most of the time from the end to the new owners. The
+    /// member that ended the epoch moves them all; if it fails to, the others do.
+    pub(super) fn end_is_settled(&self, owner: &Owner, now: MonotonicTime) -> bool {
+        self.view.members.get(&owner.member).filter(|_| owner.member != self.identity).is_none_or(|observed| {
+            let record = &observed.stored.value;
+            let ended_by_another = record.epoch == owner.epoch && record.state == MemberState::Expired;
+            !ended_by_another || observed.ended_here || now >= observed.seen_at + self.config.timing.retry_period
+        })
+    }
+
+    /// When the first deferred end of an epoch ([`MemberCore::end_is_settled`]) settles.
+    pub(super) fn ends_settle_at(&self) -> impl Iterator<Item = MonotonicTime> + '_ {
+        let expired = self.view.members.values().filter(|o| o.stored.value.state == MemberState::Expired && !o.ended_here);
+        expired.map(|o| o.seen_at + self.config.timing.retry_period)
+    }
+
     /// True when `owner`'s record shows another epoch, or that epoch not alive (the epoch is over);
     /// of a record not read since it changed, only a later epoch or that epoch not alive counts.
     pub(super) fn epoch_over(&self, owner: &Owner) -> bool {
@@ -441,9 +468,17 @@ impl MemberCore {
     /// Ends the epoch of a member whose record was seen unchanged for its whole lease (ours too,
     /// if another process wrote it), by writing it `Expired` at the version seen (read, not only
     /// touched: an unread record is read first).
+    ///
+    /// Another member's epoch is ended only by a member (which then moves its partitions at once,
+    /// see [`MemberCore::end_is_settled`]); a process not yet a member ends only its own
+    /// identity's (another incarnation's), which it waits out before it joins.
     pub(super) fn tombstone_action(&mut self, now: MonotonicTime) -> Option<Action> {
+        let member = self.is_member(now);
         let (key, stored) = self.view.members.iter().find_map(|(id, observed)| {
             let record = &observed.stored.value;
+            if !member && *id != self.identity {
+                return None;
+            }
             let ours = *id == self.identity && record.incarnation == self.incarnation;
             let key = Key::Member(id.clone());
             let known = !observed.unread;
