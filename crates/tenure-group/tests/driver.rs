@@ -77,7 +77,7 @@ async fn a_graceful_leave_waits_for_the_guards_then_hands_over_at_once() {
     drop(guard);
     let handover = wait_until(Duration::from_secs(5), || (0..PARTITIONS).all(|p| b.guard(p).is_some())).await;
     let handover = handover.expect("b never got a's partitions");
-    // Release and claim: two store round trips, instant on the memory store (no lease wait).
+    // The release hands the partition over: one store round trip, instant on the memory store.
     assert!(handover < Duration::from_millis(50), "handover took {handover:?}");
     assert!(b.guard(partition).unwrap().term() > old_term);
     leaving.await.unwrap().unwrap();
@@ -213,7 +213,7 @@ async fn a_leave_without_guards_hands_over_without_waiting_for_a_retry_period() 
     assert!(wait_until(Duration::from_secs(10), || settled(&[&a, &b])).await.is_some());
     let leaving = tokio::spawn(a.leave());
     let handover = wait_until(Duration::from_secs(5), || (0..PARTITIONS).all(|p| b.guard(p).is_some())).await;
-    // Revoke, drain (nothing to wait for), release, claim: store calls only, no timer (retry 1 s).
+    // Revoke, drain (nothing to wait for), release with the handover: store calls only, no timer (retry 1 s).
     assert!(handover.expect("no handover") < Duration::from_millis(10), "handover took {handover:?}");
     leaving.await.unwrap().unwrap();
 }
