@@ -127,6 +127,19 @@ pub fn tls_server(client_auth: bool) -> Option<(ZkServer, certs::TestPki)> {
 fn start_server_with(tls: Option<(&certs::TestPki, bool)>) -> Result<ZkServer, String> {
     have_zookeeper()?;
     remove_stale_dirs();
+    // A port found free may be taken before the JVM binds it (by another test's server or a
+    // client's ephemeral port): the JVM then exits at once, and a start on new ports follows.
+    let mut why = String::new();
+    for _ in 0..3 {
+        match try_start_server(tls) {
+            Ok(server) => return Ok(server),
+            Err(error) => why = error,
+        }
+    }
+    Err(why)
+}
+
+fn try_start_server(tls: Option<(&certs::TestPki, bool)>) -> Result<ZkServer, String> {
     let dir = std::env::temp_dir().join(format!("tenure-zk-test-{}-{}", std::process::id(), free_port()));
     std::fs::create_dir_all(dir.join("data")).map_err(|e| e.to_string())?;
     let port = free_port();
@@ -190,11 +203,14 @@ impl ZkServer {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2);
-        let pid = spawn_tied_to_process(command).map_err(|e| format!("cannot start java: {e}"))?;
+        let (pid, exited) = spawn_tied_to_process(command).map_err(|e| format!("cannot start java: {e}"))?;
         *self.pid.lock().unwrap_or_else(|e| e.into_inner()) = pid;
         let deadline = Instant::now() + Duration::from_secs(30);
         // `ruok` can answer before start-up is over: wait for `srvr` to report the mode too.
         while !answers(self.port, "ruok", "imok") || !answers(self.port, "srvr", "Mode:") {
+            if let Ok(status) = exited.try_recv() {
+                return Err(format!("ZooKeeper exited at start ({status}): a port taken since it was found free?"));
+            }
             if Instant::now() > deadline {
                 let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
                 return Err(format!("ZooKeeper did not answer within 30 s; log:\n{log}"));
@@ -228,9 +244,11 @@ impl Drop for ZkServer {
 }
 
 /// Spawns `command` from a thread that lives as long as the process, with a parent-death
-/// signal, so the child dies with the test binary whatever way it exits.
-fn spawn_tied_to_process(mut command: Command) -> std::io::Result<u32> {
+/// signal, so the child dies with the test binary whatever way it exits. Returns its pid and
+/// a receiver of its exit status.
+fn spawn_tied_to_process(mut command: Command) -> std::io::Result<(u32, mpsc::Receiver<std::process::ExitStatus>)> {
     let (tx, rx) = mpsc::channel();
+    let (exit_tx, exit_rx) = mpsc::channel();
     std::thread::spawn(move || {
         // SAFETY: prctl is async-signal-safe; called between fork and exec.
         unsafe {
@@ -245,14 +263,17 @@ fn spawn_tied_to_process(mut command: Command) -> std::io::Result<u32> {
         match spawned {
             Ok(mut child) => {
                 let _ = tx.send(Ok(child.id()));
-                let _ = child.wait();
+                if let Ok(status) = child.wait() {
+                    let _ = exit_tx.send(status);
+                }
             }
             Err(e) => {
                 let _ = tx.send(Err(e));
             }
         }
     });
-    rx.recv().unwrap_or_else(|_| Err(std::io::Error::other("spawner thread died")))
+    let pid = rx.recv().unwrap_or_else(|_| Err(std::io::Error::other("spawner thread died")))?;
+    Ok((pid, exit_rx))
 }
 
 /// True when the server answers `word` with text containing `expected`.
