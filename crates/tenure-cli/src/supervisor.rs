@@ -93,8 +93,12 @@ pub async fn supervise(args: SuperviseArgs) -> Result<u8, CliError> {
     let (mut tree, mut why_no_cgroup) = if args.no_cgroup {
         (Tree::Group, "disabled by --no-cgroup".to_owned())
     } else {
-        // Named after this process too: unique even when one tenure runs its command again.
-        match Cgroup::create(&format!("{}-{}", args.cgroup_name, std::process::id())) {
+        // Named after this process too: unique even when one tenure runs its command again. The
+        // random part keeps apart supervisors of other PID namespaces (containers that are each
+        // PID 1) under one parent cgroup, where the pids alone would meet and the second would
+        // run its command without a cgroup.
+        let nonce: u32 = rand::random();
+        match Cgroup::create(&format!("{}-{}-{nonce:08x}", args.cgroup_name, std::process::id())) {
             Ok(cgroup) => (Tree::Cgroup(cgroup), String::new()),
             Err(error) => (Tree::Group, error.to_string()),
         }

@@ -181,8 +181,11 @@ async fn an_invalid_record_keeps_its_generation_and_can_be_taken_over() {
     let stored = lock.get().await.unwrap().unwrap();
     assert_eq!(stored.record, LeaderElectionRecord::from_json(r#"{"holderIdentity":"x","leaseDurationSeconds":0}"#));
     assert!(matches!(stored.record, Err(RecordError::Invalid(_))));
+    assert!(stored.version.0.starts_with("5-"), "{}", stored.version);
     lock.update(&stored.version, &record("a", 1)).await.unwrap();
-    assert_eq!(document(&path)["generation"], 6);
+    // Written by hand, not by the protocol (no claim of generation 5 is the file): its number
+    // does not enter the protocol's count.
+    assert_eq!(document(&path)["generation"], 1);
 }
 
 #[tokio::test]
@@ -525,6 +528,15 @@ fn child_process_entry_point() {
             let next = record(&identity, stored.record.unwrap().leader_transitions + 1);
             lock.update(&stored.version, &next).await.unwrap();
         }),
+        "update-and-report" => runtime.block_on(async {
+            let stored = lock.get().await.unwrap().unwrap();
+            let next = record(&identity, stored.record.unwrap().leader_transitions + 1);
+            match lock.update(&stored.version, &next).await {
+                Ok(_) => report("ok"),
+                Err(LockError::Conflict) => report("conflict"),
+                Err(error) => report(&format!("failed {error}")),
+            }
+        }),
         other => panic!("unknown role {other}"),
     }
 }
@@ -834,4 +846,173 @@ fn stopped_writers_block_nobody_and_never_land_a_stale_write() {
         skipped_generations += generation - generation_before - (after - before);
     }
     eprintln!("{ROUNDS} stops, {writes_while_stopped} writes by the others meanwhile, {skipped_generations} generations skipped (claims that lost their compare or were taken over)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writers held at one step of a write (the `simulation` feature's hold point), in PID namespaces
+
+/// A child that makes one update and is held just before its rename, as a SIGSTOP there would.
+struct HeldWriter {
+    process: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl HeldWriter {
+    /// Starts `command` and waits until it is held, its claim taken and its check passed.
+    fn start(mut command: Command) -> HeldWriter {
+        let mut process = command
+            .env("TENURE_FILE_LOCK_HOLD_BEFORE", "rename")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = BufReader::new(process.stdout.take().unwrap());
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let writer = HeldWriter { process, lines };
+        writer.until(|line| line == "held before rename");
+        writer
+    }
+
+    /// The next line that `wanted` accepts; earlier lines are the test harness's.
+    fn until(&self, wanted: impl Fn(&str) -> bool) -> String {
+        loop {
+            let line = self.lines.recv_timeout(PATIENCE).expect("the child neither got there nor said why");
+            if wanted(&line) {
+                return line;
+            }
+        }
+    }
+
+    /// Lets it go on; what its update returned.
+    fn release(mut self) -> String {
+        self.process.stdin.take().unwrap().write_all(b"\n").unwrap();
+        let outcome = self.until(|line| line.starts_with(REPORT));
+        assert!(self.process.wait().unwrap().success());
+        outcome.strip_prefix(REPORT).unwrap().to_owned()
+    }
+}
+
+/// `child_command`, run as PID 1 of a PID namespace of its own (as in a container).
+fn child_in_own_pid_namespace(role: &str, path: &Path, identity: &str) -> Command {
+    let child = child_command(role, path, identity);
+    let mut command = Command::new("unshare");
+    command.args(["--pid", "--fork", "--"]).arg(child.get_program()).args(child.get_args());
+    for (name, value) in child.get_envs() {
+        command.env(name, value.unwrap());
+    }
+    command
+}
+
+/// Whether this machine lets the tests make PID namespaces (root, `unshare` installed); in CI it
+/// must.
+fn pid_namespaces_work() -> bool {
+    let works = Command::new("unshare").args(["--pid", "--fork", "true"]).status().is_ok_and(|s| s.success());
+    assert!(works || std::env::var_os("CI").is_none(), "CI runs as root with unshare: PID namespaces must work");
+    if !works {
+        eprintln!("skipped: cannot make a PID namespace here (not root, or no unshare)");
+    }
+    works
+}
+
+/// Containers sharing a volume are each PID 1 of their own namespace. A writer's temporary file
+/// is its alone all the same: when a writer held before its rename is taken over, a writer of
+/// another namespace cannot have a file of that name ready for the held one's rename to move
+/// into place (its Ok would be a lie, and the other's write would land behind its Conflict).
+#[test]
+fn writers_that_are_pid_1_of_their_own_namespaces_never_move_each_others_writes() {
+    if !pid_namespaces_work() {
+        return;
+    }
+    let (_scratch, path, lock) = scratch_lock("pid-namespaces");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let first = runtime.block_on(lock.create(&record("first", 0))).unwrap();
+    // A claims generation 2, passes its check and is held before its rename.
+    let a = HeldWriter::start(child_in_own_pid_namespace("update-and-report", &path, "a"));
+    // B, from the same state, takes A's claim over and writes generation 3.
+    runtime.block_on(lock.update(&first, &record("b", 1))).unwrap();
+    // P, PID 1 too, claims generation 4 and is held before its rename.
+    let p = HeldWriter::start(child_in_own_pid_namespace("update-and-report", &path, "p"));
+    assert_eq!(a.release(), "conflict", "A's write was taken over: nothing it renames may land");
+    assert_eq!(runtime.block_on(lock.get()).unwrap().unwrap().record, Ok(record("b", 1)));
+    assert_eq!(p.release(), "ok", "P's write is the next one");
+    assert_eq!(runtime.block_on(lock.get()).unwrap().unwrap().record, Ok(record("p", 2)));
+    assert_eq!(document(&path)["generation"], 4);
+}
+
+/// Whatever generation a document shows, a hand-written or foreign one near the top of the range
+/// included, it is replaced and writing goes on, across a deletion too: the count is the
+/// protocol's own.
+#[tokio::test]
+async fn a_document_at_any_generation_is_replaced_and_writes_go_on() {
+    for shown in [(1_u64 << 53) - 2, (1 << 53) - 1, 1 << 53, u64::MAX - 1, u64::MAX] {
+        let (_scratch, path, lock) = scratch_lock(&format!("generation-{shown}"));
+        let foreign = serde_json::json!({"generation": shown, "record": record("foreign", 5)});
+        fs::write(&path, foreign.to_string()).unwrap();
+        let mut version = lock.get().await.unwrap().unwrap().version;
+        for transitions in 6..9 {
+            let next = record("a", transitions);
+            version = tokio::time::timeout(PATIENCE, lock.update(&version, &next)).await.expect("the write never ends").unwrap();
+        }
+        assert_eq!(document(&path)["generation"], 3, "shown {shown}");
+        fs::remove_file(&path).unwrap();
+        let created = lock.create(&record("b", 9)).await.unwrap();
+        lock.update(&created, &record("b", 10)).await.unwrap();
+        assert_eq!(document(&path)["generation"], 5, "shown {shown}: generations go on above every claim");
+    }
+}
+
+/// The one way to the end of the range is 2^53 - 1 writes of the protocol's own (285,000 years at
+/// one a millisecond); there, writes are refused with an error that says what to do, at once.
+#[tokio::test]
+async fn at_the_end_of_the_generations_writes_are_refused_with_what_to_do() {
+    const LAST: u64 = (1 << 53) - 1;
+    let (scratch, path, lock) = scratch_lock("last-generation");
+    // The lock as its writes would leave it at LAST - 1: the file is its generation's claim, and
+    // a writer that lost its compare left the claim of LAST behind.
+    let document = serde_json::json!({"generation": LAST - 1, "record": record("a", 1)});
+    fs::write(&path, document.to_string()).unwrap();
+    fs::hard_link(&path, scratch.join(&format!(".election.json.claim.{}", LAST - 1))).unwrap();
+    fs::write(scratch.join(&format!(".election.json.claim.{LAST}")), b"").unwrap();
+    let version = lock.get().await.unwrap().unwrap().version;
+    let next = record("a", 2);
+    let error = tokio::time::timeout(PATIENCE, lock.update(&version, &next)).await.expect("the write never ends").unwrap_err();
+    assert!(matches!(&error, LockError::Rejected(m) if m.contains("exhausted") && m.contains(".claim.")), "{error}");
+    assert_eq!(lock.get().await.unwrap().unwrap().version, version, "nothing was written");
+}
+
+/// In a sticky directory shared by several users, a writer cannot remove another user's
+/// temporary file: that claim is live and cannot be taken over, so the write fails with an error
+/// that says so, instead of writing over a write that may still land.
+#[test]
+fn a_claim_that_cannot_be_taken_over_fails_the_write_instead_of_being_skipped() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return eprintln!("skipped: needs root, to write as two users");
+    }
+    let (scratch, path, lock) = scratch_lock("sticky");
+    fs::set_permissions(&scratch.0, fs::Permissions::from_mode(0o1777)).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(lock.create(&record("first", 0))).unwrap();
+    // The file belongs to nobody (who wrote it last); root's writer is stopped before its rename.
+    std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+    let stale = stopped_writer(&scratch, 2, &serde_json::json!({"generation": 2, "record": record("root", 1)}).to_string());
+    let mut command = child_command("update-and-report", &path, "nobody");
+    std::os::unix::process::CommandExt::uid(&mut command, 65534);
+    std::os::unix::process::CommandExt::gid(&mut command, 65534);
+    let output = command.stderr(Stdio::null()).output().unwrap();
+    let reports: Vec<&str> = std::str::from_utf8(&output.stdout).unwrap().lines().filter_map(|l| l.strip_prefix(REPORT)).collect();
+    assert!(
+        matches!(reports[..], [report] if report.starts_with("failed ") && report.contains("take over")),
+        "{reports:?}"
+    );
+    // The stopped writer resumes: its write is the one that lands.
+    fs::rename(&stale, &path).unwrap();
+    assert_eq!(runtime.block_on(lock.get()).unwrap().unwrap().record, Ok(record("root", 1)));
 }

@@ -35,7 +35,8 @@
 //!   from a stopped process, and used to stall every other writer until it thawed). An update is
 //!   a compare-and-swap from the state it read (generation `g`):
 //!   1. write the new document (generation `g + 1`) to a temporary file of its own
-//!      (`.<name>.tmp.<pid>.<counter>`) in the same directory;
+//!      (`.<name>.tmp.<pid>.<pid namespace>.<nonce>.<counter>`) in the same directory, created
+//!      with `O_EXCL`;
 //!   2. **claim** the generation: hard-link that file as `.<name>.claim.<g + 1>`. `link` fails if
 //!      the name exists, so of the writers that read the same state, one claims;
 //!   3. read the file again: if it is no longer the state read in step 1, give up (conflict);
@@ -60,6 +61,34 @@
 //!   highest claim: generations never go down, even across a deletion. A write over content
 //!   without a generation (a foreign or torn file) does the same, then takes over every other
 //!   pending claim after its own.
+//!   The generation `g` a writer continues from is the document's only if this protocol wrote
+//!   it: then the claim of `g` is the file itself (the claimed temporary file was renamed into
+//!   place, or a create linked it as both). A document anyone else wrote, whatever generation it
+//!   shows, is content without one: its number never enters the count, so a foreign or
+//!   hand-written `"generation": 18446744073709551614` is replaced like any other content and
+//!   counting goes on above the claims. Generations stop at 2^53 - 1, which only the protocol's
+//!   own writes can reach (285,000 years at one a millisecond); there a write is refused
+//!   ([`LockError::Rejected`](crate::LockError::Rejected), naming the files to remove), never
+//!   retried forever.
+//!
+//!   **Why no two writers share a temporary file.** A takeover removes a file by name, and the
+//!   held writer's rename moves whatever has that name: if another writer could create the same
+//!   name meanwhile, the held writer's rename would land that writer's document and be told Ok.
+//!   So the name is unique among the writers alive on the host: the pid and the inode of the PID
+//!   namespace name one live process (containers sharing the volume are each PID 1 of their own
+//!   namespace, so the pid alone does not); a 64-bit nonce drawn once per process keeps writers
+//!   apart where the namespace cannot be told (no `/proc`, sandboxes that show every namespace
+//!   alike); the counter separates a process's own files; `O_EXCL` never adopts a dead
+//!   writer's leftover.
+//!
+//!   **Why a dead claim stays dead.** A claim is judged dead when a takeover finds no temporary
+//!   file with its inode; a writer remembers that for the rest of its call under the claim's
+//!   generation *and* inode, never the inode alone: once a dead claim's file is removed, the file
+//!   system may give its inode number to another writer's temporary file (ext4 does), whose
+//!   claim of another generation is live. A takeover that finds the temporary file but cannot
+//!   remove it (another user's, in a sticky directory) fails the write with an error: only
+//!   `ENOENT` means the write can no longer land.
+//!
 //!   Every error before the rename leaves the file untouched, so an error from this lock always
 //!   means the write did not happen (a caller that times out and drops the call cannot know, as
 //!   with any store). The directory must be on a local file system: the protocol relies on
@@ -67,6 +96,9 @@
 //! - **Upgrading** from a release that wrote under a `flock` (on `<name>.lock`): those writers and
 //!   these do not exclude each other; stop every candidate of one lock before upgrading, or
 //!   upgrade them all at once. The `<name>.lock` file is no longer used and may be removed.
+//!   Writers of releases before the PID-namespace nonce share this protocol, with one
+//!   difference: they continue from any document's generation, written by hand or not; do not
+//!   edit the file by hand while such writers run.
 //! - **No fsync.** The lock coordinates live processes; a power loss or kernel crash kills all of
 //!   them. What the file then holds does not matter for safety (whoever starts next waits a whole
 //!   lease after seeing any record, invariant S3), and if it is left empty or torn it is read as
@@ -75,8 +107,9 @@
 //!   the default location (`$XDG_RUNTIME_DIR`) is a tmpfs where fsync does nothing anyway.
 //! - **Killed writers** leave at most one temporary file and one claim. After a handle's first
 //!   write, every `create` and every 128th write, the writer removes temporary files of processes
-//!   that no longer exist (or older than a minute) and claims of generations below the file's.
-//!   Readers never look at them.
+//!   of its own PID namespace that no longer exist, any older than a minute (a writer of another
+//!   namespace is looked up by age only: its pid would name another process here), and claims of
+//!   generations below the file's. Readers never look at them.
 //! - **Anything else at the path** (a directory, a FIFO, a file over 64 KiB) reads as a malformed
 //!   record too, without hanging or reading without bound.
 //!
@@ -127,6 +160,11 @@ const DEFAULT_STEAL_AFTER: Duration = Duration::from_millis(20);
 /// The first and the longest pause between two looks at another writer's pending claim.
 const FIRST_RETRY: Duration = Duration::from_micros(100);
 const LONGEST_RETRY: Duration = Duration::from_millis(5);
+/// The largest generation a writer writes: 2^53 - 1, the largest integer every JSON reader holds
+/// exactly. Only this protocol's own writes count towards it (see [`continued_generation`]): at
+/// one write a millisecond, a lock reaches it in 285,000 years, and then its writes are refused
+/// with an error that says what to remove, never retried forever.
+const MAX_GENERATION: u64 = (1 << 53) - 1;
 /// Documents larger than this are not parsed (no honest writer comes close).
 const MAX_DOCUMENT_BYTES: u64 = 64 * 1024;
 /// Every this many writes of a handle (and on its first), orphaned temporary files are removed.
@@ -469,6 +507,27 @@ fn decode(content: &[u8], hash: u64) -> Snapshot {
     }
 }
 
+/// The generation a writer continues from: the document's, if this protocol wrote it, which shows
+/// in the claim of that generation being the file itself (a write renames its claimed temporary
+/// file into place, a create links it as both). Content written by anyone else, whatever
+/// generation it shows (near the top of the range included), gives none: it is replaced like
+/// content without a generation, above every claim, so a foreign number never enters the count.
+fn continued_generation(paths: &Paths, generation: u64, file_inode: Option<(u64, u64)>) -> Option<u64> {
+    let ours = generation < MAX_GENERATION && file_inode.is_some() && inode_of(&paths.claim(generation)) == file_inode;
+    ours.then_some(generation)
+}
+
+/// The generation after `generation`, or the refusal to count past [`MAX_GENERATION`].
+fn next_generation(paths: &Paths, generation: u64) -> Result<u64, LockError> {
+    generation.checked_add(1).filter(|next| *next <= MAX_GENERATION).ok_or_else(|| {
+        LockError::Rejected(format!(
+            "the generations of {} are exhausted (claims up to {MAX_GENERATION} exist): remove the file and its \
+             .claim.* files with every candidate stopped",
+            paths.path.display()
+        ))
+    })
+}
+
 fn raw_snapshot(generation: Option<u64>, hash: u64, reason: String) -> Snapshot {
     let version = Version(format!("raw-{hash:016x}"));
     Snapshot { generation, stored: StoredRecord { version, record: Err(RecordError::Malformed(reason)) } }
@@ -504,9 +563,10 @@ fn write(
         };
         let lost = if expected.is_none() { LockError::AlreadyExists } else { LockError::Conflict };
         let file_inode = inode_of(&paths.path);
-        let generation = match current.as_ref().and_then(|c| c.generation) {
+        let continued = current.as_ref().and_then(|c| continued_generation(paths, c.generation?, file_inode));
+        let generation = match continued {
             // Writers from one state contend for one name: the next generation.
-            Some(generation) => generation.saturating_add(1),
+            Some(generation) => next_generation(paths, generation)?,
             // No generation to continue from (no file, or content without one): continue above
             // every claim, so that generations never go down, once no claim is pending (a
             // writer that read the file before it was deleted or replaced, and may be about to
@@ -514,7 +574,7 @@ fn write(
             None => {
                 // Only here is the directory listed: an update from a generation reads no more.
                 let claims = list_claims(paths);
-                match others.first_pending(&claims, file_inode, steal_after, paths) {
+                match others.first_pending(&claims, file_inode, steal_after, paths)? {
                     Wait::Pause(pause) => {
                         std::thread::sleep(pause);
                         continue;
@@ -522,10 +582,10 @@ fn write(
                     Wait::TakenOver => continue,
                     Wait::None => {}
                 }
-                claims.keys().next_back().map_or(1, |highest| highest.saturating_add(1))
+                next_generation(paths, claims.keys().next_back().copied().unwrap_or(0))?
             }
         };
-        let Some(current) = current else {
+        if current.is_none() {
             // A create is one atomic step: `link` fails if the file exists.
             let (temp, content) = TempFile::document(paths, generation, record)?;
             match fs::hard_link(&temp.path, &paths.path) {
@@ -540,7 +600,7 @@ fn write(
                 Err(error) if error.kind() == io::ErrorKind::AlreadyExists => return Err(LockError::AlreadyExists),
                 Err(error) => return Err(io_error("create", &paths.path, error)),
             }
-        };
+        }
         // The first generation from `generation` on that is free, or claimed by a writer still
         // at work; dead claims are skipped.
         let mut generation = generation;
@@ -553,14 +613,14 @@ fn write(
                 Err(error) => return Err(io_error("claim", &claim, error)),
             }
             drop(temp);
-            match others.state(&claim, file_inode) {
-                ClaimState::Dead => generation = generation.saturating_add(1),
+            match others.state(generation, &claim, file_inode) {
+                ClaimState::Dead => generation = next_generation(paths, generation)?,
                 ClaimState::Gone => {}
                 ClaimState::Pending(inode) => {
                     if stale()? {
                         return Err(lost);
                     }
-                    match others.wait(inode, &claim, steal_after, paths) {
+                    match others.wait((generation, inode), &claim, steal_after, paths)? {
                         Wait::Pause(pause) => std::thread::sleep(pause),
                         Wait::TakenOver | Wait::None => {}
                     }
@@ -573,12 +633,12 @@ fn write(
         // Without a generation to contend on (content without one), writers from that content
         // may hold other claims: take each over. Of two such writers, one's takeover of the
         // other fails only if the other's rename came first, and then the check below fails.
-        if current.generation.is_none() {
+        if continued.is_none() {
             let own = inode_of(&temp.path);
-            for (_, claim) in list_claims(paths) {
-                if let ClaimState::Pending(inode) = others.state(&claim, file_inode) {
+            for (claimed, claim) in list_claims(paths) {
+                if let ClaimState::Pending(inode) = others.state(claimed, &claim, file_inode) {
                     if Some(inode) != own {
-                        take_over(paths, &claim, inode);
+                        take_over(paths, &claim, inode)?;
                     }
                 }
             }
@@ -590,6 +650,7 @@ fn write(
         if stale()? {
             return Err(lost);
         }
+        hold_before("rename");
         match fs::rename(&temp.path, &paths.path) {
             Ok(()) => temp.renamed(),
             // Our claim was taken over while this process was stopped: nothing was written.
@@ -609,7 +670,8 @@ fn content_version(generation: u64, content: &[u8]) -> Version {
     document_version(generation, hash.0)
 }
 
-/// The claims of this lock by generation (names that do not parse are not claims of this lock).
+/// The claims of this lock by generation (names that do not parse, or name a generation no
+/// writer makes, are not claims of this lock).
 fn list_claims(paths: &Paths) -> BTreeMap<u64, PathBuf> {
     let Ok(entries) = fs::read_dir(&paths.dir) else { return BTreeMap::new() };
     entries
@@ -618,7 +680,8 @@ fn list_claims(paths: &Paths) -> BTreeMap<u64, PathBuf> {
             let name = entry.file_name();
             let digits = name.as_bytes().strip_prefix(paths.claim_prefix.as_bytes())?;
             let generation = std::str::from_utf8(digits).ok().filter(|d| d.bytes().all(|b| b.is_ascii_digit()))?;
-            Some((generation.parse().ok()?, entry.path()))
+            let generation = generation.parse().ok().filter(|g| *g <= MAX_GENERATION)?;
+            Some((generation, entry.path()))
         })
         .collect()
 }
@@ -649,23 +712,28 @@ enum Wait {
     None,
 }
 
+/// One claim as this writer knows it: its generation and (device, inode). The inode alone does
+/// not name a claim: once a dead claim's file is removed, the file system may give its number to
+/// another writer's temporary file (ext4 does), whose claim is live.
+type ClaimId = (u64, (u64, u64));
+
 /// Other writers' claims as this writer saw them: since when each pending one was watched, on
 /// this process's monotonic clock (never a file time: a clock another process set, invariant S3),
 /// and those found dead by a takeover that found no temporary file to remove.
 #[derive(Default)]
 struct OtherClaims {
-    watched: Option<((u64, u64), Instant)>,
+    watched: Option<(ClaimId, Instant)>,
     /// Looks at the same claim so far: the pause doubles with each.
     pauses: u32,
-    dead: std::collections::HashSet<(u64, u64)>,
+    dead: std::collections::HashSet<ClaimId>,
 }
 
 impl OtherClaims {
-    fn state(&self, claim: &Path, file_inode: Option<(u64, u64)>) -> ClaimState {
+    fn state(&self, generation: u64, claim: &Path, file_inode: Option<(u64, u64)>) -> ClaimState {
         match fs::symlink_metadata(claim) {
             Ok(metadata) => {
                 let inode = (metadata.dev(), metadata.ino());
-                if metadata.nlink() <= 1 || Some(inode) == file_inode || self.dead.contains(&inode) {
+                if metadata.nlink() <= 1 || Some(inode) == file_inode || self.dead.contains(&(generation, inode)) {
                     ClaimState::Dead
                 } else {
                     ClaimState::Pending(inode)
@@ -675,40 +743,40 @@ impl OtherClaims {
         }
     }
 
-    /// Waits for the pending claim `inode` to land, at most `steal_after` from when this writer
+    /// Waits for the pending claim `id` to land, at most `steal_after` from when this writer
     /// first saw it; then takes it over.
-    fn wait(&mut self, inode: (u64, u64), claim: &Path, steal_after: Duration, paths: &Paths) -> Wait {
+    fn wait(&mut self, id: ClaimId, claim: &Path, steal_after: Duration, paths: &Paths) -> Result<Wait, LockError> {
         let since = match self.watched {
-            Some((seen, since)) if seen == inode => since,
+            Some((seen, since)) if seen == id => since,
             _ => {
-                self.watched = Some((inode, Instant::now()));
+                self.watched = Some((id, Instant::now()));
                 self.pauses = 0;
-                return Wait::Pause(FIRST_RETRY);
+                return Ok(Wait::Pause(FIRST_RETRY));
             }
         };
         if since.elapsed() >= steal_after {
-            if !take_over(paths, claim, inode) {
-                self.dead.insert(inode);
+            if !take_over(paths, claim, id.1)? {
+                self.dead.insert(id);
             }
-            return Wait::TakenOver;
+            return Ok(Wait::TakenOver);
         }
         self.pauses = self.pauses.saturating_add(1);
         let pause = crate::Backoff::new(FIRST_RETRY, LONGEST_RETRY).delay(self.pauses);
         let left = steal_after.saturating_sub(since.elapsed());
-        Wait::Pause(pause.mul_f64(rand::rng().random_range(0.5..1.0)).min(left))
+        Ok(Wait::Pause(pause.mul_f64(rand::rng().random_range(0.5..1.0)).min(left)))
     }
 
     /// Waits for (or takes over) the lowest pending claim, if any.
     fn first_pending(
         &mut self, claims: &BTreeMap<u64, PathBuf>, file_inode: Option<(u64, u64)>,
         steal_after: Duration, paths: &Paths,
-    ) -> Wait {
-        for claim in claims.values() {
-            if let ClaimState::Pending(inode) = self.state(claim, file_inode) {
-                return self.wait(inode, claim, steal_after, paths);
+    ) -> Result<Wait, LockError> {
+        for (&generation, claim) in claims {
+            if let ClaimState::Pending(inode) = self.state(generation, claim, file_inode) {
+                return self.wait((generation, inode), claim, steal_after, paths);
             }
         }
-        Wait::None
+        Ok(Wait::None)
     }
 }
 
@@ -716,27 +784,91 @@ impl OtherClaims {
 /// while the claim still names that file), so that the writer's rename fails (`ENOENT`) whenever
 /// it resumes. The rename and the removal exclude each other (both act on the temporary file's
 /// one name): either the write landed first (then the file changed and this writer's conflicts)
-/// or it never will. False when no such temporary file exists (the claim can never land anyway).
-fn take_over(paths: &Paths, claim: &Path, inode: (u64, u64)) -> bool {
-    let Ok(entries) = fs::read_dir(&paths.dir) else { return false };
+/// or it never will. `Ok(false)` when no such temporary file exists (the claim can never land
+/// anyway); an error when one exists and cannot be removed (in a sticky directory, another
+/// user's): that claim is live, and this write cannot go on.
+fn take_over(paths: &Paths, claim: &Path, inode: (u64, u64)) -> Result<bool, LockError> {
+    let entries = fs::read_dir(&paths.dir).map_err(|error| io_error("list", &paths.dir, error))?;
     for entry in entries.flatten() {
-        let Some(_pid) = temp_pid(paths, entry.file_name().as_bytes()) else { continue };
+        if TempOwner::parse(paths, entry.file_name().as_bytes()).is_none() {
+            continue;
+        }
         let path = entry.path();
         let same = fs::symlink_metadata(&path).is_ok_and(|m| (m.dev(), m.ino()) == inode && m.nlink() >= 2);
-        if same && inode_of(claim) == Some(inode) && fs::remove_file(&path).is_ok() {
-            tracing::debug!(claim = %claim.display(), "took over the claim of a writer stopped in the middle of a write");
-            return true;
+        if !same || inode_of(claim) != Some(inode) {
+            continue;
+        }
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                tracing::debug!(claim = %claim.display(), "took over the claim of a writer stopped in the middle of a write");
+                return Ok(true);
+            }
+            // Renamed into place or removed meanwhile: it can land no more.
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(error) => return Err(io_error("take over the pending write", &path, error)),
         }
     }
-    false
+    Ok(false)
 }
 
-/// The writer's pid if `name` is one of this lock's temporary files (`<prefix><pid>.<counter>`).
-fn temp_pid(paths: &Paths, name: &[u8]) -> Option<i32> {
-    let suffix = std::str::from_utf8(name.strip_prefix(paths.temp_prefix.as_bytes())?).ok()?;
-    let (pid, counter) = suffix.split_once('.')?;
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    (digits(pid) && digits(counter)).then(|| pid.parse().ok()).flatten()
+/// Who wrote a temporary file: its name is `<prefix><pid>.<namespace>.<nonce>.<counter>` (or
+/// `<prefix><pid>.<counter>`, as releases before the nonce named them).
+///
+/// The name must be unique among every writer alive on the host, or one writer's rename could
+/// move another's document into place (and a takeover of one would take the other). The pid
+/// alone is not: writers in other PID namespaces (containers sharing a volume, each PID 1) have
+/// the same pids. `namespace` (the inode of the writer's PID namespace, 0 if unknown) and the
+/// pid together name one live process; `nonce`, 64 random bits drawn once per process, keeps
+/// names apart where the namespace cannot be told (no `/proc`, sandboxes that show every
+/// namespace alike); the counter, a process's own files. Creating with `O_EXCL` never adopts a
+/// dead writer's leftover of the same name.
+struct TempOwner {
+    pid: i32,
+    /// The writer's PID namespace; `None` for names without one.
+    namespace: Option<u64>,
+}
+
+impl TempOwner {
+    fn parse(paths: &Paths, name: &[u8]) -> Option<TempOwner> {
+        let suffix = std::str::from_utf8(name.strip_prefix(paths.temp_prefix.as_bytes())?).ok()?;
+        let fields: Vec<&str> = suffix.split('.').collect();
+        let decimal = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        let hex = |s: &str| u64::from_str_radix(s, 16).ok().filter(|_| s.bytes().all(|b| b.is_ascii_hexdigit()));
+        let (pid, namespace) = match fields[..] {
+            [pid, counter] if decimal(pid) && decimal(counter) => (pid, None),
+            [pid, namespace, nonce, counter] if decimal(pid) && hex(nonce).is_some() && hex(counter).is_some() => {
+                (pid, Some(hex(namespace)?))
+            }
+            _ => return None,
+        };
+        Some(TempOwner { pid: pid.parse().ok()?, namespace })
+    }
+
+    /// True when the writer no longer exists. Only a pid of this process's PID namespace (or of
+    /// a name that does not say) is looked up: another namespace's pid would name another
+    /// process. The others' files go by age.
+    fn is_gone(&self) -> bool {
+        match self.namespace {
+            Some(namespace) if namespace == 0 || namespace != WriterTag::get().namespace => false,
+            _ => process_is_gone(self.pid),
+        }
+    }
+}
+
+/// What this process puts in its temporary files' names (see [`TempOwner`]).
+struct WriterTag {
+    namespace: u64,
+    nonce: u64,
+}
+
+impl WriterTag {
+    fn get() -> &'static WriterTag {
+        static TAG: std::sync::OnceLock<WriterTag> = std::sync::OnceLock::new();
+        TAG.get_or_init(|| WriterTag {
+            namespace: fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino()),
+            nonce: rand::rng().random(),
+        })
+    }
 }
 
 /// A new document in a temporary file of its own; removed when dropped unless renamed.
@@ -757,10 +889,12 @@ impl TempFile {
 
     fn write(paths: &Paths, content: &[u8]) -> Result<TempFile, LockError> {
         static TEMP_FILES: AtomicU64 = AtomicU64::new(0);
+        let tag = WriterTag::get();
         let mut attempts = 0;
         let (path, mut file) = loop {
             let mut name = paths.temp_prefix.clone();
-            name.push(format!("{}.{}", std::process::id(), TEMP_FILES.fetch_add(1, Ordering::Relaxed)));
+            let counter = TEMP_FILES.fetch_add(1, Ordering::Relaxed);
+            name.push(format!("{}.{:x}.{:016x}.{counter:x}", std::process::id(), tag.namespace, tag.nonce));
             let path = paths.dir.join(name);
             match OpenOptions::new().write(true).create_new(true).mode(0o644).open(&path) {
                 Ok(file) => break (path, file),
@@ -791,6 +925,24 @@ impl Drop for TempFile {
     }
 }
 
+/// Test builds only (feature `simulation`): holds this writer just before `step`, as a SIGSTOP
+/// or a frozen VM would, when `TENURE_FILE_LOCK_HOLD_BEFORE` names it: the process prints
+/// `held before <step>` and goes on when a line (or end of file) arrives on stdin. Once per
+/// process. A process cannot SIGSTOP itself when it is its PID namespace's init (the kernel
+/// drops such a signal), which is exactly the writer the namespace tests need.
+#[cfg(feature = "simulation")]
+fn hold_before(step: &str) {
+    static HELD: AtomicBool = AtomicBool::new(false);
+    if std::env::var_os("TENURE_FILE_LOCK_HOLD_BEFORE").is_some_and(|held| held == step) && !HELD.swap(true, Ordering::SeqCst) {
+        let mut out = io::stdout().lock();
+        let _ = writeln!(out, "held before {step}").and_then(|()| out.flush());
+        let _ = io::stdin().read_line(&mut String::new());
+    }
+}
+
+#[cfg(not(feature = "simulation"))]
+fn hold_before(_step: &str) {}
+
 /// How old a temporary file must be before a writer removes it as left by a dead process. A
 /// writer resumed after a longer stop finds its file gone: its write fails, nothing else.
 const ORPHAN_AGE: Duration = Duration::from_secs(60);
@@ -805,11 +957,11 @@ fn remove_leftovers(paths: &Paths, generation: u64) {
     if let Ok(entries) = fs::read_dir(&paths.dir) {
         let now = std::time::SystemTime::now();
         for entry in entries.flatten() {
-            let Some(pid) = temp_pid(paths, entry.file_name().as_bytes()) else { continue };
+            let Some(owner) = TempOwner::parse(paths, entry.file_name().as_bytes()) else { continue };
             let old = entry.metadata().ok().and_then(|m| m.modified().ok()).is_some_and(|modified| {
                 now.duration_since(modified).is_ok_and(|age| age > ORPHAN_AGE)
             });
-            if old || process_is_gone(pid) {
+            if old || owner.is_gone() {
                 leftovers.push(entry.path());
             }
         }
@@ -822,9 +974,7 @@ fn remove_leftovers(paths: &Paths, generation: u64) {
     }
 }
 
-/// True when process `pid` no longer exists here. A process in another PID namespace may share
-/// the directory: then its temporary file may go too early, which makes its write fail, never
-/// land wrongly.
+/// True when process `pid` no longer exists in this PID namespace.
 fn process_is_gone(pid: i32) -> bool {
     if pid <= 0 {
         return false;
@@ -1105,6 +1255,50 @@ mod tests {
             assert_eq!(matches!(error, LockError::Rejected(_)), rejected, "{error}");
             assert!(error.to_string().contains("cannot create /some/dir/x.json: "), "{error}");
         }
+    }
+
+    /// A claim judged dead stays dead only under its own generation: when its inode number goes
+    /// to another writer's file (ext4 reuses freed numbers; emulated here by a hard link, which
+    /// shows the writer the same device and inode), that writer's live claim is waited for.
+    #[test]
+    fn a_dead_claims_inode_number_on_a_live_claim_is_not_taken_for_dead() {
+        let dir = scratch("inode-reuse");
+        let lock = FileLock::open(dir.join("election.json")).unwrap();
+        let paths = &lock.paths;
+        // Generation 2's claim has a second name that is no temporary file: a takeover finds
+        // nothing to remove, so the claim can never land and is remembered as dead.
+        fs::write(dir.join("not-a-temporary-file"), b"{}").unwrap();
+        fs::hard_link(dir.join("not-a-temporary-file"), paths.claim(2)).unwrap();
+        let mut others = OtherClaims::default();
+        let ClaimState::Pending(inode) = others.state(2, &paths.claim(2), None) else { panic!("not pending") };
+        assert!(matches!(others.wait((2, inode), &paths.claim(2), Duration::ZERO, paths), Ok(Wait::Pause(_))));
+        assert!(matches!(others.wait((2, inode), &paths.claim(2), Duration::ZERO, paths), Ok(Wait::TakenOver)));
+        assert!(matches!(others.state(2, &paths.claim(2), None), ClaimState::Dead));
+        // A live writer's temporary file with that inode number claims generation 3.
+        let temp = dir.join(format!(".election.json.tmp.{}.0.1.0", std::process::id()));
+        fs::hard_link(dir.join("not-a-temporary-file"), &temp).unwrap();
+        fs::hard_link(&temp, paths.claim(3)).unwrap();
+        assert!(matches!(others.state(3, &paths.claim(3), None), ClaimState::Pending(i) if i == inode));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn temporary_file_names_tell_their_writer() {
+        let dir = scratch("names");
+        let lock = FileLock::open(dir.join("election.json")).unwrap();
+        let paths = &lock.paths;
+        let parse = |name: &str| TempOwner::parse(paths, name.as_bytes()).map(|owner| (owner.pid, owner.namespace));
+        assert_eq!(parse(".election.json.tmp.1.effffffc.0123456789abcdef.1f"), Some((1, Some(0xeffffffc))));
+        assert_eq!(parse(".election.json.tmp.42.7"), Some((42, None)), "as releases before the nonce named them");
+        for foreign in [".election.json.tmp.1", ".election.json.tmp.x.7", ".election.json.tmp.1.2.3", ".other.json.tmp.1.2"] {
+            assert_eq!(parse(foreign), None, "{foreign}");
+        }
+        // Another namespace's pid names another process: never looked up.
+        let foreign = TempOwner { pid: i32::MAX, namespace: Some(WriterTag::get().namespace.wrapping_add(1)) };
+        assert!(!foreign.is_gone());
+        let ours = TempOwner { pid: i32::MAX, namespace: Some(WriterTag::get().namespace) };
+        assert_eq!(ours.is_gone(), WriterTag::get().namespace != 0);
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
