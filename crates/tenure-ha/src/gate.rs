@@ -103,9 +103,10 @@ impl LeaderContext {
         self.cancel.cancelled()
     }
 
-    /// True once the work must stop.
+    /// True once the work must stop: cancelled, or the tenure is over on this clock although the
+    /// gate has not said so yet (a process that was paused past its deadline sees it at once, F1).
     pub fn is_cancelled(&self) -> bool {
-        self.cancel.is_cancelled()
+        self.cancel.is_cancelled() || !self.tenure.is_valid()
     }
 
     /// A token cancelled when the work must stop, for sub-tasks.
@@ -121,6 +122,14 @@ impl LeaderContext {
     /// 0 on the first start of this tenure, then the number of restarts after failures.
     pub fn attempt(&self) -> u32 {
         self.attempt
+    }
+}
+
+#[cfg(all(test, feature = "kube"))]
+impl LeaderContext {
+    /// A context as the gate makes one, for models that play the gate's part.
+    pub(crate) fn new(tenure: Tenure, cancel: CancellationToken, timing: Timing) -> LeaderContext {
+        LeaderContext { tenure, cancel, timing, attempt: 0 }
     }
 }
 
@@ -470,7 +479,10 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
                 }
             }
             None => {
-                tracing::warn!(reason = reason.as_str(), "leader work did not stop in time; aborting it");
+                // A lost tenure allows no drain: aborting at once is the rule, not a late work.
+                if deadline > started {
+                    tracing::warn!(reason = reason.as_str(), "leader work did not stop in time; aborting it");
+                }
                 task.abort();
                 let _ = task.await; // completes once the work's future (and its guard) is dropped
             }

@@ -53,7 +53,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use futures::FutureExt;
+use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
 use kube::{Api, Resource, ResourceExt};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -111,6 +112,9 @@ pub struct WatchMetrics {
     pub reconciles: Counter,
     /// Calls of the handler that returned an error (first attempts and retries).
     pub handler_failures: Counter,
+    /// Calls of the handler that returned (`Ok` or `Err`) after the tenure had ended: neither
+    /// success nor failure; the change is left to the next leader.
+    pub deposed: Counter,
     /// Calls of the handler that retried a change whose handling had failed before.
     pub retries: Counter,
     /// Objects whose change failed and waits for a retry now; while it is above 0 the checkpoint
@@ -121,7 +125,8 @@ pub struct WatchMetrics {
 impl WatchMetrics {
     /// New metrics registered as `tenure_ha_watch_resume_failures_total`,
     /// `tenure_ha_watch_reconciles_total`, `tenure_ha_watch_handler_failures_total`,
-    /// `tenure_ha_watch_retries_total` and `tenure_ha_watch_retry_pending`.
+    /// `tenure_ha_watch_deposed_total`, `tenure_ha_watch_retries_total` and
+    /// `tenure_ha_watch_retry_pending`.
     pub fn register(registry: &mut Registry) -> WatchMetrics {
         let metrics = WatchMetrics::default();
         for (name, help, counter) in [
@@ -135,6 +140,11 @@ impl WatchMetrics {
                 "tenure_ha_watch_handler_failures",
                 "Calls of the leader's handler that returned an error",
                 &metrics.handler_failures,
+            ),
+            (
+                "tenure_ha_watch_deposed",
+                "Calls of the leader's handler that returned after its tenure ended (left to the next leader)",
+                &metrics.deposed,
             ),
             ("tenure_ha_watch_retries", "Calls of the leader's handler that retried a failed change", &metrics.retries),
         ] {
@@ -163,6 +173,22 @@ pub enum WatchError {
 /// The handler with its error type erased to the message that is logged.
 type Handler<K> = Arc<dyn Fn(Change<K>, Tenure) -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
 
+/// Opens a watch from a saved version (`None`: list first): a [`ResumableWatcher`] in production,
+/// a simulated server in the model test.
+type OpenWatch<K> = Arc<dyn Fn(Option<String>) -> Result<Events<K>, ResumeError> + Send + Sync>;
+type Events<K> = BoxStream<'static, Result<ResumeEvent<K>, ResumeError>>;
+
+/// How one call of the handler ended, as the checkpoint sees it.
+enum Outcome {
+    /// `Ok` while the tenure was still valid: the change may be checkpointed.
+    Handled,
+    /// `Err` while the tenure was still valid: retried with back-off in this tenure.
+    Failed(String),
+    /// Returned (`Ok` or `Err`) after the tenure ended: neither. Whatever the handler did or
+    /// refused, the change is left to the next leader (this process under a new term, or another).
+    Deposed,
+}
+
 /// The default back-off between attempts of a failed change: 1 s, doubling up to 60 s.
 const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(60));
 
@@ -172,6 +198,16 @@ const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::f
 /// kube-runtime's `Controller`, `kube::Error`, `anyhow::Error`...): an `Err` is logged at WARN
 /// and the change retried with back-off while the checkpoint waits before it (see the module
 /// documentation).
+///
+/// **Deposed is neither.** The runtime judges a call when it returns: if the tenure it was given
+/// is over by then (lost, fenced, resigned, or this process was paused past its deadline), the
+/// result, `Ok` or `Err`, does not count: the change is not checkpointed and is handed to whoever
+/// leads next, this process again under a new term included (counted in
+/// [`WatchMetrics::deposed`], logged at INFO). So a handler that finds itself deposed may return
+/// `Ok` or `Err`; `tenure.check()?` is the shortest. A call still running when leadership ends is
+/// cancelled at once if the lock was lost, or may finish for the gate's drain timeout on a graceful
+/// step-down (default: the elector's renew deadline, see [`GatedWatch::gate`]), then aborted; an
+/// aborted or panicking call's change is handled again too.
 ///
 /// ```no_run
 /// # async fn f(client: kube::Client, elector: tenure::Elector) {
@@ -185,12 +221,12 @@ const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::f
 ///     .config(ResumeConfig::default().labels("app=web"))
 ///     .standby(Standby::Warm)
 ///     .run(&elector, |change, tenure| async move {
-///         if tenure.check().is_err() { return Ok(()); }     // fenced: no side effect
+///         let term = tenure.check()?;                        // deposed: left to the next leader
 ///         match change {
-///             Change::Applied(pod) => println!("allocate for {}", pod.name_any()),
+///             Change::Applied(pod) => println!("allocate for {} under term {term}", pod.name_any()),
 ///             Change::Deleted(pod) => println!("release {}", pod.name_any()),
 ///         }
-///         Ok::<_, kube::Error>(())                           // an Err is retried with back-off
+///         Ok::<_, tenure::NotLeader>(())                     // an Err is retried with back-off
 ///     });
 /// // ... on shutdown: stop the work, then release the lock
 /// watch.shutdown().await;
@@ -275,16 +311,13 @@ where
         let stop = CancellationToken::new();
         // The checkpoint's own object, when this watch can see it: its events are skipped.
         let own = store.object().filter(|object| object.is_in(api.resource_url()));
-        let leader = Leader { api, resource, store, config, gc, metrics: metrics.clone(), retry, own, handler };
-        let shared = Arc::new(leader);
-        let (gate, follower) = match standby {
-            Standby::Cold => (builder.spawn(move |ctx| shared.clone().lead_cold(ctx)), None),
-            Standby::Warm => {
-                let cache = Arc::new(WarmCache::new(shared.own.clone()));
-                let follower = tokio::spawn(shared.clone().follow(cache.clone(), stop.clone()));
-                (builder.spawn(move |ctx| shared.clone().lead_warm(ctx, cache.clone())), Some(follower))
-            }
-        };
+        let open: OpenWatch<K> =
+            Arc::new(move |saved| Ok(ResumableWatcher::new(api.clone(), config.clone(), saved)?.into_stream().boxed()));
+        let warm = (standby == Standby::Warm).then(|| Arc::new(WarmCache::new(own.clone())));
+        let leader =
+            Arc::new(Leader { open, resource, store, gc, metrics: metrics.clone(), retry, own, handler, warm });
+        let follower = leader.warm.clone().map(|cache| tokio::spawn(leader.clone().follow(cache, stop.clone())));
+        let gate = builder.spawn(move |ctx| leader.clone().lead(ctx));
         GatedWatchHandle { gate, follower, stop, metrics }
     }
 }
@@ -322,28 +355,55 @@ impl GatedWatchHandle {
 
 /// What the leader work needs, shared by every tenure.
 struct Leader<K: Resource> {
-    api: Api<K>,
+    open: OpenWatch<K>,
     resource: String,
     store: Arc<dyn CheckpointStore>,
-    config: ResumeConfig,
     gc: Option<GcTrigger>,
     metrics: WatchMetrics,
     retry: (Duration, Duration),
     /// The checkpoint's own object if this watch sees it.
     own: Option<CheckpointObject>,
     handler: Handler<K>,
+    /// Warm standby: the cache the follower keeps (`None`: cold standby).
+    warm: Option<Arc<WarmCache<K>>>,
 }
 
 impl<K> Leader<K>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
-    /// One call of the handler, counted.
-    async fn attempt(&self, change: Change<K>, tenure: &Tenure) -> Result<(), String> {
+    /// One call of the handler, counted, judged by whether the tenure outlived it. A handled
+    /// change leaves the warm cache; anything else stays there for this replica's next tenure.
+    async fn attempt(&self, key: &str, change: &Queued<K>, tenure: &Tenure) -> Outcome {
         self.metrics.reconciles.inc();
-        (self.handler)(change, tenure.clone()).await.inspect_err(|_| {
-            self.metrics.handler_failures.inc();
-        })
+        let result = (self.handler)(change.change.clone(), tenure.clone()).await;
+        #[cfg(test)]
+        let deposed = !tenure.is_valid() && !crate::mutation::is(crate::mutation::Mutation::DeposedOkHandled);
+        #[cfg(not(test))]
+        let deposed = !tenure.is_valid();
+        if deposed {
+            self.metrics.deposed.inc();
+            tracing::info!(
+                resource = %self.resource,
+                object = %key,
+                term = tenure.term().0,
+                ok = result.is_ok(),
+                "handler returned after leadership ended; not checkpointed, the next leader handles the change again"
+            );
+            return Outcome::Deposed;
+        }
+        match result {
+            Ok(()) => {
+                if let Some(cache) = &self.warm {
+                    cache.handled(key, change.version);
+                }
+                Outcome::Handled
+            }
+            Err(error) => {
+                self.metrics.handler_failures.inc();
+                Outcome::Failed(error)
+            }
+        }
     }
 
     /// Hands `change` to the handler, unless an earlier change of its object is still failing
@@ -355,7 +415,7 @@ where
             retries.enqueue(&key, change);
             return;
         }
-        if let Err(error) = self.attempt(change.change.clone(), tenure).await {
+        if let Outcome::Failed(error) = self.attempt(&key, &change, tenure).await {
             let delay = retries.failed(key.clone(), change, hold, Instant::now());
             self.warn_failed(&key, &error, 1, delay);
         }
@@ -372,14 +432,15 @@ where
             if attempts > 0 {
                 self.metrics.retries.inc();
             }
-            match self.attempt(change, ctx.tenure()).await {
-                Ok(()) => {
+            match self.attempt(&key, &change, ctx.tenure()).await {
+                Outcome::Deposed => return,
+                Outcome::Handled => {
                     if attempts > 0 {
                         tracing::info!(resource = %self.resource, object = %key, attempts = attempts + 1, "handler succeeded on retry");
                     }
                     retries.succeeded(&key, Instant::now());
                 }
-                Err(error) => {
+                Outcome::Failed(error) => {
                     let (delay, attempts) = retries.failed_again(&key, Instant::now());
                     self.warn_failed(&key, &error, attempts, delay);
                 }
@@ -420,17 +481,29 @@ where
         self.metrics.retry_pending.set(0);
     }
 
+    /// One tenure's work (one start of it, restarted by the gate after a failure or panic).
+    async fn lead(self: Arc<Self>, ctx: LeaderContext) -> Result<(), WatchError> {
+        match self.warm.clone() {
+            Some(cache) => self.lead_warm(ctx, cache).await,
+            None => self.lead_cold(ctx).await,
+        }
+    }
+
     /// Cold standby: resume from the checkpoint, handle every change until leadership ends.
     async fn lead_cold(self: Arc<Self>, ctx: LeaderContext) -> Result<(), WatchError> {
         let checkpointer = Checkpointer::resume_for(self.store.clone(), &ctx).await?;
         let saved = checkpointer.resource_version(&self.resource);
-        let mut watcher = ResumableWatcher::new(self.api.clone(), self.config.clone(), saved.clone())?;
+        let mut watcher = (self.open)(saved.clone())?;
         let mut retries = Retries::new(self.retry);
         // The version of the last event processed (handled, or failed and kept for a retry; the
         // checkpoint's own events do not count): where the checkpoint goes while nothing fails.
         let mut delivered = saved;
         let mut logged = false;
         'tenure: loop {
+            // Also when the tenure lapsed on the clock before the gate said so (a thawed process).
+            if ctx.is_cancelled() {
+                break 'tenure;
+            }
             let due = retries.next_due();
             let event = tokio::select! {
                 _ = ctx.cancelled() => break 'tenure,
@@ -439,14 +512,15 @@ where
                     self.record(&checkpointer, &retries, delivered.as_deref());
                     continue;
                 }
-                event = watcher.next_event() => event,
+                event = watcher.next() => event,
             };
             let event = match event {
-                Ok(event) => event,
-                Err(error) => {
+                Some(Ok(event)) => event,
+                Some(Err(error)) => {
                     tracing::warn!(resource = %self.resource, %error, "watch failed; retrying with back-off");
                     continue;
                 }
+                None => break 'tenure,
             };
             let version = event.resource_version();
             let hold = delivered.clone();
@@ -493,7 +567,7 @@ where
 
     /// Warm standby, every replica: keep the cache and the per-object changes up to date.
     async fn follow(self: Arc<Self>, cache: Arc<WarmCache<K>>, stop: CancellationToken) {
-        let mut watcher = match ResumableWatcher::new(self.api.clone(), self.config.clone(), None) {
+        let mut watcher = match (self.open)(None) {
             Ok(watcher) => watcher,
             Err(error) => {
                 tracing::error!(resource = %self.resource, %error, "warm standby cannot watch");
@@ -503,35 +577,41 @@ where
         loop {
             let event = tokio::select! {
                 _ = stop.cancelled() => return,
-                event = watcher.next_event() => event,
+                event = watcher.next() => event,
             };
             match event {
-                Ok(event) => cache.apply(event),
-                Err(error) => {
+                Some(Ok(event)) => cache.apply(event),
+                Some(Err(error)) => {
                     tracing::warn!(resource = %self.resource, %error, "warm watch failed; retrying with back-off")
                 }
+                None => return,
             }
         }
     }
 
     /// Warm standby, the leader: hand over every change newer than the checkpoint at once, then
-    /// every change as the watch delivers it.
+    /// every change as the watch delivers it. What an earlier tenure (or start) of this replica
+    /// took and did not handle, because it was aborted, deposed, failing or panicked, is taken
+    /// up again first.
     async fn lead_warm(self: Arc<Self>, ctx: LeaderContext, cache: Arc<WarmCache<K>>) -> Result<(), WatchError> {
         let checkpointer = Checkpointer::resume_for(self.store.clone(), &ctx).await?;
+        cache.reclaim();
         let mut after = checkpointer.resource_version(&self.resource).and_then(|v| v.parse::<u64>().ok());
         let mut retries = Retries::new(self.retry);
         'tenure: loop {
+            // Also when the tenure lapsed on the clock before the gate said so (a thawed process).
+            if ctx.is_cancelled() {
+                break 'tenure;
+            }
             let notified = cache.changed.notified();
             self.retry_due(&mut retries, &ctx).await;
             let (changes, version) = cache.take_newer_than(after);
             // Every change taken is newer than `after`: the watermark a failure holds.
             let hold = after.map(|v| v.to_string());
-            let mut changes = changes.into_iter();
-            while let Some((key, change)) = changes.next() {
+            for (_, change) in changes {
                 if ctx.is_cancelled() {
-                    // Not handled: kept for this replica's next tenure, and for the next leader
-                    // the checkpoint is not advanced past them.
-                    cache.put_back(std::iter::once((key, change)).chain(changes));
+                    // Not handled: the cache keeps them for this replica's next tenure, and the
+                    // checkpoint is not advanced past them for the next leader.
                     break 'tenure;
                 }
                 self.offer(&mut retries, change, hold.clone(), ctx.tenure()).await;
@@ -546,9 +626,6 @@ where
             }
         }
         self.leaving(&retries);
-        // Still failing: this replica's next tenure takes them up again (unless the watch has
-        // seen a newer change of the object since).
-        cache.put_back(retries.into_newest());
         Ok(())
     }
 }
@@ -654,9 +731,9 @@ impl<K: Clone> Retries<K> {
     }
 
     /// The change to try for `key` and how often it failed so far.
-    fn head(&self, key: &str) -> Option<(Change<K>, u32)> {
+    fn head(&self, key: &str) -> Option<(Queued<K>, u32)> {
         let pending = self.pending.get(key)?;
-        pending.changes.front().map(|queued| (queued.change.clone(), pending.attempts))
+        pending.changes.front().map(|queued| (queued.clone(), pending.attempts))
     }
 
     /// The front change of `key` was handled: the next one waiting is tried at once; with none
@@ -698,15 +775,15 @@ impl<K: Clone> Retries<K> {
             }
         }
     }
-
-    /// The newest change of every failing object, for a warm cache to keep until the next tenure.
-    fn into_newest(self) -> impl Iterator<Item = (String, Queued<K>)> {
-        self.pending.into_iter().filter_map(|(key, mut pending)| pending.changes.pop_back().map(|last| (key, last)))
-    }
 }
 
 /// A follower's view: the objects as last seen, and per object the newest change not yet known
 /// to be handled.
+///
+/// A change a leader takes stays in the cache (in `taken`) until its handler returned `Ok` under a
+/// valid tenure: the leader's task may be aborted mid-handler (a lost lock allows no drain), and
+/// what only its locals held would be lost while the checkpoint, written by this same replica's
+/// next tenure, passes it (issue 30). Each tenure first takes back what is still in `taken`.
 struct WarmCache<K> {
     state: Mutex<WarmState<K>>,
     changed: Notify,
@@ -717,7 +794,12 @@ struct WarmCache<K> {
 
 impl<K> WarmCache<K> {
     fn new(own: Option<CheckpointObject>) -> Self {
-        let state = Mutex::new(WarmState { objects: BTreeMap::new(), changes: BTreeMap::new(), version: None });
+        let state = Mutex::new(WarmState {
+            objects: BTreeMap::new(),
+            changes: BTreeMap::new(),
+            taken: BTreeMap::new(),
+            version: None,
+        });
         WarmCache { state, changed: Notify::new(), own }
     }
 }
@@ -726,6 +808,8 @@ struct WarmState<K> {
     objects: BTreeMap<String, K>,
     /// Per object key: its newest change, with the version of that change.
     changes: BTreeMap<String, Queued<K>>,
+    /// Per object key: the newest change a leader took and has not handled yet.
+    taken: BTreeMap<String, Queued<K>>,
     /// The version the watch has delivered up to.
     version: Option<u64>,
 }
@@ -793,7 +877,8 @@ impl<K: Resource + Clone> WarmCache<K> {
     }
 
     /// The changes newer than `after` (all when `None` or not comparable), oldest first, with
-    /// their object keys, and the version they bring the leader to. Taken changes are forgotten.
+    /// their object keys, and the version they bring the leader to. Older ones are dropped (a
+    /// checkpoint vouches for them); the taken ones wait in `taken` until [`WarmCache::handled`].
     fn take_newer_than(&self, after: Option<u64>) -> (Vec<(String, Queued<K>)>, Option<u64>) {
         let mut state = self.state();
         let mut taken: Vec<(String, Queued<K>)> = std::mem::take(&mut state.changes)
@@ -801,18 +886,36 @@ impl<K: Resource + Clone> WarmCache<K> {
             .filter(|(_, queued)| after.zip(queued.version).is_none_or(|(after, version)| version > after))
             .collect();
         taken.sort_by_key(|(_, queued)| queued.version);
+        state.taken.extend(taken.iter().cloned());
         (taken, state.version)
     }
 
-    /// Returns changes a leader took but did not handle, unless the watch has seen a newer change
-    /// of the same object since.
-    fn put_back(&self, changes: impl Iterator<Item = (String, Queued<K>)>) {
+    /// The change of `key` at `version` was handled under a valid tenure: it is done (a newer
+    /// change of the object taken since still waits).
+    fn handled(&self, key: &str, version: Option<u64>) {
         let mut state = self.state();
-        for (key, change) in changes {
+        if state.taken.get(key).is_some_and(|taken| taken.version == version) {
+            state.taken.remove(key);
+        }
+    }
+
+    /// A new tenure (or restart) begins: what was taken and not handled is pending again, unless
+    /// the watch has seen a newer change of the same object since.
+    fn reclaim(&self) {
+        let mut state = self.state();
+        let taken = std::mem::take(&mut state.taken);
+        #[cfg(test)]
+        if crate::mutation::is(crate::mutation::Mutation::ForgetTaken) {
+            return;
+        }
+        for (key, change) in taken {
             state.changes.entry(key).or_insert(change);
         }
     }
 }
+
+#[cfg(test)]
+mod model;
 
 #[cfg(test)]
 mod tests {

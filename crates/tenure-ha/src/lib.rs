@@ -106,3 +106,31 @@ pub use tenure_kube;
 #[cfg(all(doctest, feature = "etcd", feature = "kube"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeSnippets;
+
+/// Switches for the model test's mutation checks: each brings back one way issue 30 lost a change,
+/// so that the model shows it catches it. Off unless a test on this thread turns one on.
+#[cfg(all(test, feature = "kube"))]
+pub(crate) mod mutation {
+    use std::cell::Cell;
+
+    /// The old behaviours.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Mutation {
+        /// A warm leader's taken changes are forgotten when its task ends (aborted, panicked).
+        ForgetTaken,
+        /// A handler's `Ok` counts, and progress is recorded, after the tenure ended.
+        DeposedOkHandled,
+    }
+
+    thread_local!(static ON: Cell<Option<Mutation>> = const { Cell::new(None) });
+
+    /// Turns `mutation` on (or all off) for this thread.
+    pub(crate) fn set(mutation: Option<Mutation>) {
+        ON.with(|on| on.set(mutation));
+    }
+
+    /// Whether `mutation` is on for this thread.
+    pub(crate) fn is(mutation: Mutation) -> bool {
+        ON.with(|on| on.get() == Some(mutation))
+    }
+}

@@ -68,9 +68,11 @@ async fn a_paused_old_leader_cannot_move_the_checkpoint_back() {
     let checkpoints = Arc::new(MemoryCheckpointStore::new("pods-controller"));
     let a = spawn(&lock, "a");
     let tenure_a = a.acquired().await.expect("a leads");
-    let old = Checkpointer::resume(checkpoints.clone(), &tenure_a, PERIOD).await.expect("resumed");
+    // A flush period longer than the test: what `a` records after its explicit flush stays in memory.
+    let old = Checkpointer::resume(checkpoints.clone(), &tenure_a, PERIOD * 1000).await.expect("resumed");
     old.record("pods", "10");
     old.flush().await.expect("written under term 1");
+    old.record("pods", "15");
 
     // `a` stops answering (a long GC pause, SIGSTOP): `b` takes over with term 2 and moves on.
     let b = spawn(&lock, "b");
@@ -82,8 +84,10 @@ async fn a_paused_old_leader_cannot_move_the_checkpoint_back() {
     new.record("pods", "20");
     new.flush().await.expect("written under term 2");
 
-    // `a` resumes and flushes what it had in memory: rejected, and it stops writing.
-    old.record("pods", "15");
+    // `a` resumes: what it records now is ignored, its tenure is over (C2) ...
+    old.record("pods", "16");
+    assert_eq!(old.resource_version("pods").as_deref(), Some("15"));
+    // ... and what it had in memory from before is rejected by the store (C1); it stops writing.
     let rejected = old.flush().await;
     assert!(
         matches!(rejected, Err(CheckpointError::Superseded { ours: Term(1), newer: Some(Term(2)) })),
@@ -163,10 +167,11 @@ async fn the_last_checkpoint_is_written_before_the_lock_is_released() {
     let _gate = Gate::builder(&a).spawn(move |ctx| {
         let (store, started_tx) = (store.clone(), started_tx.clone());
         async move {
-            let checkpointer = Checkpointer::resume_for(store, &ctx).await?;
+            // A flush period longer than the test: only the last write on stopping writes "42".
+            let checkpointer = Checkpointer::resume(store, ctx.tenure(), PERIOD * 1000).await?;
+            checkpointer.record("pods", "42"); // the last event, handled before the step-down
             let _ = started_tx.send(());
             ctx.cancelled().await;
-            checkpointer.record("pods", "42"); // the last in-flight event, handled while draining
             Ok::<_, CheckpointError>(())
         }
     });

@@ -22,6 +22,9 @@ struct Shared {
     state: Mutex<State>,
     store: Arc<dyn CheckpointStore>,
     term: Term,
+    /// The tenure the checkpoint is written under: nothing is recorded once it is over (C2), and
+    /// the guard keeps a graceful release waiting for the last write.
+    tenure: Tenure,
     /// The term of the checkpoint resumed from, `None` when there was none (relist).
     resumed_from: Option<Term>,
 }
@@ -47,6 +50,12 @@ impl std::fmt::Debug for Shared {
 ///
 /// Every write carries the tenure's term; the store rejects it once a newer term has written
 /// (invariant C1), after which this checkpointer stops writing (see [`Checkpointer::is_superseded`]).
+///
+/// Progress is recorded only while the tenure is valid (invariant C2): whatever a handler did
+/// after its tenure ended was refused or may be redone by the next leader, so a
+/// [`Checkpointer::record`] made after the end, by a work that has not noticed it yet (a paused
+/// process, a handler that returned `Ok` when deposed), is ignored, and the next leader resumes
+/// before that change.
 ///
 /// ```
 /// # async fn f(tenure: tenure::Tenure) -> Result<(), tenure_ha::checkpoint::CheckpointError> {
@@ -87,13 +96,15 @@ impl Checkpointer {
         store.save(term, &checkpoint).await?;
         let described = store.describe();
         match resumed_from {
-            Some(from) => tracing::info!(store = %described, term = term.0, from = from.0, "resuming from checkpoint"),
+            Some(previous) => {
+                tracing::info!(store = %described, term = term.0, previous_term = previous.0, "resuming from checkpoint")
+            }
             None => tracing::info!(store = %described, term = term.0, "no usable checkpoint; the controller relists"),
         }
         let state = Mutex::new(State { checkpoint, dirty: false, superseded: false });
-        let shared = Arc::new(Shared { state, store, term, resumed_from });
+        let shared = Arc::new(Shared { state, store, term, tenure: tenure.clone(), resumed_from });
         let (last, dropped) = oneshot::channel();
-        tokio::spawn(flush_periodically(shared.clone(), tenure.clone(), period, dropped));
+        tokio::spawn(flush_periodically(shared.clone(), period, dropped));
         Ok(Checkpointer { shared, _last: Arc::new(last) })
     }
 
@@ -129,10 +140,11 @@ impl Checkpointer {
 
     /// Records that everything of `resource` up to `resource_version` has been processed. Memory
     /// only; written by the next flush. Recording the version already recorded changes nothing
-    /// and costs no write.
+    /// and costs no write. Ignored once the tenure is over (see above): call it after the
+    /// handling it vouches for returned, never before.
     pub fn record(&self, resource: impl Into<String>, resource_version: impl Into<String>) {
         let (resource, resource_version) = (resource.into(), resource_version.into());
-        let mut state = self.shared.state();
+        let Some(mut state) = self.shared.state_while_valid() else { return };
         if state.checkpoint.resource_versions.get(&resource) != Some(&resource_version) {
             state.checkpoint.resource_versions.insert(resource, resource_version);
             state.dirty = true;
@@ -140,8 +152,9 @@ impl Checkpointer {
     }
 
     /// Replaces the user value. Memory only; written by the next flush (none if it is unchanged).
+    /// Ignored once the tenure is over, as [`Checkpointer::record`].
     pub fn set_user_value(&self, value: serde_json::Value) {
-        let mut state = self.shared.state();
+        let Some(mut state) = self.shared.state_while_valid() else { return };
         if state.checkpoint.user_value != value {
             state.checkpoint.user_value = value;
             state.dirty = true;
@@ -164,6 +177,21 @@ impl Checkpointer {
 impl Shared {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The state to record into, `None` once the tenure is over (checked under the lock, so a
+    /// record never lands after the end was seen).
+    fn state_while_valid(&self) -> Option<MutexGuard<'_, State>> {
+        let state = self.state();
+        #[cfg(all(test, feature = "kube"))]
+        if crate::mutation::is(crate::mutation::Mutation::DeposedOkHandled) {
+            return Some(state);
+        }
+        if self.tenure.is_valid() {
+            return Some(state);
+        }
+        tracing::debug!(store = %self.store.describe(), term = self.term.0, "tenure over: progress not recorded");
+        None
     }
 
     async fn flush(&self) -> Result<(), CheckpointError> {
@@ -205,14 +233,14 @@ impl Shared {
 /// Writes changes every `period` while the tenure is valid, and once more when the last
 /// [`Checkpointer`] is dropped; holds a [`Tenure`] guard until then so that a graceful release
 /// waits for the last write (up to the elector's drain timeout).
-async fn flush_periodically(shared: Arc<Shared>, tenure: Tenure, period: Duration, mut dropped: oneshot::Receiver<()>) {
+async fn flush_periodically(shared: Arc<Shared>, period: Duration, mut dropped: oneshot::Receiver<()>) {
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = &mut dropped => break,
             _ = ticker.tick() => {
-                if tenure.is_valid() && !shared.state().superseded {
+                if shared.tenure.is_valid() && !shared.state().superseded {
                     let _ = shared.flush().await;
                 }
             }
@@ -224,7 +252,6 @@ async fn flush_periodically(shared: Arc<Shared>, tenure: Tenure, period: Duratio
     if timeout(period, shared.flush()).await.is_err() {
         tracing::warn!(store = %shared.store.describe(), "last checkpoint write timed out");
     }
-    drop(tenure);
 }
 
 #[cfg(test)]
