@@ -205,9 +205,11 @@ const RETRY_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::f
 /// leads next, this process again under a new term included (counted in
 /// [`WatchMetrics::deposed`], logged at INFO). So a handler that finds itself deposed may return
 /// `Ok` or `Err`; `tenure.check()?` is the shortest. A call still running when leadership ends is
-/// cancelled at once if the lock was lost, or may finish for the gate's drain timeout on a graceful
-/// step-down (default: the elector's renew deadline, see [`GatedWatch::gate`]), then aborted; an
-/// aborted or panicking call's change is handled again too.
+/// aborted at once if the lock was lost, or may finish cleanly for the gate's drain timeout on a
+/// graceful step-down (default: the elector's renew deadline, see [`GatedWatch::gate`]), then
+/// aborted; its tenure has ended either way, and an aborted or panicking call's change is handled
+/// again too. [`GatedWatchHandle::shutdown`] before the elector's shutdown lets in-flight calls
+/// finish while the tenure is still valid, so they count.
 ///
 /// ```no_run
 /// # async fn f(client: kube::Client, elector: tenure::Elector) {
