@@ -14,7 +14,7 @@ use common::{until, TestServer as Cluster};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
-use tenure::{Elector, Timing};
+use tenure::{Elector, Tenure, Term, Timing};
 use tenure_apiserver::resources::{find_resource_type, ResourceType};
 use tenure_apiserver::{ApiServerConfig, Verb};
 use tenure_ha::tenure_kube::resume::Backoff;
@@ -78,11 +78,18 @@ struct ScriptState {
     calls: Vec<(String, String, bool)>,
     /// (replica, object name) pairs whose handling fails with a conflict.
     failing: Vec<(String, String)>,
+    /// (replica, object name) pairs whose next call waits until its tenure ends, then returns
+    /// `Ok` with no effect: deposed, as the README's handler once returned.
+    held: Vec<(String, String)>,
 }
 
 impl Script {
     fn fail(&self, replica: &str, name: &str) {
         self.0.lock().unwrap().failing.push((replica.into(), name.into()));
+    }
+
+    fn hold(&self, replica: &str, name: &str) {
+        self.0.lock().unwrap().held.push((replica.into(), name.into()));
     }
 
     fn heal(&self) {
@@ -110,12 +117,22 @@ impl Script {
     }
 
     /// The handler a controller author writes: `Err` when its write would have failed.
-    async fn handle(self, replica: String, change: Change<ConfigMap>) -> Result<(), String> {
+    async fn handle(self, replica: String, change: Change<ConfigMap>, tenure: Tenure) -> Result<(), String> {
         let name = change.object().name_any();
         let what = match &change {
             Change::Applied(_) => format!("applied {name}"),
             Change::Deleted(_) => format!("deleted {name}"),
         };
+        let held = {
+            let mut state = self.0.lock().unwrap();
+            let held = state.held.iter().position(|(r, n)| *r == replica && *n == name);
+            held.map(|at| state.held.remove(at)).is_some()
+        };
+        if held {
+            self.0.lock().unwrap().calls.push((replica, format!("{what} (held)"), false));
+            tenure.ended().await;
+            return Ok(()); // deposed: nothing done
+        }
         let mut state = self.0.lock().unwrap();
         let fails = state.failing.iter().any(|(r, n)| *r == replica && *n == name);
         state.calls.push((replica, what.clone(), !fails));
@@ -155,12 +172,16 @@ impl Replica {
             .standby(standby)
             .metrics(metrics)
             .retry_backoff(Duration::from_millis(20), Duration::from_millis(100))
-            .run(&elector, move |change, _tenure| script.clone().handle(id.clone(), change));
+            .run(&elector, move |change, tenure| script.clone().handle(id.clone(), change, tenure));
         Replica { elector: Some(elector), watch: Some(watch) }
     }
 
     fn is_leader(&self) -> bool {
-        self.elector.as_ref().is_some_and(|e| e.is_leader().is_some())
+        self.term().is_some()
+    }
+
+    fn term(&self) -> Option<Term> {
+        self.elector.as_ref().and_then(|e| e.is_leader())
     }
 
     /// A graceful stop: the work drains (last checkpoint), then the lock is released.
@@ -251,7 +272,32 @@ async fn a_change_still_failing_when_leadership_ends_reaches_the_next_leader(sta
     b.stop().await;
 }
 
+/// Issue 30: the handler of a change is in flight when the Lease is deleted; the same replica
+/// leads again at once (it is the only one). The handler returns `Ok` when deposed, or is aborted
+/// first: either way the change must be handled under the new term, and no checkpoint may pass it
+/// meanwhile. Before the fix a warm replica never handled it again and checkpointed past it.
+async fn a_change_in_flight_when_the_lease_is_deleted_is_handled_when_the_same_replica_leads_again(standby: Standby) {
+    let cluster = Cluster::without_bookmarks().await;
+    let script = Script::default();
+    let a = Replica::start(&cluster, "replica-a", standby, &script, WatchMetrics::default()).await;
+    until("replica-a leads", || a.is_leader()).await;
+    let before = cluster.create_configmap("cm-0");
+    until("the leader checkpointed past cm-0", || cluster.checkpointed() >= Some(before)).await;
+    let first = a.term().expect("leads");
+
+    script.hold("replica-a", "cm-slow");
+    let slow = cluster.create_configmap("cm-slow");
+    let in_flight = || script.0.lock().unwrap().calls.iter().any(|(_, c, _)| c == "applied cm-slow (held)");
+    until("the handler of cm-slow is in flight", in_flight).await;
+    cluster.delete("leases", "controller");
+    until("replica-a leads again under a new term", || a.term().is_some_and(|term| term > first)).await;
+    until("replica-a handled cm-slow", || script.handled_by("replica-a").contains(&"applied cm-slow".to_owned())).await;
+    until("the checkpoint moved past cm-slow", || cluster.checkpointed() >= Some(slow)).await;
+    a.stop().await;
+}
+
 crate::in_both_standby_modes!(
+    a_change_in_flight_when_the_lease_is_deleted_is_handled_when_the_same_replica_leads_again,
     a_watch_that_includes_its_checkpoint_writes_nothing_while_nothing_changes,
     a_failing_change_is_retried_and_holds_the_checkpoint_while_others_proceed,
     a_change_still_failing_when_leadership_ends_reaches_the_next_leader,
