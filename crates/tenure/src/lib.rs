@@ -51,6 +51,7 @@ pub mod clock;
 pub mod elector;
 pub mod failure_log;
 pub mod leadership;
+pub mod lifecycle;
 pub mod lock;
 pub mod locks;
 pub mod record;

@@ -6,7 +6,7 @@
 //! - **commands**: resign and shutdown from the [`crate::Elector`] handle, answered when done;
 //! - **drain, then release**: the tenure ends at once, its [`Tenure`](crate::Tenure) guards get
 //!   up to the drain timeout to be dropped, then the core releases (bounded by the renew
-//!   deadline);
+//!   deadline): the rules of [`crate::lifecycle`], which the simulation drives too;
 //! - **self-fencing**: every deadline the core reports is handed to the guards, and a deadline
 //!   that passed before the shell could extend it ends the tenure for good ([`ElectionCore::lapse`]);
 //! - **publishing**: tenure guards, [`Leadership`] snapshots, why a candidate waits, and one log
@@ -37,6 +37,7 @@ use crate::candidate::{AfterRelease, Event, StopReason};
 use crate::clock::MonotonicTime;
 use crate::elector::{ElectorCommand, ElectorError};
 use crate::failure_log::FailureLog;
+use crate::lifecycle::{Lifecycle, StopAction};
 use crate::leadership::{Leadership, LockWait, Publisher, WaitReason};
 
 /// A boxed future of the shell: a call in flight, or a wait for guards.
@@ -153,7 +154,7 @@ pub async fn run<C: ElectionCore, T: Transport<C>>(
     transport.attach(origin);
     let mut shell = Shell {
         origin, core, transport, publisher, drain_timeout, failures: FailureLog::new(), handover_requested: false,
-        calls: FuturesUnordered::new(), guards: None, stopping: None,
+        calls: FuturesUnordered::new(), guards: None, lifecycle: Lifecycle::default(), reply: None,
     };
     shell.run(commands).await;
     shell.publisher.end_tenure();
@@ -163,16 +164,6 @@ pub async fn run<C: ElectionCore, T: Transport<C>>(
 }
 
 type Reply = Option<oneshot::Sender<Result<(), ElectorError>>>;
-
-/// A resign or shutdown in progress.
-struct Stopping {
-    after: AfterRelease,
-    reply: Reply,
-    /// False while the ended tenure's guards may still be dropped; true once the core releases.
-    releasing: bool,
-    /// When the current stage gives up: the drain timeout, then the renew deadline.
-    deadline: Instant,
-}
 
 /// Why the shell woke up.
 enum Wake<I> {
@@ -194,7 +185,10 @@ struct Shell<C: ElectionCore, T> {
     calls: FuturesUnordered<ShellFuture<C::Input>>,
     /// Completes once every guard of the tenures ended so far is dropped.
     guards: Option<ShellFuture<()>>,
-    stopping: Option<Stopping>,
+    /// A resign, shutdown or handover in progress.
+    lifecycle: Lifecycle,
+    /// Who waits for the stop in progress to end.
+    reply: Reply,
 }
 
 impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
@@ -212,7 +206,7 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
             let now = self.now();
             self.start_calls(now);
             self.publish(now);
-            if std::mem::take(&mut self.handover_requested) && self.stopping.is_none() {
+            if std::mem::take(&mut self.handover_requested) && self.lifecycle.stopping().is_none() {
                 self.begin_stop(AfterRelease::Campaign, None);
             }
             if self.advance_stop() {
@@ -222,12 +216,10 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
                 self.wait_for_guards();
             }
 
-            let mut timer = self.core.poll_timeout().map(|t| self.instant(t));
-            if let Some(stop) = &self.stopping {
-                timer = Some(timer.map_or(stop.deadline, |t| t.min(stop.deadline)));
-            }
+            let timer = self.core.poll_timeout().into_iter().chain(self.lifecycle.deadline()).min();
+            let timer = timer.map(|t| self.instant(t));
             let calling = !self.calls.is_empty();
-            let stopping = self.stopping.is_some();
+            let stopping = self.lifecycle.stopping().is_some();
             let wake = tokio::select! {
                 Some(input) = self.calls.next(), if calling => Wake::Input(input),
                 input = self.transport.notice() => Wake::Input(input),
@@ -267,42 +259,31 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
     /// are dropped (or the drain timeout passes).
     fn begin_stop(&mut self, after: AfterRelease, reply: Reply) {
         let now = self.now();
-        self.core.step_down(now);
-        self.publish(now);
-        self.wait_for_guards();
-        let deadline = Instant::now() + self.drain_timeout.min(FAR_FUTURE);
-        self.stopping = Some(Stopping { after, reply, releasing: false, deadline });
+        if self.lifecycle.begin(&mut self.core, now, after, self.drain_timeout) {
+            self.reply = reply;
+            self.publish(now);
+            self.wait_for_guards();
+        }
     }
 
-    /// Moves a stop along: from draining to releasing once the guards are gone or the drain
-    /// timed out, and to done once the core released or the release timed out. True when the
-    /// shell must end.
+    /// Moves a stop along ([`Lifecycle::poll`]). True when the shell must end.
     fn advance_stop(&mut self) -> bool {
-        let Some(stop) = self.stopping.as_mut() else { return false };
-        if !stop.releasing {
-            if self.guards.is_some() && Instant::now() < stop.deadline {
-                return false;
+        let now = self.now();
+        while let Some(action) = self.lifecycle.poll(&mut self.core, now, self.guards.is_some()) {
+            match action {
+                StopAction::Released => {
+                    self.start_calls(now);
+                    self.publish(now);
+                }
+                StopAction::Finished { after, result } => {
+                    if let Some(reply) = self.reply.take() {
+                        let _ = reply.send(result);
+                    }
+                    return after == AfterRelease::Stop;
+                }
             }
-            stop.releasing = true;
-            stop.deadline = Instant::now() + self.core.renew_deadline();
-            let after = stop.after;
-            let now = self.now();
-            self.core.release(now, after);
-            self.start_calls(now);
-            self.publish(now);
         }
-        let Some(stop) = self.stopping.as_mut() else { return false };
-        let result = match self.core.release_result(stop.after) {
-            Some(result) => result,
-            None if Instant::now() >= stop.deadline => Err(ElectorError::ReleaseTimedOut),
-            None => return false,
-        };
-        if let Some(reply) = stop.reply.take() {
-            let _ = reply.send(result);
-        }
-        let done = stop.after == AfterRelease::Stop;
-        self.stopping = None;
-        done
+        false
     }
 
     /// Arms the wait for the guards of the tenures ended so far, unless it is armed.

@@ -8,9 +8,9 @@
 //!
 //! - **processes** ([`Process`]), each a core under the shell's rules on its own drifting clock:
 //!   calls started as soon as asked, each bounded by its time limit; a timer at `poll_timeout`;
-//!   the publisher's refusal to extend a tenure whose deadline has passed; a stop steps down,
-//!   drains (the user holds the tenure's guards a while) and releases, bounded by the renew
-//!   deadline;
+//!   the publisher's refusal to extend a tenure whose deadline has passed; a stop runs the
+//!   shell's own [`Lifecycle`]: it steps down, drains (the user holds the tenure's guards a
+//!   while, sometimes past the drain timeout) and releases, bounded by the renew deadline;
 //! - **the network**: requests and answers delayed (0.1 ms to [`World::max_delay`], log-uniform);
 //! - **faults in phases**: calm phases, and storms that drop requests, lose replies (applied) or
 //!   slow calls down; each phase but the first and last opens with at most one process fault:
@@ -44,6 +44,7 @@ use rand::{RngExt, SeedableRng};
 
 use crate::candidate::{AfterRelease, Event};
 use crate::clock::MonotonicTime;
+use crate::lifecycle::{Lifecycle, StopAction};
 use crate::shell::{ElectionCore, Report};
 
 /// A millisecond of global time, which counts nanoseconds.
@@ -115,9 +116,10 @@ pub struct Process<C: ElectionCore> {
     pub alive: bool,
     /// Paused (SIGSTOP) until this global instant.
     pub paused_until: Option<u64>,
-    /// A resign (`Campaign`) or shutdown (`Stop`) in progress, and the release's deadline once
-    /// the drain is over.
-    pub stopping: Option<(AfterRelease, Option<MonotonicTime>)>,
+    /// A resign (`Campaign`) or shutdown (`Stop`) in progress: the shell's stop rules.
+    pub lifecycle: Lifecycle,
+    /// The user still holds a guard of the tenure a stop ended (until [`Process::drained`]).
+    guards_held: bool,
     /// Break the shell on purpose: while leading, the core is handed a clock that stops just
     /// before its deadline, and the publisher extends a tenure whatever its deadline. A renew that
     /// succeeds after the deadline then revives the lapsed tenure under the same term.
@@ -148,7 +150,8 @@ where
             clock,
             alive: true,
             paused_until: None,
-            stopping: None,
+            lifecycle: Lifecycle::default(),
+            guards_held: false,
             unfenced: false,
             calls: Vec::new(),
             timer: Some(0),
@@ -220,23 +223,22 @@ where
                 calls.push((*next_id, call, deadline));
             }
             self.publish(local, highest_term)?;
-            // Guards are dropped at once; the shell's loop then goes round again.
+            // Guards are dropped at once; the shell's loop then goes round again, as it does
+            // when the stop moves on (a release asked for starts its calls in the next round).
             let dropped = self.core.awaits_guards();
             if dropped {
                 self.core.guards_dropped(local);
             }
-            if let Some((after, Some(deadline))) = self.stopping {
-                // Released, or the shell gives up at the release's deadline.
-                if self.core.release_result(after).is_some() || real >= deadline {
-                    self.stopping = None;
-                    self.alive = after == AfterRelease::Campaign;
-                }
+            let stop = self.lifecycle.poll(&mut self.core, local, self.guards_held);
+            if let Some(StopAction::Finished { after, .. }) = stop {
+                self.alive = after == AfterRelease::Campaign;
             }
+            let moved_on = dropped || stop.is_some();
             let due = self.core.poll_timeout().is_some_and(|at| at <= real) && !self.unfenced;
-            if !(due || dropped) || !self.alive {
+            if !(due || moved_on) || !self.alive {
                 break;
             }
-            if round > 0 && calls.len() == started && !dropped {
+            if round > 0 && calls.len() == started && !moved_on {
                 // Asked to be woken in the past, twice, with nothing to do: the shell would spin.
                 return Err(format!(
                     "busy loop: woken at {:?}, which is not after now ({real:?})",
@@ -249,8 +251,7 @@ where
             Some(at) if at <= real => None,
             at => at,
         };
-        let release_deadline = self.stopping.and_then(|(_, deadline)| deadline);
-        let wake = wake.into_iter().chain(release_deadline).min();
+        let wake = wake.into_iter().chain(self.lifecycle.deadline()).min();
         let timer = wake.map(|at| self.clock.global(at).max(now + 1));
         let changed = (timer != self.timer).then_some(timer).flatten();
         self.timer = timer;
@@ -327,20 +328,21 @@ where
         self.core.handle(self.local(now), input);
     }
 
-    /// Starts a resign (`Campaign`) or a shutdown (`Stop`): the tenure ends now, the guards are
-    /// dropped during the drain, then [`Process::release`].
-    pub fn step_down(&mut self, now: u64, after: AfterRelease) {
-        self.core.step_down(self.local(now));
-        self.stopping = Some((after, None));
+    /// Starts a resign (`Campaign`) or a shutdown (`Stop`) at global `now` with the shell's
+    /// default drain timeout (the renew deadline): the tenure ends now, the user holds its guards
+    /// until [`Process::drained`]. False while another stop is under way (the shell takes no
+    /// command then).
+    pub fn step_down(&mut self, now: u64, after: AfterRelease) -> bool {
+        let drain_timeout = self.core.renew_deadline();
+        let local = self.local(now);
+        let begun = self.lifecycle.begin(&mut self.core, local, after, drain_timeout);
+        self.guards_held |= begun;
+        begun
     }
 
-    /// The drain is over: release, within the renew deadline.
-    pub fn release(&mut self, now: u64) {
-        if let Some((after, None)) = self.stopping {
-            self.core.release(self.local(now), after);
-            let deadline = self.clock.local(now) + self.core.renew_deadline();
-            self.stopping = Some((after, Some(deadline)));
-        }
+    /// The user dropped the guards of the tenure a stop ended; the next turn releases.
+    pub fn drained(&mut self) {
+        self.guards_held = false;
     }
 
     /// S2's revival check at global `now`: a tenure seen as over must not be believed again.
@@ -740,7 +742,7 @@ impl<M: Model> World<M> {
     /// Whether process `p` could lead: alive, running, not shutting down, reaching the store.
     pub fn is_up(&self, m: &M, p: usize) -> bool {
         let q = &self.procs[p];
-        let stopping = q.stopping.is_some_and(|(after, _)| after == AfterRelease::Stop);
+        let stopping = q.lifecycle.stopping() == Some(AfterRelease::Stop);
         q.runnable() && !stopping && self.store_up && m.reachable(p)
     }
 
@@ -855,17 +857,20 @@ impl<M: Model> World<M> {
     /// Resigns (`Campaign`) or shuts down (`Stop`) process `p` as the shell does: step down now,
     /// release once the user's guards are gone (at once for a process that never led).
     pub fn stop(&mut self, m: &mut M, p: usize, after: AfterRelease) -> Result<(), String> {
-        if self.procs[p].stopping.is_some() {
+        if self.procs[p].lifecycle.stopping().is_some() {
             return Ok(()); // the shell takes no command while a stop is under way
         }
         self.log(|| format!("{p} steps down ({after:?})"));
         self.disturb();
+        // How long the user holds the tenure's guards: mostly less than the drain timeout (the
+        // renew deadline), sometimes more (the shell then releases at the timeout).
+        let renew_deadline = self.procs[p].core.renew_deadline().as_nanos() as f64;
         let drain = if !self.procs[p].led || !self.drains {
             0
         } else if self.rng.random_bool(0.6) {
             self.delay()
         } else {
-            (self.procs[p].core.renew_deadline().as_nanos() as f64 * self.rng.random_range(0.0..1.0)) as u64
+            (renew_deadline * self.rng.random_range(0.0..1.3)) as u64
         };
         self.procs[p].step_down(self.now, after);
         self.push(self.now + drain, Ev::Drained(p));
@@ -980,10 +985,10 @@ impl<M: Model> World<M> {
                 self.procs[to].notify(self.now, input);
                 self.turn(m, to)?;
             }
-            Ev::Drained(p) if matches!(self.procs[p].stopping, Some((_, None))) => {
+            Ev::Drained(p) if self.procs[p].guards_held => {
                 // When the user lets go is up to the user: like a command, a disturbance.
                 self.disturb();
-                self.procs[p].release(self.now);
+                self.procs[p].drained();
                 self.turn(m, p)?;
             }
             Ev::Resume(p, at) if self.procs[p].paused_until == Some(at) => self.resume(m, p)?,
@@ -1170,7 +1175,7 @@ impl<M: Model> World<M> {
         );
         for (p, q) in self.procs.iter().enumerate() {
             let (alive, paused, stopping, tenure) =
-                (q.alive, q.paused_until, q.stopping, (q.guard, q.published, q.core.valid_until()));
+                (q.alive, q.paused_until, q.lifecycle, (q.guard, q.published, q.core.valid_until()));
             let rate = q.clock.rate;
             text += &format!("\n  {p}: rate {rate:.4} alive {alive} paused {paused:?} stopping {stopping:?}");
             text += &format!(" (guard, published, valid until) {tenure:?}");

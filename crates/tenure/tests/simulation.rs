@@ -292,7 +292,7 @@ impl Model for Store {
             q != releaser
                 && w.is_up(self, q)
                 && self.watch[q].is_some()
-                && w.procs[q].stopping.is_none()
+                && w.procs[q].lifecycle.stopping().is_none()
                 && core.release_result(AfterRelease::Campaign).is_some()
                 && core.wait(local).is_none()
         };
