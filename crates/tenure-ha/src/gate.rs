@@ -577,4 +577,28 @@ mod tests {
         gate.shutdown().await;
         elector.shutdown().await.expect("stopped");
     }
+
+    /// Issue 30: a lost tenure's work is aborted at once by design; that is no late work to warn of.
+    #[tokio::test]
+    async fn an_abort_at_once_after_a_loss_is_not_warned_of_as_a_work_that_did_not_stop() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
+        let _logging = tracing::subscriber::set_default(subscriber);
+        let store = MemoryStore::new();
+        let elector = Elector::builder("replica-a", store.client("replica-a")).spawn().expect("an elector");
+        // A handler in flight, deaf to the cancellation: it must be aborted.
+        let work = |_ctx: LeaderContext| async move {
+            std::future::pending::<()>().await;
+            Ok::<_, std::io::Error>(())
+        };
+        let gate = Gate::builder(&elector).drain_timeout(Duration::from_millis(10)).spawn(work);
+        lines.until(1, &["INFO", "starting leader work", "term=1"]).await;
+        store.delete();
+        lines.until(1, &["INFO", "leader work stopped", "term=1", "reason=\"lost\"", "aborted=true"]).await;
+        let text = String::from_utf8_lossy(&lines.0.lock().unwrap()).into_owned();
+        assert!(!text.contains("did not stop in time"), "{text}");
+        gate.shutdown().await;
+        elector.shutdown().await.expect("stopped");
+    }
 }
