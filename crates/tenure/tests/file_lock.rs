@@ -17,12 +17,14 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use rand::RngExt;
-use tenure::locks::file::{FileLock, FileLockError};
+use tenure::locks::file::{FencedWriteError, FileLock, FileLockError};
 use tenure::{ChangeStream, Elector, LeaderElectionRecord, LockError, RecordError, RecordLock, StoredRecord};
 
 const ROLE: &str = "TENURE_FILE_LOCK_TEST_ROLE";
 const LOCK_PATH: &str = "TENURE_FILE_LOCK_TEST_PATH";
 const IDENTITY: &str = "TENURE_FILE_LOCK_TEST_IDENTITY";
+const TERM: &str = "TENURE_FILE_LOCK_TEST_TERM";
+const TARGET: &str = "TENURE_FILE_LOCK_TEST_TARGET";
 /// Lines children report start with this; the test harness's own output does not.
 const REPORT: &str = "REPORT ";
 /// How long any single expected event may take before a test fails instead of hanging.
@@ -528,6 +530,15 @@ fn child_process_entry_point() {
             let next = record(&identity, stored.record.unwrap().leader_transitions + 1);
             lock.update(&stored.version, &next).await.unwrap();
         }),
+        "fenced-write-and-report" => runtime.block_on(async {
+            let term = tenure::Term(std::env::var(TERM).unwrap().parse().unwrap());
+            let target = PathBuf::from(std::env::var_os(TARGET).unwrap());
+            match lock.write_fenced(&identity, term, &target, identity.as_bytes()).await {
+                Ok(()) => report("ok"),
+                Err(FencedWriteError::Deposed { .. }) => report("deposed"),
+                Err(error) => report(&format!("failed {error}")),
+            }
+        }),
         "update-and-report" => runtime.block_on(async {
             let stored = lock.get().await.unwrap().unwrap();
             let next = record(&identity, stored.record.unwrap().leader_transitions + 1);
@@ -1015,4 +1026,78 @@ fn a_claim_that_cannot_be_taken_over_fails_the_write_instead_of_being_skipped() 
     // The stopped writer resumes: its write is the one that lands.
     fs::rename(&stale, &path).unwrap();
     assert_eq!(runtime.block_on(lock.get()).unwrap().unwrap().record, Ok(record("root", 1)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writes fenced by the lock
+
+#[tokio::test]
+async fn a_fenced_write_lands_while_the_tenure_holds_and_is_refused_once_another_leads_or_it_is_released() {
+    let (scratch, _path, lock) = scratch_lock("fenced");
+    let target = scratch.join("allocations.json");
+    let first = lock.create(&record("a", 1)).await.unwrap();
+    lock.write_fenced("a", tenure::Term(1), &target, "one").await.unwrap();
+    assert_eq!(fs::read_to_string(&target).unwrap(), "one");
+    // A renew of the same tenure is no reason to refuse.
+    let renewed = lock.update(&first, &record("a", 1)).await.unwrap();
+    lock.write_fenced("a", tenure::Term(1), &target, "two").await.unwrap();
+    assert_eq!(fs::read_to_string(&target).unwrap(), "two");
+    // Wrong term, wrong identity: deposed.
+    for (identity, term) in [("a", 2), ("b", 1)] {
+        let error = lock.write_fenced(identity, tenure::Term(term), &target, "x").await.unwrap_err();
+        assert!(matches!(&error, FencedWriteError::Deposed { shows, .. } if shows == "\"a\" at term 1"), "{error}");
+    }
+    // Another leads.
+    let taken = lock.update(&renewed, &record("b", 2)).await.unwrap();
+    let error = lock.write_fenced("a", tenure::Term(1), &target, "late").await.unwrap_err();
+    assert!(error.to_string().starts_with("deposed: "), "{error}");
+    assert_eq!(fs::read_to_string(&target).unwrap(), "two");
+    // Released: nobody's writes land.
+    lock.update(&taken, &record("", 2)).await.unwrap();
+    let error = lock.write_fenced("b", tenure::Term(2), &target, "late").await.unwrap_err();
+    assert!(matches!(&error, FencedWriteError::Deposed { shows, .. } if shows == "no holder, term 2"), "{error}");
+    assert_eq!(fs::read_to_string(&target).unwrap(), "two");
+}
+
+/// A fenced write leaves its claim linked to the file it wrote: the lock's next writer must see at
+/// once that it can never land, not wait for it (here the wait would be an hour).
+#[tokio::test]
+async fn a_fenced_write_leaves_nothing_the_next_renew_waits_for() {
+    let (scratch, _path, lock) = scratch_lock("fenced-then-renew");
+    let lock = lock.with_lock_wait(Duration::from_secs(3600));
+    let mut version = lock.create(&record("a", 1)).await.unwrap();
+    for round in 0..3 {
+        lock.write_fenced("a", tenure::Term(1), scratch.join("state"), format!("{round}")).await.unwrap();
+        let same = record("a", 1);
+        version = tokio::time::timeout(PATIENCE, lock.update(&version, &same)).await.expect("the renew waited for the fenced write's claim").unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_fenced_write_onto_the_lock_itself_is_refused() {
+    let (_scratch, path, lock) = scratch_lock("fenced-onto-lock");
+    lock.create(&record("a", 1)).await.unwrap();
+    let error = lock.write_fenced("a", tenure::Term(1), &path, "x").await.unwrap_err();
+    assert!(matches!(&error, FencedWriteError::Lock(LockError::Rejected(m)) if m.contains("own file")), "{error}");
+    assert_eq!(lock.get().await.unwrap().unwrap().record, Ok(record("a", 1)));
+}
+
+/// The point of fencing at the store: a leader held (a GC pause, SIGSTOP, a frozen VM) after its
+/// last check, with its write about to land, thaws after the next leader took over. With a check
+/// and a plain write the stale write lands over the new leader's; fenced by the lock, it never
+/// does.
+#[test]
+fn a_fenced_write_held_after_its_check_never_lands_after_the_next_leader_took_over() {
+    let (scratch, path, lock) = scratch_lock("fenced-held");
+    let target = scratch.join("allocations.json");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let held = runtime.block_on(lock.create(&record("old", 1))).unwrap();
+    let mut command = child_command("fenced-write-and-report", &path, "old");
+    command.env(TERM, "1").env(TARGET, &target);
+    let old = HeldWriter::start(command);
+    // The next leader takes the lock (taking the held claim over) and writes the target.
+    runtime.block_on(lock.update(&held, &record("new", 2))).unwrap();
+    runtime.block_on(lock.write_fenced("new", tenure::Term(2), &target, "new")).unwrap();
+    assert_eq!(old.release(), "deposed");
+    assert_eq!(fs::read_to_string(&target).unwrap(), "new", "the deposed leader's write landed");
 }

@@ -89,6 +89,16 @@
 //!   remove it (another user's, in a sticky directory) fails the write with an error: only
 //!   `ENOENT` means the write can no longer land.
 //!
+//!   A pending claim none of whose links is a temporary file can never land (its writer links
+//!   the claim to a temporary file it made first): it is dead at first sight, without the wait.
+//!
+//!   **Fenced writes** ([`FileLock::write_fenced`]) use the same claim to write a file *beside*
+//!   the lock: claim the next generation with a temporary file holding the new content, check
+//!   that the lock still shows the tenure, rename the temporary file onto the target. A writer
+//!   of the lock must get past that claim (wait, or take it over, which removes the temporary
+//!   file and makes the rename fail), so the target changes before the next tenure's first
+//!   write or not at all. The claim then stays linked to the target, dead at first sight.
+//!
 //!   Every error before the rename leaves the file untouched, so an error from this lock always
 //!   means the write did not happen (a caller that times out and drops the call cannot know, as
 //!   with any store). The directory must be on a local file system: the protocol relies on
@@ -152,6 +162,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::lock::{ChangeStream, LockError, RecordLock, StoredRecord, Version};
 use crate::record::{LeaderElectionRecord, RecordError};
+use crate::term::Term;
 
 /// How long a write waits by default for another writer's pending claim to land before it takes
 /// the claim over: far longer than the few system calls between a claim and its rename, far
@@ -208,6 +219,29 @@ pub enum FileLockError {
         /// Why it is not private.
         reason: String,
     },
+}
+
+/// Why a write fenced by the file lock ([`FileLock::write_fenced`]) did not land. Nothing was
+/// written in either case.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FencedWriteError {
+    /// The lock no longer shows the tenure the write was made under: another candidate leads
+    /// now, the tenure was released, or the lock holds something else. The writer is deposed:
+    /// it must not retry under this term.
+    #[error("deposed: {lock} no longer shows the tenure of {identity:?} at term {term} (it shows {shows})")]
+    Deposed {
+        /// The lock, as [`RecordLock::describe`](crate::RecordLock::describe) names it.
+        lock: String,
+        /// Whose tenure the write was made under.
+        identity: String,
+        /// The term of that tenure.
+        term: Term,
+        /// What the lock shows instead.
+        shows: String,
+    },
+    /// The lock or the target could not be read or written.
+    #[error(transparent)]
+    Lock(#[from] LockError),
 }
 
 /// The paths of one lock and the state its clones share.
@@ -332,6 +366,37 @@ impl FileLock {
     pub fn with_lock_wait(mut self, wait: Duration) -> FileLock {
         self.steal_after = wait;
         self
+    }
+
+    /// Replaces the file `target` with `content` only while this lock shows the tenure `term` of
+    /// `identity`, checked in the same compare-and-swap that orders the lock's own writes: a
+    /// deposed leader's write is refused by the lock itself ([`FencedWriteError::Deposed`]),
+    /// even one that was held (a GC pause, SIGSTOP, a frozen VM) after its last check.
+    ///
+    /// Why: self-fencing and a term check before the write stop a leader that knows it is
+    /// deposed, not one paused between its check and its write. Here the write claims the lock's
+    /// next generation as an update would, checks that the lock still shows the tenure, and
+    /// renames its temporary file onto `target`. A candidate that takes the lock over must first
+    /// take that claim over, which removes the temporary file: the rename then fails. So the
+    /// write lands before the next tenure's first write, or never. The lock's own generation
+    /// is not written (a renew of the same tenure meanwhile is no reason to refuse).
+    ///
+    /// `target` must be on the lock directory's file system (a rename cannot cross file
+    /// systems), and is replaced atomically: readers see the old or the new content. Like the
+    /// lock's own writes, no `fsync`. An error always means nothing was written.
+    pub async fn write_fenced(
+        &self, identity: &str, term: Term, target: impl AsRef<Path>, content: impl Into<Vec<u8>>,
+    ) -> Result<(), FencedWriteError> {
+        let target = std::path::absolute(target.as_ref()).map_err(|error| io_error("resolve", target.as_ref(), error))?;
+        let (identity, content) = (identity.to_owned(), content.into());
+        let paths = self.paths.clone();
+        let steal_after = self.steal_after;
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let _cancel_on_drop = CancelOnDrop(cancelled.clone());
+        let work = move || write_fenced(&paths, steal_after, &cancelled, &identity, term, &target, &content);
+        tokio::task::spawn_blocking(work).await.map_err(|error| {
+            LockError::Unavailable(format!("file lock {}: worker thread failed: {error}", self.paths.path.display()))
+        })?
     }
 
     /// Runs `work` on a blocking thread; it sees a flag that turns true if the caller gives up.
@@ -601,35 +666,9 @@ fn write(
                 Err(error) => return Err(io_error("create", &paths.path, error)),
             }
         }
-        // The first generation from `generation` on that is free, or claimed by a writer still
-        // at work; dead claims are skipped.
-        let mut generation = generation;
-        let (temp, content) = loop {
-            let (temp, content) = TempFile::document(paths, generation, record)?;
-            let claim = paths.claim(generation);
-            match fs::hard_link(&temp.path, &claim) {
-                Ok(()) => break (temp, content),
-                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(error) => return Err(io_error("claim", &claim, error)),
-            }
-            drop(temp);
-            match others.state(generation, &claim, file_inode) {
-                ClaimState::Dead => generation = next_generation(paths, generation)?,
-                ClaimState::Gone => {}
-                ClaimState::Pending(inode) => {
-                    if stale()? {
-                        return Err(lost);
-                    }
-                    match others.wait((generation, inode), &claim, steal_after, paths)? {
-                        Wait::Pause(pause) => std::thread::sleep(pause),
-                        Wait::TakenOver | Wait::None => {}
-                    }
-                }
-            }
-            if cancelled.load(Ordering::Relaxed) {
-                return Err(cancelled_error(paths));
-            }
-        };
+        let claiming = Claiming { paths, steal_after, cancelled, file_inode };
+        let (generation, (temp, content)) =
+            claiming.claim(&mut others, generation, &stale, lost, |g| TempFile::document(paths, g, record))?;
         // Without a generation to contend on (content without one), writers from that content
         // may hold other claims: take each over. Of two such writers, one's takeover of the
         // other fails only if the other's rename came first, and then the check below fails.
@@ -648,7 +687,7 @@ fn write(
         // fails). The claim stays whatever happens: a failed claim is dead (our temporary file
         // goes) and is skipped; the claim of the file's generation is the high-water mark.
         if stale()? {
-            return Err(lost);
+            return Err(if expected.is_none() { LockError::AlreadyExists } else { LockError::Conflict });
         }
         hold_before("rename");
         match fs::rename(&temp.path, &paths.path) {
@@ -661,6 +700,134 @@ fn write(
             remove_leftovers(paths, generation);
         }
         return Ok(content_version(generation, &content));
+    }
+}
+
+/// [`FileLock::write_fenced`] on a blocking thread.
+fn write_fenced(
+    paths: &Paths, steal_after: Duration, cancelled: &AtomicBool, identity: &str, term: Term, target: &Path,
+    content: &[u8],
+) -> Result<(), FencedWriteError> {
+    let own_file = target == paths.path
+        || target.file_name().is_some_and(|name| {
+            let name = name.as_bytes();
+            name.starts_with(paths.temp_prefix.as_bytes()) || name.starts_with(paths.claim_prefix.as_bytes())
+        });
+    if own_file {
+        let message = format!("{} is the lock's own file: a fenced write goes beside it", target.display());
+        return Err(LockError::Rejected(message).into());
+    }
+    let mut others = OtherClaims::default();
+    let started = Instant::now();
+    loop {
+        if cancelled.load(Ordering::Relaxed) {
+            return Err(cancelled_error(paths).into());
+        }
+        let current = read_snapshot(&paths.path)?;
+        let shows = match current.as_ref().map(|c| &c.stored.record) {
+            Some(Ok(record)) if record.holder_identity == identity && Term::from_count(record.leader_transitions) == term => None,
+            Some(Ok(record)) if record.holder_identity.is_empty() => Some(format!("no holder, term {}", record.leader_transitions)),
+            Some(Ok(record)) => Some(format!("{:?} at term {}", record.holder_identity, record.leader_transitions)),
+            Some(Err(error)) => Some(format!("no valid record: {error}")),
+            None => Some("no record".to_owned()),
+        };
+        let (Some(current), None) = (current, shows.as_ref()) else {
+            let lock = format!("file://{}", paths.path.display());
+            let shows = shows.unwrap_or_default();
+            return Err(FencedWriteError::Deposed { lock, identity: identity.to_owned(), term, shows });
+        };
+        let file_inode = inode_of(&paths.path);
+        let Some(generation) = current.generation.and_then(|g| continued_generation(paths, g, file_inode)) else {
+            // Our own record, but its claim is not linked yet (a create links it just after the
+            // file): look again, for at most the lock wait.
+            if started.elapsed() >= steal_after {
+                let message = format!("{} was not written by this protocol's writers", paths.path.display());
+                return Err(LockError::Unavailable(message).into());
+            }
+            std::thread::sleep(FIRST_RETRY);
+            continue;
+        };
+        let base = current.stored.version;
+        let stale = || -> Result<bool, LockError> { Ok(read_snapshot(&paths.path)?.map(|c| c.stored.version).as_ref() != Some(&base)) };
+        let claiming = Claiming { paths, steal_after, cancelled, file_inode };
+        let first = next_generation(paths, generation)?;
+        let temp = match claiming.claim(&mut others, first, &stale, LockError::Conflict, |_| Ok((TempFile::write(paths, content)?, ()))) {
+            Ok((_, (temp, ()))) => temp,
+            // The lock moved (a renew of ours, or a new tenure): check the tenure again.
+            Err(LockError::Conflict) => continue,
+            Err(error) => return Err(error.into()),
+        };
+        // The claim stays, linked to the target once written: a dead claim the lock's next
+        // writer skips at once (no temporary file has its inode).
+        if stale()? {
+            continue;
+        }
+        hold_before("rename");
+        match fs::rename(&temp.path, target) {
+            Ok(()) => {
+                temp.renamed();
+                return Ok(());
+            }
+            // Taken over while held here: a writer of the lock went on; check the tenure again.
+            Err(error) if error.kind() == io::ErrorKind::NotFound && !temp.path.exists() => continue,
+            Err(error) if error.raw_os_error() == Some(libc::EXDEV) => {
+                let message = format!(
+                    "cannot write {} fenced by {}: not on the lock directory's file system",
+                    target.display(),
+                    paths.path.display()
+                );
+                return Err(LockError::Rejected(message).into());
+            }
+            Err(error) => return Err(io_error("replace", target, error).into()),
+        }
+    }
+}
+
+/// One writer's claim of a generation, with what it needs to wait for or take over others.
+struct Claiming<'a> {
+    paths: &'a Paths,
+    steal_after: Duration,
+    cancelled: &'a AtomicBool,
+    /// The lock file's (device, inode) when the writer read it.
+    file_inode: Option<(u64, u64)>,
+}
+
+impl Claiming<'_> {
+    /// Claims the first generation from `generation` on that is free, or claimed by a writer
+    /// still at work (waited for, then taken over); dead claims are skipped. The claim is a hard
+    /// link of the temporary file `temp` makes for the generation. `lost` when the lock changed
+    /// while waiting (`stale`).
+    fn claim<T>(
+        &self, others: &mut OtherClaims, mut generation: u64, stale: &dyn Fn() -> Result<bool, LockError>,
+        lost: LockError, temp: impl Fn(u64) -> Result<(TempFile, T), LockError>,
+    ) -> Result<(u64, (TempFile, T)), LockError> {
+        let paths = self.paths;
+        loop {
+            let made = temp(generation)?;
+            let claim = paths.claim(generation);
+            match fs::hard_link(&made.0.path, &claim) {
+                Ok(()) => return Ok((generation, made)),
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(error) => return Err(io_error("claim", &claim, error)),
+            }
+            drop(made);
+            match others.state(generation, &claim, self.file_inode) {
+                ClaimState::Dead => generation = next_generation(paths, generation)?,
+                ClaimState::Gone => {}
+                ClaimState::Pending(inode) => {
+                    if stale()? {
+                        return Err(lost);
+                    }
+                    match others.wait((generation, inode), &claim, self.steal_after, paths)? {
+                        Wait::Pause(pause) => std::thread::sleep(pause),
+                        Wait::TakenOver | Wait::None => {}
+                    }
+                }
+            }
+            if self.cancelled.load(Ordering::Relaxed) {
+                return Err(cancelled_error(paths));
+            }
+        }
     }
 }
 
@@ -749,6 +916,13 @@ impl OtherClaims {
         let since = match self.watched {
             Some((seen, since)) if seen == id => since,
             _ => {
+                // Its writer links the claim to a temporary file it made first: with no such
+                // file, the claim can never land (a fenced write beside the lock leaves its
+                // claim linked to the file it wrote). Dead at once, no wait.
+                if temp_with_inode(paths, id.1)?.is_none() {
+                    self.dead.insert(id);
+                    return Ok(Wait::TakenOver);
+                }
                 self.watched = Some((id, Instant::now()));
                 self.pauses = 0;
                 return Ok(Wait::Pause(FIRST_RETRY));
@@ -788,27 +962,30 @@ impl OtherClaims {
 /// anyway); an error when one exists and cannot be removed (in a sticky directory, another
 /// user's): that claim is live, and this write cannot go on.
 fn take_over(paths: &Paths, claim: &Path, inode: (u64, u64)) -> Result<bool, LockError> {
-    let entries = fs::read_dir(&paths.dir).map_err(|error| io_error("list", &paths.dir, error))?;
-    for entry in entries.flatten() {
-        if TempOwner::parse(paths, entry.file_name().as_bytes()).is_none() {
-            continue;
-        }
-        let path = entry.path();
-        let same = fs::symlink_metadata(&path).is_ok_and(|m| (m.dev(), m.ino()) == inode && m.nlink() >= 2);
-        if !same || inode_of(claim) != Some(inode) {
-            continue;
-        }
-        match fs::remove_file(&path) {
-            Ok(()) => {
-                tracing::debug!(claim = %claim.display(), "took over the claim of a writer stopped in the middle of a write");
-                return Ok(true);
-            }
-            // Renamed into place or removed meanwhile: it can land no more.
-            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-            Err(error) => return Err(io_error("take over the pending write", &path, error)),
-        }
+    let Some(path) = temp_with_inode(paths, inode)? else { return Ok(false) };
+    if inode_of(claim) != Some(inode) {
+        return Ok(false);
     }
-    Ok(false)
+    match fs::remove_file(&path) {
+        Ok(()) => {
+            tracing::debug!(claim = %claim.display(), "took over the claim of a writer stopped in the middle of a write");
+            Ok(true)
+        }
+        // Renamed into place or removed meanwhile: it can land no more.
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(error) => Err(io_error("take over the pending write", &path, error)),
+    }
+}
+
+/// The temporary file of this lock whose (device, inode) is `inode` and that has another link
+/// (a claim), if there is one.
+fn temp_with_inode(paths: &Paths, inode: (u64, u64)) -> Result<Option<PathBuf>, LockError> {
+    let entries = fs::read_dir(&paths.dir).map_err(|error| io_error("list", &paths.dir, error))?;
+    Ok(entries.flatten().map(|entry| entry.path()).find(|path| {
+        let name = path.file_name().map_or(&[][..], |name| name.as_bytes());
+        TempOwner::parse(paths, name).is_some()
+            && fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == inode && m.nlink() >= 2)
+    }))
 }
 
 /// Who wrote a temporary file: its name is `<prefix><pid>.<namespace>.<nonce>.<counter>` (or
@@ -1265,14 +1442,13 @@ mod tests {
         let dir = scratch("inode-reuse");
         let lock = FileLock::open(dir.join("election.json")).unwrap();
         let paths = &lock.paths;
-        // Generation 2's claim has a second name that is no temporary file: a takeover finds
-        // nothing to remove, so the claim can never land and is remembered as dead.
+        // Generation 2's claim has a second name that is no temporary file: it can never land,
+        // and is remembered as dead at first sight, without a wait.
         fs::write(dir.join("not-a-temporary-file"), b"{}").unwrap();
         fs::hard_link(dir.join("not-a-temporary-file"), paths.claim(2)).unwrap();
         let mut others = OtherClaims::default();
         let ClaimState::Pending(inode) = others.state(2, &paths.claim(2), None) else { panic!("not pending") };
-        assert!(matches!(others.wait((2, inode), &paths.claim(2), Duration::ZERO, paths), Ok(Wait::Pause(_))));
-        assert!(matches!(others.wait((2, inode), &paths.claim(2), Duration::ZERO, paths), Ok(Wait::TakenOver)));
+        assert!(matches!(others.wait((2, inode), &paths.claim(2), Duration::from_secs(3600), paths), Ok(Wait::TakenOver)));
         assert!(matches!(others.state(2, &paths.claim(2), None), ClaimState::Dead));
         // A live writer's temporary file with that inode number claims generation 3.
         let temp = dir.join(format!(".election.json.tmp.{}.0.1.0", std::process::id()));
