@@ -533,7 +533,7 @@ fn child_process_entry_point() {
         "fenced-write-and-report" => runtime.block_on(async {
             let term = tenure::Term(std::env::var(TERM).unwrap().parse().unwrap());
             let target = PathBuf::from(std::env::var_os(TARGET).unwrap());
-            match lock.write_fenced(&identity, term, &target, identity.as_bytes()).await {
+            match lock.write_fenced(term, &target, identity.as_bytes()).await {
                 Ok(()) => report("ok"),
                 Err(FencedWriteError::Deposed { .. }) => report("deposed"),
                 Err(error) => report(&format!("failed {error}")),
@@ -1036,25 +1036,25 @@ async fn a_fenced_write_lands_while_the_tenure_holds_and_is_refused_once_another
     let (scratch, _path, lock) = scratch_lock("fenced");
     let target = scratch.join("allocations.json");
     let first = lock.create(&record("a", 1)).await.unwrap();
-    lock.write_fenced("a", tenure::Term(1), &target, "one").await.unwrap();
+    lock.write_fenced(tenure::Term(1), &target, "one").await.unwrap();
     assert_eq!(fs::read_to_string(&target).unwrap(), "one");
     // A renew of the same tenure is no reason to refuse.
     let renewed = lock.update(&first, &record("a", 1)).await.unwrap();
-    lock.write_fenced("a", tenure::Term(1), &target, "two").await.unwrap();
+    lock.write_fenced(tenure::Term(1), &target, "two").await.unwrap();
     assert_eq!(fs::read_to_string(&target).unwrap(), "two");
-    // Wrong term, wrong identity: deposed.
-    for (identity, term) in [("a", 2), ("b", 1)] {
-        let error = lock.write_fenced(identity, tenure::Term(term), &target, "x").await.unwrap_err();
+    // Another term: deposed.
+    for term in [0, 2] {
+        let error = lock.write_fenced(tenure::Term(term), &target, "x").await.unwrap_err();
         assert!(matches!(&error, FencedWriteError::Deposed { shows, .. } if shows == "\"a\" at term 1"), "{error}");
     }
     // Another leads.
     let taken = lock.update(&renewed, &record("b", 2)).await.unwrap();
-    let error = lock.write_fenced("a", tenure::Term(1), &target, "late").await.unwrap_err();
+    let error = lock.write_fenced(tenure::Term(1), &target, "late").await.unwrap_err();
     assert!(error.to_string().starts_with("deposed: "), "{error}");
     assert_eq!(fs::read_to_string(&target).unwrap(), "two");
     // Released: nobody's writes land.
     lock.update(&taken, &record("", 2)).await.unwrap();
-    let error = lock.write_fenced("b", tenure::Term(2), &target, "late").await.unwrap_err();
+    let error = lock.write_fenced(tenure::Term(2), &target, "late").await.unwrap_err();
     assert!(matches!(&error, FencedWriteError::Deposed { shows, .. } if shows == "no holder, term 2"), "{error}");
     assert_eq!(fs::read_to_string(&target).unwrap(), "two");
 }
@@ -1067,7 +1067,7 @@ async fn a_fenced_write_leaves_nothing_the_next_renew_waits_for() {
     let lock = lock.with_lock_wait(Duration::from_secs(3600));
     let mut version = lock.create(&record("a", 1)).await.unwrap();
     for round in 0..3 {
-        lock.write_fenced("a", tenure::Term(1), scratch.join("state"), format!("{round}")).await.unwrap();
+        lock.write_fenced(tenure::Term(1), scratch.join("state"), format!("{round}")).await.unwrap();
         let same = record("a", 1);
         version = tokio::time::timeout(PATIENCE, lock.update(&version, &same)).await.expect("the renew waited for the fenced write's claim").unwrap();
     }
@@ -1077,7 +1077,7 @@ async fn a_fenced_write_leaves_nothing_the_next_renew_waits_for() {
 async fn a_fenced_write_onto_the_lock_itself_is_refused() {
     let (_scratch, path, lock) = scratch_lock("fenced-onto-lock");
     lock.create(&record("a", 1)).await.unwrap();
-    let error = lock.write_fenced("a", tenure::Term(1), &path, "x").await.unwrap_err();
+    let error = lock.write_fenced(tenure::Term(1), &path, "x").await.unwrap_err();
     assert!(matches!(&error, FencedWriteError::Lock(LockError::Rejected(m)) if m.contains("own file")), "{error}");
     assert_eq!(lock.get().await.unwrap().unwrap().record, Ok(record("a", 1)));
 }
@@ -1097,7 +1097,7 @@ fn a_fenced_write_held_after_its_check_never_lands_after_the_next_leader_took_ov
     let old = HeldWriter::start(command);
     // The next leader takes the lock (taking the held claim over) and writes the target.
     runtime.block_on(lock.update(&held, &record("new", 2))).unwrap();
-    runtime.block_on(lock.write_fenced("new", tenure::Term(2), &target, "new")).unwrap();
+    runtime.block_on(lock.write_fenced(tenure::Term(2), &target, "new")).unwrap();
     assert_eq!(old.release(), "deposed");
     assert_eq!(fs::read_to_string(&target).unwrap(), "new", "the deposed leader's write landed");
 }

@@ -228,13 +228,11 @@ pub enum FencedWriteError {
     /// The lock no longer shows the tenure the write was made under: another candidate leads
     /// now, the tenure was released, or the lock holds something else. The writer is deposed:
     /// it must not retry under this term.
-    #[error("deposed: {lock} no longer shows the tenure of {identity:?} at term {term} (it shows {shows})")]
+    #[error("deposed: {lock} no longer shows the tenure of term {term} (it shows {shows})")]
     Deposed {
         /// The lock, as [`RecordLock::describe`](crate::RecordLock::describe) names it.
         lock: String,
-        /// Whose tenure the write was made under.
-        identity: String,
-        /// The term of that tenure.
+        /// The term of the tenure the write was made under.
         term: Term,
         /// What the lock shows instead.
         shows: String,
@@ -368,8 +366,9 @@ impl FileLock {
         self
     }
 
-    /// Replaces the file `target` with `content` only while this lock shows the tenure `term` of
-    /// `identity`, checked in the same compare-and-swap that orders the lock's own writes: a
+    /// Replaces the file `target` with `content` only while this lock shows the tenure `term` (a
+    /// holder, and `leaderTransitions` = `term`: every tenure has a term of its own, S2), checked
+    /// in the same compare-and-swap that orders the lock's own writes: a
     /// deposed leader's write is refused by the lock itself ([`FencedWriteError::Deposed`]),
     /// even one that was held (a GC pause, SIGSTOP, a frozen VM) after its last check.
     ///
@@ -385,15 +384,15 @@ impl FileLock {
     /// systems), and is replaced atomically: readers see the old or the new content. Like the
     /// lock's own writes, no `fsync`. An error always means nothing was written.
     pub async fn write_fenced(
-        &self, identity: &str, term: Term, target: impl AsRef<Path>, content: impl Into<Vec<u8>>,
+        &self, term: Term, target: impl AsRef<Path>, content: impl Into<Vec<u8>>,
     ) -> Result<(), FencedWriteError> {
         let target = std::path::absolute(target.as_ref()).map_err(|error| io_error("resolve", target.as_ref(), error))?;
-        let (identity, content) = (identity.to_owned(), content.into());
+        let content = content.into();
         let paths = self.paths.clone();
         let steal_after = self.steal_after;
         let cancelled = Arc::new(AtomicBool::new(false));
         let _cancel_on_drop = CancelOnDrop(cancelled.clone());
-        let work = move || write_fenced(&paths, steal_after, &cancelled, &identity, term, &target, &content);
+        let work = move || write_fenced(&paths, steal_after, &cancelled, term, &target, &content);
         tokio::task::spawn_blocking(work).await.map_err(|error| {
             LockError::Unavailable(format!("file lock {}: worker thread failed: {error}", self.paths.path.display()))
         })?
@@ -705,8 +704,7 @@ fn write(
 
 /// [`FileLock::write_fenced`] on a blocking thread.
 fn write_fenced(
-    paths: &Paths, steal_after: Duration, cancelled: &AtomicBool, identity: &str, term: Term, target: &Path,
-    content: &[u8],
+    paths: &Paths, steal_after: Duration, cancelled: &AtomicBool, term: Term, target: &Path, content: &[u8],
 ) -> Result<(), FencedWriteError> {
     let own_file = target == paths.path
         || target.file_name().is_some_and(|name| {
@@ -725,7 +723,7 @@ fn write_fenced(
         }
         let current = read_snapshot(&paths.path)?;
         let shows = match current.as_ref().map(|c| &c.stored.record) {
-            Some(Ok(record)) if record.holder_identity == identity && Term::from_count(record.leader_transitions) == term => None,
+            Some(Ok(record)) if !record.holder_identity.is_empty() && Term::from_count(record.leader_transitions) == term => None,
             Some(Ok(record)) if record.holder_identity.is_empty() => Some(format!("no holder, term {}", record.leader_transitions)),
             Some(Ok(record)) => Some(format!("{:?} at term {}", record.holder_identity, record.leader_transitions)),
             Some(Err(error)) => Some(format!("no valid record: {error}")),
@@ -734,7 +732,7 @@ fn write_fenced(
         let (Some(current), None) = (current, shows.as_ref()) else {
             let lock = format!("file://{}", paths.path.display());
             let shows = shows.unwrap_or_default();
-            return Err(FencedWriteError::Deposed { lock, identity: identity.to_owned(), term, shows });
+            return Err(FencedWriteError::Deposed { lock, term, shows });
         };
         let file_inode = inode_of(&paths.path);
         let Some(generation) = current.generation.and_then(|g| continued_generation(paths, g, file_inode)) else {
