@@ -19,7 +19,6 @@ pub mod report;
 pub mod scratch;
 pub mod smaps;
 pub mod stats;
-pub mod steady_state_layout;
 
 use std::time::Duration;
 

@@ -154,7 +154,8 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
         tokio::spawn(http::serve(listener, router, stop_serving.clone().cancelled_owned()))
     });
 
-    tokio::spawn(release_startup_pages(elector.subscribe(), args.candidate.ttl.timing.retry_period));
+    let timing = &args.candidate.ttl.timing;
+    tokio::spawn(release_startup_pages(elector.subscribe(), timing.retry_period, timing.lease_duration));
 
     let outcome = loop {
         tokio::select! {
@@ -252,18 +253,22 @@ pub async fn resign_on_request(elector: &Elector) {
 /// by then a new leader has renewed once and announced itself (the Kubernetes Event), and a
 /// follower has followed the leader's renew. Then gives back the pages of the binary that only
 /// start-up used, so that an idle sidecar holds what its steady state runs (see
-/// [`startup_pages`]). Never, if no leader is ever known.
-async fn release_startup_pages(mut leadership: watch::Receiver<Leadership>, retry_period: Duration) {
+/// [`startup_pages`]). Never, if no leader is ever known. Once more a lease later: pages another
+/// process of the same binary (another candidate starting on this host) held in the page cache at
+/// the first release came back with the steady state's pages, and can be given back now.
+async fn release_startup_pages(mut leadership: watch::Receiver<Leadership>, retry_period: Duration, lease: Duration) {
     if leadership.wait_for(|now| now.leader.is_some()).await.is_err() {
         return;
     }
     drop(leadership);
-    tokio::time::sleep(retry_period).await;
-    match startup_pages::release() {
-        Ok(Released { resident_kib, mappings, refused }) => {
-            tracing::debug!(kib = resident_kib, mappings, refused, "released the start-up pages")
+    for wait in [retry_period, lease] {
+        tokio::time::sleep(wait).await;
+        match startup_pages::release() {
+            Ok(Released { resident_kib, mappings, refused }) => {
+                tracing::debug!(kib = resident_kib, mappings, refused, "released the start-up pages")
+            }
+            Err(error) => tracing::debug!(%error, "could not release the start-up pages"),
         }
-        Err(error) => tracing::debug!(%error, "could not release the start-up pages"),
     }
 }
 

@@ -19,6 +19,20 @@
 //! the name service modules glibc loads for a host name lookup) and files mapped by anything else
 //! are left alone, as one could be unmapped, and its addresses reused, while this runs. A static
 //! binary (the container image's) has the C library inside the executable.
+//!
+//! What comes back is only what the steady state runs, page by page (issue 31): on a fault the
+//! kernel maps not one page but every page of the file already in the page cache within 64 KiB
+//! (fault-around), so the few hundred functions a renew, a watch and an HTTP answer run, scattered
+//! over the binary's 10 MB of code, brought back some 7 MB. Once dropped, the executable's
+//! mappings are marked `MADV_RANDOM` (a fault then reads that one page, no read-ahead) and the
+//! executable's pages that no process maps any more are evicted from the page cache
+//! (`POSIX_FADV_DONTNEED`): fault-around finds only the pages some process uses, and the idle
+//! executable holds about the pages it runs. This needs no list of functions, so nothing decays
+//! with a new toolchain, lock file or code change (the symbol-ordering list it replaces did). The
+//! price: the steady state's first pass reads its pages from the file one at a time (a few
+//! hundred reads, once), and code that runs rarely, such as taking over after the leader died,
+//! reads its pages then unless another process has them in the page cache. Another process of
+//! the same binary keeps the pages it maps: a page mapped anywhere is never evicted.
 
 use std::collections::BTreeSet;
 use std::ffi::{c_int, c_void, CStr, OsStr};
@@ -89,6 +103,8 @@ pub fn release() -> io::Result<Released> {
     files.insert(executable.to_string_lossy().into_owned());
     let smaps = std::fs::read_to_string("/proc/self/smaps")?;
     let mut released = Released { mappings: 0, resident_kib: 0, refused: 0 };
+    let executable = executable.to_string_lossy();
+    let mut executable_dropped = false;
     for mapping in droppable(&smaps, &files) {
         let length = usize::try_from(mapping.addresses.end - mapping.addresses.start)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a mapping larger than the address space"))?;
@@ -104,8 +120,28 @@ pub fn release() -> io::Result<Released> {
         }
         released.mappings += 1;
         released.resident_kib += mapping.rss_kib;
+        if mapping.path == executable {
+            // SAFETY: as above; MADV_RANDOM only stops read-ahead on later faults of this range.
+            // A refusal changes nothing but how many pages a fault brings back.
+            unsafe { libc::madvise(mapping.addresses.start as *mut libc::c_void, length, libc::MADV_RANDOM) };
+            executable_dropped = true;
+        }
+    }
+    if executable_dropped {
+        evict_unmapped_pages_of_executable();
     }
     Ok(released)
+}
+
+/// Evicts the pages of this process's executable that no process maps from the page cache, so
+/// that fault-around maps back only the pages some process uses (see the module comment). Best
+/// effort: a file system without the advice keeps its pages, which costs memory, not correctness.
+fn evict_unmapped_pages_of_executable() {
+    use std::os::fd::AsRawFd;
+    // /proc/self/exe opens the very file that is mapped, even if it was replaced or deleted since.
+    let Ok(file) = std::fs::File::open("/proc/self/exe") else { return };
+    // SAFETY: a plain system call on a file descriptor this function owns; it changes no memory.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
 }
 
 /// One mapping of `/proc/self/smaps`, with what decides whether it may be dropped.
@@ -288,6 +324,33 @@ Swap:                  0 kB
         assert!(after < before, "resident before {before} KiB, after {after} KiB");
         let parsed: serde_json::Value = serde_json::from_str(r#"{"name":"leader"}"#).expect("JSON still parses");
         assert_eq!(parsed["name"], "leader");
+    }
+
+    /// In a real process: the executable's dropped mappings come back a page per fault, not 64 KiB
+    /// (issue 31): the kernel marks them `rr` (random reads) in smaps' VmFlags. Without it the
+    /// idle sidecar's code came back 64 KiB around every page it runs; the footprint gate
+    /// (`cargo bench -p tenure-bench --bench idle_rss`) measures what that costs on a release
+    /// build, this checks on every test run that the mechanism still applies.
+    #[test]
+    fn after_releasing_the_executables_mappings_are_read_a_page_at_a_time() {
+        release().expect("release");
+        let executable = std::fs::read_link("/proc/self/exe").expect("/proc/self/exe");
+        let executable = executable.to_string_lossy();
+        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps");
+        let mut code_mappings = 0;
+        let mut current: Option<(bool, String)> = None;
+        for line in smaps.lines() {
+            let first = line.split_whitespace().next().unwrap_or("");
+            if address_range(first).is_some() {
+                let permissions = line.split_whitespace().nth(1).unwrap_or("");
+                let path = line.splitn(6, char::is_whitespace).nth(5).unwrap_or("").trim();
+                current = (path == executable && permissions.contains('x')).then(|| (true, line.to_owned()));
+            } else if let (Some((true, header)), Some(flags)) = (&current, line.strip_prefix("VmFlags:")) {
+                assert!(flags.split_whitespace().any(|f| f == "rr"), "not MADV_RANDOM: {header}: {flags}");
+                code_mappings += 1;
+            }
+        }
+        assert!(code_mappings >= 1, "no code mapping of {executable} in smaps");
     }
 
     /// In a real process: the C library's resident pages shrink too, and it keeps working.
