@@ -229,14 +229,35 @@ async fn the_file_store_rejects_an_older_term_from_another_handle() -> Result<()
     Ok(())
 }
 
+/// Next to its election's file lock, a save is fenced by the lock itself: it lands only while the
+/// lock shows the tenure of its term, so a deposed leader's save is refused by the store.
 #[tokio::test]
-async fn the_file_store_lives_next_to_the_file_lock() {
+async fn next_to_a_file_lock_a_save_lands_only_while_the_lock_shows_its_tenure() {
+    use tenure::{LeaderElectionRecord, RecordLock};
     let lock_path = temp_path("election.json");
     let lock = tenure::locks::file::FileLock::open(&lock_path).expect("opened");
     let store = FileCheckpointStore::next_to(&lock, "pods-controller");
     assert_eq!(store.path(), lock_path.with_file_name("election.json.checkpoint"));
-    store.save(Term(1), &Checkpoint::new("pods-controller")).await.expect("saved");
-    assert!(store.path().exists());
+    let tenure = |holder: &str, term| LeaderElectionRecord {
+        holder_identity: holder.into(),
+        lease_duration_seconds: 15,
+        leader_transitions: term,
+        ..Default::default()
+    };
+    let at = |version: &str| {
+        let mut checkpoint = Checkpoint::new("pods-controller");
+        checkpoint.resource_versions.insert("pods".into(), version.into());
+        checkpoint
+    };
+    let deposed = |result| matches!(result, Err(CheckpointError::Superseded { ours: Term(1), newer: None }));
+    assert!(deposed(store.save(Term(1), &at("5")).await), "nobody leads yet");
+    let version = lock.create(&tenure("a", 1)).await.expect("a leads");
+    store.save(Term(1), &at("10")).await.expect("saved while a leads");
+    lock.update(&version, &tenure("b", 2)).await.expect("b took over");
+    assert!(deposed(store.save(Term(1), &at("15")).await), "a is deposed");
+    store.save(Term(2), &at("20")).await.expect("saved while b leads");
+    let stored = store.load().await.expect("readable").expect("present");
+    assert_eq!((stored.term, stored.checkpoint.resource_version("pods")), (Term(2), Some("20")));
     if let Some(dir) = lock_path.parent() {
         let _ = std::fs::remove_dir_all(dir);
     }

@@ -1,9 +1,15 @@
 //! Checkpoints in one JSON file next to a file lock, for services whose replicas share a host.
 //!
-//! A save takes an exclusive `flock` on a sidecar file (`<file>.lock`), reads the stored term,
-//! refuses if it is newer than the writer's, writes a temporary file in the same directory and
-//! renames it over the checkpoint: readers see the old or the new document, never a torn one, and
-//! no two writers interleave their comparison and write.
+//! Next to its election's lock ([`FileCheckpointStore::next_to`]), a save is a write fenced by
+//! the lock itself ([`FileLock::write_fenced`]): it reads the stored term, refuses if it is newer
+//! than the writer's, and replaces the file only while the lock still shows the writer's tenure,
+//! in the lock's own compare-and-swap. A deposed leader's save never lands, even one held (a GC
+//! pause, SIGSTOP) after its check, and no lock is held that a frozen writer could keep.
+//!
+//! A store opened on a path alone ([`FileCheckpointStore::open`]) has no election to be fenced
+//! by: a save takes an exclusive `flock` on a sidecar file (`<file>.lock`) around the same
+//! comparison and write. Either way the file is replaced by a rename: readers see the old or the
+//! new document, never a torn one.
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, Write};
@@ -13,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tenure::locks::file::FileLock;
+use tenure::locks::file::{FencedWriteError, FileLock};
 use tenure::Term;
 
 use super::{check_not_superseded, decode, encode, Checkpoint, CheckpointError, CheckpointStore, StoredCheckpoint};
@@ -41,20 +47,25 @@ pub struct FileCheckpointStore {
     controller: String,
     path: Arc<PathBuf>,
     temp_counter: Arc<AtomicU64>,
+    /// The election's lock that fences saves, when the store is next to it.
+    fence: Option<FileLock>,
 }
 
 impl FileCheckpointStore {
     /// The store in the file `path` (created by the first save).
     pub fn open(path: impl Into<PathBuf>, controller: impl Into<String>) -> FileCheckpointStore {
-        FileCheckpointStore { controller: controller.into(), path: Arc::new(path.into()), temp_counter: Arc::default() }
+        let (controller, path) = (controller.into(), Arc::new(path.into()));
+        FileCheckpointStore { controller, path, temp_counter: Arc::default(), fence: None }
     }
 
     /// The store next to `lock`'s file: `<lock file>.checkpoint`, in the same (private) directory,
-    /// so that replicas that meet at the lock also meet at the checkpoint.
+    /// so that replicas that meet at the lock also meet at the checkpoint; its saves are fenced
+    /// by the lock (see the module documentation): a save under a term lands only while the lock
+    /// shows that tenure.
     pub fn next_to(lock: &FileLock, controller: impl Into<String>) -> FileCheckpointStore {
         let mut name = lock.path().as_os_str().to_owned();
         name.push(".checkpoint");
-        FileCheckpointStore::open(PathBuf::from(name), controller)
+        FileCheckpointStore { fence: Some(lock.clone()), ..FileCheckpointStore::open(PathBuf::from(name), controller) }
     }
 
     /// The checkpoint's file.
@@ -138,6 +149,19 @@ impl CheckpointStore for FileCheckpointStore {
 
     async fn save(&self, term: Term, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
         let document = encode(term, checkpoint);
+        if let Some(lock) = &self.fence {
+            let path = self.path.clone();
+            let stored = tokio::task::spawn_blocking(move || read_document(&path))
+                .await
+                .map_err(|e| self.error("read", e))?
+                .map_err(|e| self.error("read", e))?;
+            check_not_superseded(stored.as_deref(), term)?;
+            return match lock.write_fenced(term, self.path.as_path(), document).await {
+                Ok(()) => Ok(()),
+                Err(FencedWriteError::Deposed { .. }) => Err(CheckpointError::Superseded { ours: term, newer: None }),
+                Err(FencedWriteError::Lock(error)) => Err(self.error("write", error)),
+            };
+        }
         let store = self.clone();
         tokio::task::spawn_blocking(move || store.save_blocking(term, document))
             .await
