@@ -82,6 +82,9 @@ pub enum CliError {
     Renewed { now: String },
     #[error("refusing to break the lock: it changed just before the write")]
     ChangedBeforeWrite,
+    /// A fenced write was refused by the lock: the tenure of its term is over.
+    #[error("{0}")]
+    Deposed(String),
     #[error("cannot format the status: {0}")]
     Format(#[from] serde_json::Error),
     /// The elector ended the campaign.

@@ -35,6 +35,7 @@ mod startup_pages;
 mod status;
 mod status_watch;
 mod supervisor;
+mod write;
 
 use std::process::ExitCode;
 
@@ -50,6 +51,8 @@ pub mod exit {
     pub const FAILURE: u8 = 1;
     /// The command line was wrong; nothing was started.
     pub const USAGE: u8 = 2;
+    /// `tenure write` was refused by the lock: the tenure of its term is over.
+    pub const DEPOSED: u8 = 3;
     /// `tenure run` lost leadership and killed its command (BSD `EX_TEMPFAIL`: trying again
     /// later may succeed).
     pub const LOST_LEADERSHIP: u8 = 75;
@@ -84,6 +87,7 @@ enum Command {
     Apiserver(apiserver::ApiServerArgs),
     Member(member::MemberArgs),
     Coordinate(coordinate::CoordinateArgs),
+    Write(write::WriteArgs),
     /// Internal: the process between `tenure run` and its command.
     #[command(hide = true)]
     Supervise(supervisor::SuperviseArgs),
@@ -115,6 +119,7 @@ fn main() -> ExitCode {
             Command::Apiserver(args) => apiserver::apiserver(args).await,
             Command::Member(args) => member::member(args).await,
             Command::Coordinate(args) => coordinate::coordinate(args).await,
+            Command::Write(args) => write::write(args).await,
             Command::Supervise(args) => supervisor::supervise(args).await,
         }
     };

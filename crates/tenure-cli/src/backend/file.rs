@@ -5,12 +5,12 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tenure::locks::file::FileLock;
-use tenure::{redact_credentials, RecordLock};
+use tenure::locks::file::{FencedWriteError, FileLock};
+use tenure::{redact_credentials, RecordLock, Term};
 use tenure_group::store::GroupStore;
 use tenure_kube::ClusterOptions;
 
-use super::{Backend, Fut, LockUrl, LockUrlError, RecordStore};
+use super::{lock_failed, Backend, Fut, LockUrl, LockUrlError, RecordStore};
 use crate::lock_scope::LockScope;
 use crate::CliError;
 
@@ -75,6 +75,17 @@ impl RecordStore for FileBackend {
 impl Backend for FileBackend {
     fn record_store(&self) -> Option<&dyn RecordStore> {
         Some(self)
+    }
+
+    fn write_fenced<'a>(&'a self, term: Term, target: &'a Path, content: Vec<u8>) -> Fut<'a, ()> {
+        Box::pin(async move {
+            let lock = FileLock::open(&self.path).map_err(|source| CliError::OpenFile { path: self.path.clone(), source })?;
+            match lock.write_fenced(term, target, content).await {
+                Ok(()) => Ok(()),
+                Err(deposed @ FencedWriteError::Deposed { .. }) => Err(CliError::Deposed(deposed.to_string())),
+                Err(FencedWriteError::Lock(error)) => Err(lock_failed("write fenced by", &self.to_string())(error)),
+            }
+        })
     }
 
     fn group_store<'a>(&'a self, _: &'a str, _: &'a str, _: &'a ClusterOptions) -> Fut<'a, Arc<dyn GroupStore>> {

@@ -110,6 +110,15 @@ pub trait Backend: fmt::Debug + fmt::Display + Send + Sync {
     }
 
     /// Whether `elect --leader-label` can label this candidate's Pod (a Kubernetes lock only).
+    /// Replaces `target` with `content` only while the lock shows the tenure of `term`
+    /// (`tenure write`); `CliError::Deposed` when it no longer does.
+    fn write_fenced<'a>(&'a self, _term: Term, _target: &'a std::path::Path, _content: Vec<u8>) -> Fut<'a, ()> {
+        Box::pin(async move {
+            let needs = "tenure write needs a file lock (etcd and ZooKeeper fence writes in the library)";
+            Err(CliError::LockCannot { needs, lock: self.to_string() })
+        })
+    }
+
     fn check_leader_label(&self) -> Result<(), CliError> {
         Err(CliError::LockCannot { needs: "--leader-label needs a Kubernetes lock", lock: self.to_string() })
     }
