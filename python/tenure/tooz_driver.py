@@ -16,12 +16,25 @@ What Tooz does not have and this driver adds: the fencing term and the validity 
 judged on this host's monotonic clock and counted from when each request was *sent*, so that a
 frozen child or a lost session turns them invalid on time.
 
-Names: Tenure accepts only "safe names" (``[a-z0-9]([a-z0-9-]*[a-z0-9])?``, at most 40
-characters). A Tooz group, lock or member name that already is one is used as is; any other is
-sent as ``"x-" + hex`` of its bytes when that fits in 40 characters (names up to 19 bytes), else
-refused with :class:`tooz.ToozError`. Ids read back (members, leaders, groups) are decoded to the
-caller's bytes. One refinement of that rule keeps the decoding unambiguous: a safe name that
-itself looks like an encoded one (``x-`` followed by an even number of hex digits) is encoded too.
+Names: every name Tooz accepts (group ids, member ids, lock names: bytes, or str taken as UTF-8)
+works on every store, and comes back as the caller's bytes. Why an encoding at all: store objects
+are named by "safe names" (``[a-z0-9]([a-z0-9-]*[a-z0-9])?``, at most 40 characters, so that a
+Kubernetes object name with its prefix stays within 63 characters and a file name within 255
+bytes), and Tooz names are any bytes (``cinder-<uuid>-delete_volume``, ``host1@lvm``, upper case).
+:func:`encode_name` is the one place that maps a name to its safe name, injectively:
+
+- a name that is a safe name already is used as is (unless it looks like one of the two forms
+  below: then it is encoded too, so that decoding stays unambiguous);
+- else ``"x-" + hex`` of its bytes when that fits (names up to 19 bytes);
+- else ``"h-"`` and 38 base32 characters of its SHA-256 (190 bits). The full name travels with
+  it and is checked where it is read back: a member's in its record (next to its capabilities),
+  a group's in the group's record, a leader's as the holder of the election (``--holder``, the
+  member id's ``x-`` hex form, which has no length limit but :data:`MAX_MEMBER_ID`). A lock name
+  is never read back: two lock names share a lock only if their SHA-256 share 190 bits.
+
+Names that differ only in case or in encoding are different bytes, hence different objects.
+A name Tooz itself rejects (not bytes or str) raises TypeError, as Tooz's drivers do; an empty
+name, or a member id longer than :data:`MAX_MEMBER_ID` bytes, :class:`tooz.ToozError`.
 
 Refused (:class:`tooz.NotImplemented`): :meth:`TenureLock.break_` (breaking another holder's lock
 makes two holders, which is what a lease with a fencing term is there to prevent) and shared locks.
@@ -29,6 +42,8 @@ makes two holders, which is what a lease with a fencing term is there to prevent
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import re
 import subprocess
@@ -51,7 +66,16 @@ T = TypeVar("T")
 #: Tenure's safe names.
 SAFE_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?\Z")
 _ENCODED = re.compile(r"x-((?:[0-9a-f]{2})+)\Z")
+_HASHED = re.compile(r"h-[a-z2-7]{38}\Z")
+#: The longest safe name ``tenure coordinate`` takes: a Kubernetes object name is at most 63
+#: characters, and ``PREFIX-election-`` comes before it.
 MAX_NAME = 40
+#: The longest member id (bytes). Why a limit: the member id is the holder written in every
+#: election and lock record and sent on the child's command line, in hex (``tenure coordinate
+#: --holder`` takes 4,200 characters); Tooz's memcached driver takes 250-byte keys in all.
+MAX_MEMBER_ID = 2048
+#: Where the full member id travels in a member record whose name is a hash of it.
+_FULL_MEMBER = "tenure.tooz.member_id"
 
 #: ``timeout`` (seconds) when the URL gives none: the session's TTL in the child.
 DEFAULT_TIMEOUT = 10.0
@@ -62,37 +86,85 @@ STOP_TIMEOUT = 15.0
 
 
 def _as_bytes(name: Union[bytes, str]) -> bytes:
-    return name.encode("utf-8") if isinstance(name, str) else bytes(name)
+    """A Tooz name as bytes; TypeError for what is neither bytes nor str, as Tooz's drivers
+    raise (``bytes(5)`` would otherwise be five zero bytes)."""
+    if isinstance(name, str):
+        return name.encode("utf-8")
+    if isinstance(name, (bytes, bytearray, memoryview)):
+        return bytes(name)
+    raise TypeError(f"a Tooz name is bytes or str, not {type(name).__name__}")
 
 
-def encode_name(name: Union[bytes, str], what: str = "name") -> str:
-    """The safe name Tenure gets for a Tooz ``name`` (see the module's documentation); raises
-    :class:`tooz.ToozError` for a name that has none."""
-    raw = _as_bytes(name)
-    if not raw:
-        raise tooz.ToozError(f"an empty {what} cannot be used with tenure")
+def _safe_as_is(raw: bytes) -> Optional[str]:
     try:
         text = raw.decode("ascii")
     except UnicodeDecodeError:
-        text = ""
-    if text and len(text) <= MAX_NAME and SAFE_NAME.match(text) and not _ENCODED.match(text):
+        return None
+    if SAFE_NAME.match(text) and not _ENCODED.match(text) and not _HASHED.match(text):
+        return text
+    return None
+
+
+def encode_name(name: Union[bytes, str], what: str = "name") -> str:
+    """The safe name Tenure stores a Tooz ``name`` under (see the module's documentation);
+    :class:`tooz.ToozError` for an empty name."""
+    raw = _as_bytes(name)
+    if not raw:
+        raise tooz.ToozError(f"an empty {what} cannot be used with tenure")
+    text = _safe_as_is(raw)
+    if text is not None and len(text) <= MAX_NAME:
         return text
     encoded = "x-" + raw.hex()
-    if len(encoded) > MAX_NAME:
+    if len(encoded) <= MAX_NAME:
+        return encoded
+    return hashed_name(raw)
+
+
+def hashed_name(raw: bytes) -> str:
+    """The ``h-`` form of a name too long for the others: 190 bits of its SHA-256."""
+    digest = base64.b32encode(hashlib.sha256(raw).digest()).decode("ascii").lower()
+    return "h-" + digest[:38]
+
+
+def is_hashed(text: str) -> bool:
+    """Whether a safe name is the hash of a name (whose full form travels apart)."""
+    return bool(_HASHED.match(text))
+
+
+def holder_name(name: Union[bytes, str]) -> str:
+    """The reversible form of a member id, of any length up to :data:`MAX_MEMBER_ID` bytes:
+    what elections report as their leader (``tenure coordinate --holder``)."""
+    raw = _as_bytes(name)
+    if not raw:
+        raise tooz.ToozError("an empty member id cannot be used with tenure")
+    if len(raw) > MAX_MEMBER_ID:
         raise tooz.ToozError(
-            f"the {what} {raw!r} cannot be used with tenure: it is not a safe name (lowercase letters,"
-            f" digits and inner '-', at most {MAX_NAME} characters) and its hex form would be"
-            f" {len(encoded)} characters (at most {(MAX_NAME - 2) // 2} bytes fit)"
+            f"the member id {raw[:40]!r}... is {len(raw)} bytes: tenure takes member ids of at most"
+            f" {MAX_MEMBER_ID} bytes (the id is the holder written in every election and lock record)"
         )
-    return encoded
+    text = _safe_as_is(raw)
+    return text if text is not None else "x-" + raw.hex()
 
 
 def decode_name(text: str) -> bytes:
-    """The Tooz name (bytes) behind a safe name Tenure reports."""
+    """The Tooz name (bytes) behind a safe name or a holder Tenure reports. A hashed name has no
+    decoding: its full form is read from where it travels (see the module's documentation)."""
     match = _ENCODED.match(text)
     if match:
         return bytes.fromhex(match.group(1))
     return text.encode("utf-8")
+
+
+def full_name(text: str, full: Any, what: str) -> bytes:
+    """The name behind the safe name ``text``, given the full form ``full`` that travelled with
+    it (an ``x-`` hex string, or None): checked against ``text``, so that a record never answers
+    for another name. :class:`tooz.ToozError` when it does not match."""
+    if not is_hashed(text):
+        return decode_name(text)
+    raw = decode_name(full) if isinstance(full, str) and _ENCODED.match(full) else None
+    if raw is None or encode_name(raw) != text:
+        raise tooz.ToozError(f"the {what} stored as {text!r} does not carry its full name (found {full!r})")
+    return raw
 
 
 def store_url(parsed_url: Any) -> Tuple[str, bool]:
@@ -135,7 +207,17 @@ class SessionExpired(coordination.ToozConnectionError):
     application did not heartbeat, or was frozen). Every lock and leadership of that session is
     gone. The call that raises it has already started a new session, in which the coordinator
     joined its groups again and campaigns again where it watches an election: the next call goes
-    on from there (Tooz's heartbeat thread, which retries, carries on by itself)."""
+    on from there (Tooz's heartbeat thread, which retries, carries on by itself).
+
+    Whichever call comes first after such a freeze raises it (heartbeat, run_watchers,
+    get_leader, a lock's acquire or release): the child ends the session on the first request
+    that finds it silent for the timeout, even if the child was frozen too. What an application
+    should do when it catches this exception: stop, at once, all work it does as a leader or
+    under a lock (it holds neither any more; another member may have taken over already), drop
+    any state that relied on them, and go on calling Tooz as usual: the next run_watchers runs the
+    elected-as-leader callback again if this member wins again, with a new term. A lock must be
+    acquired again. Work that checks :meth:`TenureDriver.leadership` or :meth:`TenureLock.valid`
+    before each side effect stops on time without catching anything."""
 
 
 class _Done(coordination.CoordAsyncResult[T], Generic[T]):
@@ -261,10 +343,6 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         coordination.Characteristics.DISTRIBUTED_ACROSS_HOSTS,
     )
 
-    #: How long run_watchers() without a timeout watches for a change of leader when another
-    #: member leads (seconds).
-    SETTLE_GRACE = 0.3
-
     def __init__(self, member_id: bytes, parsed_url: Any, options: Dict[str, Any]) -> None:
         member = _as_bytes(member_id)
         super().__init__(member, parsed_url, options)
@@ -281,6 +359,7 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         if not self._timeout > 0:
             raise tooz.ToozError(f"timeout must be positive, not {timeout!r}")
         self._member_name = encode_name(member, "member id")
+        self._holder = holder_name(member)
         #: Bounds every request that is not a long-poll.
         self._request_timeout = max(10.0, self._timeout) + 5.0
         self._process: Optional[Process[_http.Client]] = None
@@ -302,7 +381,7 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
     def _start(self) -> None:
         arguments = [
             "coordinate", "--stdin-lifeline", "--lock", self._lock_url, "--id", self._member_name,
-            "--ttl", _duration(self._timeout),
+            "--holder", self._holder, "--ttl", _duration(self._timeout),
         ]  # fmt: skip
         try:
             process = Process(arguments, _http.Client, stdin_pipe=True)
@@ -426,14 +505,28 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
 
     def create_group(self, group_id: bytes) -> coordination.CoordAsyncResult[None]:
         name = encode_name(group_id, "group id")
+        # A hashed name: the full group id goes in the group's record, for get_groups.
+        body = json.dumps({"group_id": "x-" + _as_bytes(group_id).hex()}).encode() if is_hashed(name) else None
 
         def call() -> None:
-            self._call("PUT", f"/groups/{name}", errors={"group_exists": lambda: coordination.GroupAlreadyExist(group_id)})
+            self._call(
+                "PUT", f"/groups/{name}", body, errors={"group_exists": lambda: coordination.GroupAlreadyExist(group_id)}
+            )
 
         return _Done(call)
 
     def get_groups(self) -> coordination.CoordAsyncResult[List[bytes]]:
-        return _Done(lambda: [decode_name(str(g)) for g in self._call("GET", "/groups")["groups"]])
+        def call() -> List[bytes]:
+            data = self._call("GET", "/groups")
+            about = dict(data.get("about") or {})
+            groups = []
+            for name in data["groups"]:
+                record = about.get(name)
+                full = record.get("group_id") if isinstance(record, dict) else None
+                groups.append(full_name(str(name), full, "group id"))
+            return groups
+
+        return _Done(call)
 
     def delete_group(self, group_id: bytes) -> coordination.CoordAsyncResult[None]:
         name = encode_name(group_id, "group id")
@@ -450,11 +543,18 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
 
         return _Done(call)
 
+    def _record(self, capabilities: Any) -> bytes:
+        """The capabilities as this member's record holds them: as given, or, where the member's
+        name is a hash of its id, next to the full id (read back by :meth:`_members`)."""
+        if is_hashed(self._member_name):
+            capabilities = {_FULL_MEMBER: "x-" + self._member_id.hex(), "capabilities": capabilities}
+        return self._json(capabilities, "capabilities")
+
     def join_group(
         self, group_id: bytes, capabilities: Optional[coordination.Capabilities] = None
     ) -> coordination.CoordAsyncResult[None]:
         name = encode_name(group_id, "group id")
-        body = b'{"capabilities": ' + self._json(capabilities, "capabilities") + b"}"
+        body = b'{"capabilities": ' + self._record(capabilities) + b"}"
 
         def call() -> None:
             self._call(
@@ -495,7 +595,14 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         data = self._call(
             "GET", f"/groups/{name}/members", errors={"group_not_created": lambda: coordination.GroupNotCreated(group_id)}
         )
-        return {decode_name(str(m)): c for m, c in data["members"].items()}
+        members: Dict[bytes, Optional[coordination.Capabilities]] = {}
+        for member, capabilities in data["members"].items():
+            if is_hashed(str(member)):
+                record = capabilities if isinstance(capabilities, dict) else {}
+                members[full_name(str(member), record.get(_FULL_MEMBER), "member id")] = record.get("capabilities")
+            else:
+                members[decode_name(str(member))] = capabilities
+        return members
 
     def get_members(self, group_id: bytes) -> coordination.CoordAsyncResult[Set[bytes]]:
         return _Done(lambda: set(self._members(group_id)))
@@ -524,7 +631,7 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         self, group_id: bytes, capabilities: coordination.Capabilities
     ) -> coordination.CoordAsyncResult[None]:
         name = encode_name(group_id, "group id")
-        body = self._json(capabilities, "capabilities")
+        body = self._record(capabilities)
 
         def call() -> None:
             self._call(
@@ -582,8 +689,10 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         the child's retry interval (seconds)."""
         sent = time.monotonic()
         data = self._call("POST", "/heartbeat")
+        campaigns = self._campaigns()
         for name, state in dict(data.get("elections") or {}).items():
-            self._note_election(decode_name(str(name)), state, sent)
+            if name in campaigns:
+                self._note_election(campaigns[name], state, sent)
         locks = dict(data.get("locks") or {})
         with self._locks:
             for encoded, lock in list(self._lock_owners.items()):
@@ -631,6 +740,11 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         sent = time.monotonic()
         state = self._call("GET", f"/elections/{name}")
         return state, self._note_election(group, state, sent)
+
+    def _campaigns(self) -> Dict[str, bytes]:
+        """The groups this coordinator campaigns in, by their safe names (the names the child
+        reports elections by: a hashed one cannot be decoded)."""
+        return {encode_name(group): group for group in list(self._campaigning)}
 
     def _campaign(self, group: bytes) -> None:
         if group not in self._campaigning:
@@ -689,10 +803,13 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         """Runs the join/leave callbacks (members compared with the last run) and the
         elected-as-leader callbacks.
 
-        Without ``timeout``: returns once every watched election has a leader (waiting for one
-        at most a lease), and, where another member leads, not before :attr:`SETTLE_GRACE` passed
-        without a change: the child's view of a leadership comes from its store's watch, which
-        can lag a stand-down made by another coordinator a moment ago by some milliseconds.
+        Without ``timeout``: returns after one request to the child for the elections
+        (``GET /watchers``), as Tooz's drivers run what is pending and return. The child answers
+        each election from one read of its store, and waits for its own elector only where that
+        read shows the elector behind (a stand-down another coordinator made a moment ago that
+        hands the leadership to this one), or the election undecided (its first round, or a
+        leadership just released): so a leadership is reported at once, and a call never answers
+        from a view older than the store.
 
         With ``timeout``: long-polls the child until a callback ran or ``timeout`` passed, so that
         a new leadership runs its callback within milliseconds."""
@@ -705,41 +822,38 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
             return result
         for group in groups:
             self._campaign(group)  # again after a restart
-        deadline = started + (timeout if timeout is not None else self._timeout + LONG_POLL)
-        settle = started + self.SETTLE_GRACE
-        version = self._changes(0, 0)
+        version = 0 if timeout is None else self._changes(0, 0)
         while True:
-            leaderless = following = False
-            for group in groups:
-                state, leadership = self._election(group)
-                if leadership is not None:
-                    with self._state:
-                        fire = self._announced.get(group) != leadership.term
-                        self._announced[group] = leadership.term
-                    if fire:
-                        event = LeaderElected(group, self._member_id, leadership)
-                        result.extend(self._hooks_elected_leader[group].run(event))
+            result.extend(self._run_election_watchers(groups))
+            if timeout is None or result:
+                return result
+            left = started + timeout - time.monotonic()
+            if left <= 0:
+                return result
+            version = self._changes(version, min(left, LONG_POLL))
+
+    def _run_election_watchers(self, groups: List[bytes]) -> List[Any]:
+        """One ``GET /watchers``: notes every election's state and runs the callbacks of the
+        leaderships not announced yet."""
+        sent = time.monotonic()
+        data = self._call("GET", "/watchers")
+        states = dict(data.get("elections") or {})
+        result: List[Any] = []
+        for group in groups:
+            state = states.get(encode_name(group))
+            if state is None:
+                continue
+            leadership = self._note_election(group, state, sent)
+            with self._state:
+                fire = leadership is not None and self._announced.get(group) != leadership.term
+                if leadership is None:
+                    self._announced.pop(group, None)
                 else:
-                    with self._state:
-                        self._announced.pop(group, None)
-                    if state.get("leader") is None:
-                        leaderless = True
-                    else:
-                        following = True
-            now = time.monotonic()
-            if timeout is not None:
-                if result:
-                    return result
-                until = deadline
-            elif leaderless:
-                until = deadline
-            elif following:
-                until = settle
-            else:
-                return result
-            if until <= now:
-                return result
-            version = self._changes(version, min(until - now, LONG_POLL))
+                    self._announced[group] = leadership.term
+            hooks = self._hooks_elected_leader.get(group)
+            if fire and leadership is not None and hooks is not None:
+                result.extend(hooks.run(LeaderElected(group, self._member_id, leadership)))
+        return result
 
     # -- locks -----------------------------------------------------------------------------
 

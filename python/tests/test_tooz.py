@@ -44,12 +44,21 @@ class NamesTest(unittest.TestCase):
         for name in (b"workers-1", b"Workers", b"x-ab", b"x-ray", b"\x00\xff", "é".encode(), b"a" * 40):
             self.assertEqual(tooz_driver.decode_name(tooz_driver.encode_name(name)), name)
 
-    def test_names_that_cannot_be_encoded_are_refused_with_a_tooz_error(self) -> None:
+    def test_long_names_are_hashed_and_only_empty_or_foreign_names_are_refused(self) -> None:
         self.assertEqual(tooz_driver.encode_name(b"A" * 19), "x-" + "41" * 19)
-        for name in (b"A" * 20, b"a" * 41, b"", uuid.uuid4().hex.upper().encode()):
-            with self.assertRaises(tooz.ToozError) as raised:
-                tooz_driver.encode_name(name, "group id")
-            self.assertIn("tenure", str(raised.exception))
+        for name in (b"A" * 20, b"a" * 41, uuid.uuid4().hex.upper().encode(), b"h-" + b"a" * 38):
+            encoded = tooz_driver.encode_name(name, "group id")
+            self.assertTrue(tooz_driver.is_hashed(encoded), encoded)
+            self.assertEqual(len(encoded), tooz_driver.MAX_NAME)
+            self.assertEqual(tooz_driver.full_name(encoded, "x-" + name.hex(), "group id"), name)
+            with self.assertRaises(tooz.ToozError):  # a record that carries another name
+                tooz_driver.full_name(encoded, "x-" + (name + b"!").hex(), "group id")
+        self.assertNotEqual(tooz_driver.encode_name(b"a" * 41), tooz_driver.encode_name(b"A" * 41))
+        with self.assertRaises(tooz.ToozError):
+            tooz_driver.encode_name(b"", "group id")
+        with self.assertRaises(TypeError):
+            tooz_driver.encode_name(5)  # type: ignore[arg-type]
+        self.assertEqual(tooz_driver.decode_name(tooz_driver.holder_name(b"H" * 300)), b"H" * 300)
 
     def test_store_urls(self) -> None:
         from oslo_utils import netutils
@@ -238,10 +247,13 @@ class CoordinatorTest(unittest.TestCase):
         a.watch_elected_as_leader(group, elected.append)
         a.run_watchers()
         self.assertEqual(a.get_leader(group).get(), member)
-        with self.assertRaises(tooz.ToozError):
-            a.create_group(b"a group name far too long for tenure's forty characters").get()
-        with self.assertRaises(tooz.ToozError):
-            a.get_lock(b"\x00" * 20)
+        # Past forty characters a name is hashed, and still given back (issue 32).
+        long_group = b"A Group Name Far Too Long For Forty Characters"
+        a.create_group(long_group).get()
+        self.assertIn(long_group, a.get_groups().get())
+        lock = a.get_lock(b"\x00" * 20)
+        self.assertTrue(lock.acquire(blocking=False))
+        self.assertTrue(lock.release())
 
     def test_used_before_start_or_after_stop_is_a_tooz_error(self) -> None:
         a = self.coordinator(b"a", start=False)

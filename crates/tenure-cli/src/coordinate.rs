@@ -38,7 +38,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{CampaignEnd, CampaignRequest, LockUrl, LockUrlParser, Observation};
+use crate::backend::{CampaignEnd, CampaignRequest, LockUrl, LockUrlParser, Observation, StatusSource};
 use crate::options::{parse_http_address, CandidateOptions, ClusterArgs, HttpAddress};
 use crate::signals::TerminationSignals;
 use crate::{exit, http, logging, CliError};
@@ -67,6 +67,14 @@ pub struct CoordinateArgs {
     /// closes when the application dies, however it dies.
     #[arg(long)]
     stdin_lifeline: bool,
+
+    /// The identity written as the holder of elections and locks (default: --id). Why apart
+    /// from --id: --id names store objects, so it must be a short safe name (the Tooz driver
+    /// hashes a long member id into one), while the holder is data that leaders are reported
+    /// by, so it can carry the member id's full reversible form. Visible ASCII, at most 4,200
+    /// characters.
+    #[arg(long, value_name = "NAME")]
+    holder: Option<String>,
 
     #[command(flatten)]
     candidate: CandidateOptions,
@@ -110,6 +118,17 @@ pub enum Refusal {
     Unavailable(String),
 }
 
+/// The longest `--holder`: a 2,048-byte Tooz member id in hex with its `x-` prefix, and room.
+pub const LONGEST_HOLDER: usize = 4200;
+
+/// Checks a `--holder`: non-empty visible ASCII (it travels in records and request headers).
+pub fn check_holder(holder: &str) -> Answer<()> {
+    let fits = !holder.is_empty() && holder.len() <= LONGEST_HOLDER && holder.bytes().all(|b| b.is_ascii_graphic());
+    fits.then_some(()).ok_or_else(|| {
+        Refusal::BadName(format!("the holder {holder:?} is not 1 to {LONGEST_HOLDER} visible ASCII characters"))
+    })
+}
+
 /// A lock or leadership held through an elector of this process.
 struct Campaigning {
     elector: Elector,
@@ -136,11 +155,15 @@ struct Held {
     seen: HashMap<(String, String), (Version, Instant)>,
     /// Group stores by group, connected once.
     stores: HashMap<String, Arc<dyn GroupStore>>,
+    /// Readers of elections by URL, connected once (a fresh answer reads the store each time).
+    sources: HashMap<String, Arc<dyn StatusSource>>,
 }
 
 /// One Tooz coordinator's state.
 pub struct Coordinator {
     identity: String,
+    /// Who this coordinator is in election and lock records (`--holder`, else the identity).
+    holder: String,
     base: LockUrl,
     cluster: ClusterOptions,
     timing: Timing,
@@ -175,9 +198,10 @@ pub fn check_name(name: &str) -> Answer<()> {
 }
 
 impl Coordinator {
-    fn new(identity: String, base: LockUrl, cluster: ClusterOptions, timing: Timing) -> Arc<Self> {
+    fn new(identity: String, holder: String, base: LockUrl, cluster: ClusterOptions, timing: Timing) -> Arc<Self> {
         Arc::new(Coordinator {
             identity,
+            holder,
             base,
             cluster,
             timing,
@@ -251,15 +275,18 @@ impl Coordinator {
 
     // ----- groups -----
 
-    /// The groups in the registry.
-    pub async fn groups(&self) -> Answer<Vec<String>> {
-        Ok(self.read("").await?.members.into_keys().collect())
+    /// The groups in the registry, each with what its creator recorded with it (the Tooz
+    /// driver's full group id, where the name is a hash of it).
+    pub async fn groups(&self) -> Answer<Vec<(String, serde_json::Value)>> {
+        let registry = self.read("").await?.members.into_iter();
+        Ok(registry.map(|(group, stored)| (group, stored.value.capabilities.unwrap_or_default())).collect())
     }
 
-    /// Adds `group` to the registry.
-    pub async fn create_group(&self, group: &str) -> Answer<()> {
+    /// Adds `group` to the registry, with `about` in its record (returned by [`Self::groups`]).
+    pub async fn create_group(&self, group: &str, about: serde_json::Value) -> Answer<()> {
         let store = self.store("").await?;
-        let record = Value::Member(self.record(group, None));
+        let about = (!about.is_null()).then_some(about);
+        let record = Value::Member(self.record(group, about));
         match self.within(store.write(&Key::Member(group.to_owned()), None, &record)).await {
             Ok(_) => Ok(()),
             Err(StoreError::AlreadyExists) => Err(Refusal::GroupExists(group.to_owned())),
@@ -404,7 +431,7 @@ impl Coordinator {
 
     async fn campaign(&self, url: LockUrl) -> Answer<Campaigning> {
         let request = CampaignRequest {
-            identity: &self.identity,
+            identity: &self.holder,
             timing: self.timing,
             cluster: &self.cluster,
             coordinated: None,
@@ -456,28 +483,71 @@ impl Coordinator {
         }
     }
 
-    /// Who leads `group`'s election: this process's view if it campaigns, else a read.
+    /// Who leads `group`'s election now. Why not simply this process's view: the view follows the
+    /// store through a watch and may lag it (a stand-down another coordinator made a moment ago,
+    /// or a view that a freeze of this process left behind), and a Tooz application acts on the
+    /// answer at once. So: while this process leads (judged on its clock now, S1), the view; else
+    /// one read of the store, and where the view is behind that read, a wait (up to the renew
+    /// deadline) for the elector to catch up, so that a leadership this process won is reported
+    /// as such. The store shows nobody after a release: the wait is for the next tenure, up to a
+    /// lease (candidates that just stood down wait that long before taking it back).
     pub async fn election(&self, group: &str) -> Answer<routes::ElectionReport> {
-        let campaigning = self.held().elections.get(group).map(|c| (c.elector.leadership(), self.validity(&c.elector)));
-        if let Some((leadership, valid)) = campaigning {
-            return Ok(routes::ElectionReport {
-                leader: leadership.leader,
-                term: leadership.term.map(|t| t.0),
-                leading: valid.is_some(),
-                valid_ms: valid,
-            });
+        let asked = Instant::now();
+        let view = self.held().elections.get(group).map(|c| (c.elector.subscribe(), self.validity(&c.elector)));
+        let url = self.nested("election", group)?;
+        let Some((mut view, valid)) = view else {
+            let (leader, term) = self.read_election(url).await?;
+            return Ok(routes::ElectionReport { leader, term, leading: false, valid_ms: None });
+        };
+        if valid.is_none() {
+            let (leader, term) = self.read_election(url).await?;
+            let shown = leader.is_some();
+            let caught_up = |seen: &tenure::Leadership| {
+                let seen_term = seen.term.map(|t| t.0);
+                if shown {
+                    seen_term >= term
+                } else {
+                    seen.leader.is_some() && seen_term > term
+                }
+            };
+            let limit = if shown { self.timing.renew_deadline } else { self.timing.lease_duration };
+            if tokio::time::timeout(limit, view.wait_for(caught_up)).await.is_err() {
+                return Ok(routes::ElectionReport { leader, term: term.filter(|_| shown), leading: false, valid_ms: None });
+            }
         }
-        let (leader, term) = self.read_election(self.nested("election", group)?).await?;
-        Ok(routes::ElectionReport { leader, term, leading: false, valid_ms: None })
+        let leadership = view.borrow().clone();
+        // Counted from when the request came, as the driver counts it from when it sent it: a
+        // wait above must not shorten the validity the driver sees.
+        let valid = self.held().elections.get(group).and_then(|c| self.validity_from(&c.elector, asked));
+        Ok(routes::ElectionReport {
+            leader: leadership.leader,
+            term: leadership.term.map(|t| t.0),
+            leading: valid.is_some(),
+            valid_ms: valid,
+        })
+    }
+
+    /// Every election this coordinator campaigns in, each answered as [`Self::election`] does,
+    /// at once: what `run_watchers` needs in one request.
+    pub async fn elections(&self) -> Answer<HashMap<String, routes::ElectionReport>> {
+        let groups: Vec<String> = self.held().elections.keys().cloned().collect();
+        let answers = futures::future::join_all(groups.iter().map(|group| self.election(group))).await;
+        groups.into_iter().zip(answers).map(|(group, answer)| Ok((group, answer?))).collect()
     }
 
     /// How long this process's tenure stays valid from now, if it leads: the elector's renew
     /// deadline, never past the session's end.
     fn validity(&self, elector: &Elector) -> Option<u64> {
+        self.validity_from(elector, Instant::now())
+    }
+
+    /// As [`Self::validity`], if it leads now, but counted from `from` (an earlier instant).
+    fn validity_from(&self, elector: &Elector, from: Instant) -> Option<u64> {
         let now = Instant::now();
         elector.is_leader()?;
         let until = elector.valid_until()?.into_std().min(self.session.ends());
-        u64::try_from(until.checked_duration_since(now)?.as_millis()).ok()
+        until.checked_duration_since(now)?;
+        u64::try_from(until.checked_duration_since(from)?.as_millis()).ok()
     }
 
     /// Takes the lock `name`: waits up to `wait` for the leadership of its election. With no
@@ -535,19 +605,33 @@ impl Coordinator {
         }
     }
 
-    /// Who holds the election at `url`, and the term, as one read of the store finds it.
+    /// Who holds the election at `url`, and the term, as one read of the store finds it (the
+    /// term of the last tenure when the record was released: nobody holds it, term given).
     async fn read_election(&self, url: LockUrl) -> Answer<(Option<String>, Option<u64>)> {
-        let read = async { url.status_source(&self.cluster).await?.read().await };
+        let key = url.to_string();
+        let cached = self.held().sources.get(&key).cloned();
+        let read = async {
+            let source = match cached {
+                Some(source) => source,
+                None => {
+                    let source: Arc<dyn StatusSource> = Arc::from(url.status_source(&self.cluster).await?);
+                    self.held().sources.entry(key.clone()).or_insert(source).clone()
+                }
+            };
+            source.read().await
+        };
         let observation = match tokio::time::timeout(self.timing.renew_deadline, read).await {
             Ok(Ok(observation)) => observation,
-            Ok(Err(error)) => return Err(Refusal::Unavailable(error.to_string())),
+            Ok(Err(error)) => {
+                self.held().sources.remove(&key);
+                return Err(Refusal::Unavailable(error.to_string()));
+            }
             Err(_) => return Err(Refusal::Unavailable(format!("cannot read {url} in time"))),
         };
         Ok(match observation {
-            Observation::Record(Some(tenure::StoredRecord { record: Ok(record), .. }))
-                if !record.holder_identity.is_empty() =>
-            {
-                (Some(record.holder_identity), Some(Term::from_count(record.leader_transitions).0))
+            Observation::Record(Some(tenure::StoredRecord { record: Ok(record), .. })) => {
+                let term = Some(Term::from_count(record.leader_transitions).0);
+                ((!record.holder_identity.is_empty()).then_some(record.holder_identity), term)
             }
             Observation::Record(_) => (None, None),
             Observation::Leader(leader, _) => (leader.as_ref().map(|l| l.0.clone()), leader.map(|l| l.1 .0)),
@@ -626,6 +710,8 @@ pub async fn coordinate(args: CoordinateArgs) -> Result<u8, CliError> {
     let mut signals = TerminationSignals::install().map_err(CliError::io("install signal handlers"))?;
     let identity = args.candidate.identity()?;
     check_name(&identity).map_err(CliError::refused)?;
+    let holder = args.holder.clone().unwrap_or_else(|| identity.clone());
+    check_holder(&holder).map_err(CliError::refused)?;
     if args.lock.nested("groups").is_none() {
         return Err(CliError::LockCannot {
             needs: "tenure coordinate needs a store shared by processes: file:///DIR, etcd://, zk:// or kube://NS/leases/PREFIX",
@@ -636,7 +722,7 @@ pub async fn coordinate(args: CoordinateArgs) -> Result<u8, CliError> {
     let listener =
         TcpListener::bind(&args.http.0).await.map_err(CliError::io(format!("serve HTTP on {}", args.http.0)))?;
     let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| args.http.0.clone());
-    let coordinator = Coordinator::new(identity.clone(), args.lock.clone(), cluster, args.candidate.ttl.timing);
+    let coordinator = Coordinator::new(identity.clone(), holder, args.lock.clone(), cluster, args.candidate.ttl.timing);
     tracing::info!(identity, store = %args.lock, timeout = ?coordinator.timing.lease_duration, "coordinating");
     tracing::info!(address, "serving the coordinator over HTTP");
 

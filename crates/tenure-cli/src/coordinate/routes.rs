@@ -109,6 +109,7 @@ pub fn router(coordinator: Arc<Coordinator>) -> Router {
         .route("/heartbeat", post(heartbeat))
         .route("/stop", post(stop))
         .route("/changes", get(changes))
+        .route("/watchers", get(watchers))
         .route("/groups", get(groups))
         .route("/groups/{group}", put(create_group).delete(delete_group))
         .route("/groups/{group}/members", get(members))
@@ -125,6 +126,17 @@ pub fn router(coordinator: Arc<Coordinator>) -> Router {
 /// Every request is a sign of life for as long as it lasts; after the session ended, only
 /// `/stop` is served.
 async fn sign_of_life(State(coordinator): State<Arc<Coordinator>>, request: Request, next: Next) -> Response {
+    // After a freeze of this process, the first request may arrive before the task that ends
+    // the session has run: a session the application left silent for the timeout is over all
+    // the same, so that the request learns it at once instead of reviving it.
+    if coordinator.session.due() && coordinator.session.expire() {
+        tracing::warn!(
+            timeout = ?coordinator.session.timeout(),
+            "no request from the application within the session timeout: releasing every lock, leadership and membership"
+        );
+        let releasing = coordinator.clone();
+        tokio::spawn(async move { releasing.release_everything().await });
+    }
     if coordinator.session.expired() && request.uri().path() != "/stop" {
         return Failure(Refusal::SessionExpired(coordinator.session.timeout())).into_response();
     }
@@ -150,13 +162,24 @@ async fn changes(State(c): State<Arc<Coordinator>>, RawQuery(query): RawQuery) -
     Ok(Json(c.report()).into_response())
 }
 
-async fn groups(State(c): State<Arc<Coordinator>>) -> Reply {
-    ok(json!({"groups": c.groups().await?}))
+/// `GET /watchers`: every election this coordinator campaigns in, answered fresh (see
+/// [`Coordinator::election`]): what the driver's `run_watchers` needs, in one request.
+async fn watchers(State(c): State<Arc<Coordinator>>) -> Reply {
+    ok(json!({"elections": c.elections().await?}))
 }
 
-async fn create_group(State(c): State<Arc<Coordinator>>, Path(group): Path<String>) -> Reply {
+/// `GET /groups`: `{"groups": [NAME...], "about": {NAME: what its creator recorded}}`.
+async fn groups(State(c): State<Arc<Coordinator>>) -> Reply {
+    let groups = c.groups().await?;
+    let about: BTreeMap<_, _> = groups.iter().filter(|(_, about)| !about.is_null()).cloned().collect();
+    ok(json!({"groups": groups.into_iter().map(|(group, _)| group).collect::<Vec<_>>(), "about": about}))
+}
+
+/// `PUT /groups/GROUP` with an optional JSON body, kept in the group's record (the Tooz driver
+/// keeps the full group id there when the name is a hash of it).
+async fn create_group(State(c): State<Arc<Coordinator>>, Path(group): Path<String>, body: String) -> Reply {
     names([&group])?;
-    c.create_group(&group).await?;
+    c.create_group(&group, parse_body(&body)?).await?;
     Ok((StatusCode::CREATED, Json(json!({}))).into_response())
 }
 

@@ -47,6 +47,17 @@ impl Session {
         from + self.timeout
     }
 
+    /// Whether the application was silent for the timeout as of now, whether or not the task
+    /// that ends the session has run yet (it may not have, after a freeze of this process).
+    pub fn due(&self) -> bool {
+        self.in_flight.load(Ordering::SeqCst) == 0 && Instant::now() >= *self.last_call() + self.timeout
+    }
+
+    /// Marks the session ended; true for the one caller that ended it (the others find it so).
+    pub fn expire(&self) -> bool {
+        !self.expired.swap(true, Ordering::SeqCst)
+    }
+
     /// Whether the session ended (everything released; requests are refused).
     pub fn expired(&self) -> bool {
         self.expired.load(Ordering::SeqCst)
@@ -63,6 +74,9 @@ pub async fn keep(coordinator: Arc<Coordinator>) {
     let mut renew = tokio::time::interval(coordinator.timing.retry_period);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        if coordinator.session.expired() {
+            return; // ended by a request that arrived after the timeout (it releases everything)
+        }
         let ends = coordinator.session.ends();
         tokio::select! {
             () = coordinator.stop.cancelled() => return,
@@ -74,10 +88,12 @@ pub async fn keep(coordinator: Arc<Coordinator>) {
             }
         }
     }
+    if !coordinator.session.expire() {
+        return; // a request found it ended first, and releases everything
+    }
     tracing::warn!(
         timeout = ?coordinator.session.timeout,
         "no request from the application within the session timeout: releasing every lock, leadership and membership"
     );
-    coordinator.session.expired.store(true, Ordering::SeqCst);
     coordinator.release_everything().await;
 }
