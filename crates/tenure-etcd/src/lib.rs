@@ -9,7 +9,9 @@
 //!   order, each waiting for the deletion of its predecessor (the key with the greatest create
 //!   revision below its own);
 //! - the [`tenure::Term`] of a tenure is the create revision of the leader's key: it grows with
-//!   every new key, so it is a fencing token ([`EtcdElection::guarded_txn`] uses it).
+//!   every new key, so it is a fencing token: [`EtcdElection::fenced_txn`] runs a user's
+//!   transaction only while the key of its term exists, and answers [`FencedTxnError::Deposed`]
+//!   otherwise (checked by etcd in the same transaction).
 //!
 //! Where it does better than etcd's `Campaign`: it checks that its own key still exists before it
 //! claims leadership (etcd issue #11777), and it fences itself on the client side: a candidate
@@ -38,13 +40,15 @@
 mod access;
 pub mod campaign;
 mod client;
+mod fenced;
 mod transport;
 pub mod group_store;
 pub mod proto;
 
+pub use fenced::FencedTxnError;
 pub use group_store::EtcdGroupStore;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tenure::{Elector, Term, Timing};
@@ -153,9 +157,12 @@ pub struct EtcdElection {
     prefix: String,
     /// How long resign and shutdown wait for tenure guards; `None`: the renew deadline.
     drain_timeout: Option<Duration>,
+    /// The election key of the last term a fenced transaction ran under, found once per tenure
+    /// so that every later fenced write is one round trip.
+    fence_key: Arc<Mutex<Option<(Term, String)>>>,
 }
 
-/// Time limit of single calls made outside a campaign (`leader`, `guarded_txn`, `connect`).
+/// Time limit of single calls made outside a campaign (`leader`, `fenced_txn`, `connect`).
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl EtcdElection {
@@ -175,7 +182,8 @@ impl EtcdElection {
             return Err(EtcdError::EmptyElection);
         }
         let conn = Arc::new(Connection::new(endpoints, options)?);
-        let election = EtcdElection { conn, prefix: format!("{election}/"), drain_timeout: None };
+        let prefix = format!("{election}/");
+        let election = EtcdElection { conn, prefix, drain_timeout: None, fence_key: Arc::default() };
         election.leader().await?;
         Ok(election)
     }
@@ -235,19 +243,76 @@ impl EtcdElection {
     /// leader key created at revision `term` still exists; returns whether it ran. This is the
     /// fencing check for writes to etcd: a paused ex-leader whose key expired cannot write.
     ///
-    /// Costs two round trips (find the key of `term`, then the transaction); when the key is
-    /// known, build the transaction with [`leader_compare`] instead.
+    /// Kept for callers that only need a yes or no: it is [`EtcdElection::fenced_txn`] without
+    /// compares of its own, with "deposed" (or a term no tenure has) answered as
+    /// `succeeded == false`. One round trip once the key of `term` is known.
     pub async fn guarded_txn(&self, term: Term, success: Vec<RequestOp>) -> Result<TxnResponse, EtcdError> {
-        let Some(key) = self.leader_key(term).await? else {
-            return Ok(TxnResponse { succeeded: false, ..Default::default() });
+        let request = TxnRequest { compare: Vec::new(), success, failure: Vec::new() };
+        match self.fenced_txn(term, request).await {
+            Ok(response) => Ok(response),
+            Err(FencedTxnError::Deposed { .. } | FencedTxnError::BadTerm { .. }) => {
+                Ok(TxnResponse { succeeded: false, ..Default::default() })
+            }
+            Err(FencedTxnError::Etcd(error)) => Err(error),
+        }
+    }
+
+    /// Runs the user's transaction `request` (its compares, success and failure operations, as
+    /// etcd's `Txn` would) only while the tenure of `term` is the current one, checked by etcd in
+    /// the same transaction (W2). A leader paused between its last check and this write
+    /// (SIGSTOP, GC, a frozen VM) gets [`FencedTxnError::Deposed`] once its key expired, however
+    /// late the write arrives, and nothing of `request` runs.
+    ///
+    /// Why a typed answer rather than `succeeded == false`: a failed compare of the user's own
+    /// (a compare-and-swap that lost, worth a re-read and a retry) and a deposed writer (who must
+    /// stop) call for opposite reactions. On `Ok`, `succeeded` is the user's compares' verdict,
+    /// `responses` those of the branch that ran, and `header` the transaction's revision.
+    ///
+    /// One round trip per write: the election key of `term` is looked up once per tenure
+    /// ([`EtcdElection::leader_key`]) and kept. The term of an `etcdctl elect` leader (from
+    /// [`EtcdElection::leader`]) fences alike: the election key is etcd's own.
+    pub async fn fenced_txn(&self, term: Term, request: TxnRequest) -> Result<TxnResponse, FencedTxnError> {
+        fenced::revision_of(term)?;
+        let cached = self.fence_key.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let key = match cached {
+            Some((cached, key)) if cached == term => key,
+            _ => match self.leader_key(term).await? {
+                Some(key) => {
+                    *self.fence_key.lock().unwrap_or_else(|e| e.into_inner()) = Some((term, key.clone()));
+                    key
+                }
+                None => {
+                    let shows = match self.leader().await? {
+                        Some(leader) => format!("{:?} leading at term {} with key {}", leader.identity, leader.term, leader.key),
+                        None => String::from("no leader"),
+                    };
+                    return Err(self.deposed(term, shows));
+                }
+            },
         };
-        let request = TxnRequest { compare: vec![leader_compare(&key, term)], success, failure: Vec::new() };
-        self.conn.txn(CALL_TIMEOUT, request).await
+        let outer = fenced::outer_txn(&self.prefix, &key, term, request);
+        match fenced::user_answer(self.conn.txn(CALL_TIMEOUT, outer).await?) {
+            Ok(answer) => Ok(answer),
+            Err(Some(shows)) => {
+                let mut cache = self.fence_key.lock().unwrap_or_else(|e| e.into_inner());
+                if cache.as_ref().is_some_and(|(cached, _)| *cached == term) {
+                    *cache = None;
+                }
+                Err(self.deposed(term, shows))
+            }
+            Err(None) => Err(EtcdError::Protocol(String::from("a fenced transaction's answer lacks its nested answer")).into()),
+        }
+    }
+
+    fn deposed(&self, term: Term, shows: String) -> FencedTxnError {
+        let election = self.prefix.trim_end_matches('/').to_owned();
+        FencedTxnError::Deposed { election, term, shows }
     }
 
     /// The key of the candidate whose tenure is `term` (created at revision `term`), if it still
     /// exists. Why: a writer that makes many fenced writes finds the key once per tenure and
-    /// puts [`leader_compare`] into each of its own transactions ([`EtcdElection::txn`]).
+    /// puts [`leader_compare`] into each of its own transactions ([`EtcdElection::txn`]);
+    /// [`EtcdElection::fenced_txn`] does so for its callers.
     pub async fn leader_key(&self, term: Term) -> Result<Option<String>, EtcdError> {
         let revision = i64::try_from(term.0).map_err(|_| EtcdError::Protocol(format!("term {term} out of range")))?;
         let find = proto::etcdserverpb::RangeRequest {

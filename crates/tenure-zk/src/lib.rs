@@ -40,11 +40,15 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Writes fenced by the server itself, refused once their tenure is over however late they
+//! arrive: [`ZkElection::fenced_multi`].
+//!
 //! Digest authentication, the ACLs that protect an authenticated election, and (with the crate
 //! feature `tls`) TLS: [`ZkElection::connect_with`] and [`ZkOptions`].
 #![warn(missing_docs)]
 
 mod access;
+mod fenced;
 pub mod latch;
 mod transport;
 pub mod group_store;
@@ -52,6 +56,7 @@ pub mod naming;
 #[cfg(feature = "tls")]
 mod tls_probe;
 
+pub use fenced::FencedMultiError;
 pub use group_store::ZkGroupStore;
 
 use std::future::Future;
@@ -153,6 +158,9 @@ pub struct ZkElection {
     client: Arc<Mutex<zk::Client>>,
     /// Credentials of every session, and the ACL of the nodes created.
     access: ZkOptions,
+    /// The election node of the last term a fenced multi-operation ran under, found once per
+    /// tenure so that every later fenced write is one round trip.
+    fence_node: Arc<Mutex<Option<(Term, String)>>>,
 }
 
 impl ZkElection {
@@ -203,7 +211,10 @@ impl ZkElection {
             );
         }
         let (path, drain_timeout, client) = (path.to_owned(), negotiated_timeout * 2 / 3, Arc::new(Mutex::new(client)));
-        Ok(ZkElection { servers, path, session_timeout, negotiated_timeout, drain_timeout, client, access: options })
+        let fence_node = Arc::default();
+        Ok(ZkElection {
+            servers, path, session_timeout, negotiated_timeout, drain_timeout, client, access: options, fence_node,
+        })
     }
 
     /// How long a resign or shutdown waits for the [`tenure::Tenure`] guards of the ending term
@@ -311,6 +322,92 @@ impl ZkElection {
         Ok(None)
     }
 
+    /// Applies the user's multi-operation (the operations `ops` adds: creates, sets, deletes,
+    /// version checks) only while the tenure of `term` is the current one, checked by the server
+    /// in the same operation (W2): `check_version(<election node of term>, -1)` goes first. A
+    /// leader paused between its last check and this write (SIGSTOP, GC, a frozen VM), or one
+    /// writing through a session that outlived its candidate's, gets
+    /// [`FencedMultiError::Deposed`] once its node is gone, however late the write arrives.
+    ///
+    /// Why a typed answer: a failed operation of the user's own ([`FencedMultiError::Operation`],
+    /// e.g. a compare-and-set that lost, worth a re-read) and a deposed writer (who must stop) call
+    /// for opposite reactions. On success, the results of the user's operations, in order.
+    ///
+    /// Writes through the election's own session ([`ZkElection::client`]); after it ended
+    /// (expired in a long partition) a new one is opened and the write sent once more: a request
+    /// refused for an expired session was not applied. `ops` may run twice for that reason. One
+    /// round trip per write: the node of `term` is looked up once per tenure and kept, and only
+    /// if it leads then (a queued follower's term is refused as deposed).
+    pub async fn fenced_multi<F>(&self, term: Term, ops: F) -> Result<Vec<zk::MultiWriteResult>, FencedMultiError>
+    where
+        F: Fn(&mut zk::MultiWriter<'_>) -> Result<(), zk::Error>,
+    {
+        fenced::zxid_of(term)?;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.try_fenced_multi(term, &ops).await {
+                Err(FencedMultiError::Zk(error)) if session_ended(&error) && attempts < 2 => self.reconnect().await?,
+                result => return result,
+            }
+        }
+    }
+
+    async fn try_fenced_multi<F>(&self, term: Term, ops: &F) -> Result<Vec<zk::MultiWriteResult>, FencedMultiError>
+    where
+        F: Fn(&mut zk::MultiWriter<'_>) -> Result<(), zk::Error>,
+    {
+        let cached = self.fence_node.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let node = match cached {
+            Some((cached, node)) if cached == term => node,
+            // Only the node that leads now: a queued follower's node passes the check as well,
+            // but the node that leads stays first until it is gone (sequence numbers only grow).
+            _ => match self.leader().await? {
+                Some(leader) if leader.term == term => {
+                    let node = format!("{}/{}", self.path, leader.node);
+                    *self.fence_node.lock().unwrap_or_else(|e| e.into_inner()) = Some((term, node.clone()));
+                    node
+                }
+                other => return Err(FencedMultiError::Deposed { path: self.path.clone(), term, shows: shows(other) }),
+            },
+        };
+        let client = self.client();
+        let mut multi = client.new_multi_writer();
+        multi.add_check_version(&node, -1).map_err(FencedMultiError::Invalid)?;
+        ops(&mut multi).map_err(FencedMultiError::Invalid)?;
+        let committed = tokio::time::timeout(self.session_timeout, multi.commit()).await;
+        let error = match committed {
+            Err(_) => return Err(ZkError::Timeout(self.session_timeout).into()),
+            Ok(Ok(mut results)) => {
+                if !results.is_empty() {
+                    results.remove(0);
+                }
+                return Ok(results);
+            }
+            Ok(Err(error)) => error,
+        };
+        fenced::classify(error)?;
+        self.forget_fence_node(term);
+        Err(self.deposed(term).await)
+    }
+
+    /// Forgets the election node of `term` once its tenure is known to be over.
+    fn forget_fence_node(&self, term: Term) {
+        let mut cache = self.fence_node.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.as_ref().is_some_and(|(cached, _)| *cached == term) {
+            *cache = None;
+        }
+    }
+
+    /// The deposed answer for `term`, naming who leads now (or why that is unknown).
+    async fn deposed(&self, term: Term) -> FencedMultiError {
+        let shows = match self.leader().await {
+            Ok(leader) => shows(leader),
+            Err(error) => format!("a leader it could not read: {error}"),
+        };
+        FencedMultiError::Deposed { path: self.path.clone(), term, shows }
+    }
+
     async fn read_leader(&self) -> Result<Option<ZkLeader>, ZkError> {
         let call_timeout = self.session_timeout;
         let client = self.client();
@@ -334,6 +431,14 @@ impl ZkElection {
                 Err(err) => return Err(err),
             }
         }
+    }
+}
+
+/// Who leads, as a deposed writer is told.
+fn shows(leader: Option<ZkLeader>) -> String {
+    match leader {
+        Some(leader) => format!("{:?} leading at term {} with node {}", leader.identity, leader.term, leader.node),
+        None => String::from("no leader"),
     }
 }
 
