@@ -290,8 +290,8 @@ impl EtcdElection {
                 }
             },
         };
-        let outer = fenced::outer_txn(&self.prefix, &key, term, request);
-        match fenced::user_answer(self.conn.txn(CALL_TIMEOUT, outer).await?) {
+        let (outer, nested) = fenced::outer_txn(&self.prefix, &key, term, request);
+        match fenced::user_answer(self.conn.txn(CALL_TIMEOUT, outer).await?, nested) {
             Ok(answer) => Ok(answer),
             Err(Some(shows)) => {
                 let mut cache = self.fence_key.lock().unwrap_or_else(|e| e.into_inner());
