@@ -56,6 +56,7 @@ pub mod lock;
 pub mod multilock;
 pub mod object;
 pub mod resume;
+pub mod term_fenced;
 pub mod write_gate;
 
 pub use codec::RecordObject;
