@@ -50,11 +50,13 @@ pub enum ElectorError {
 /// elector.shutdown().await?;
 /// # Ok(()) }
 /// ```
+#[must_use = "an elector starts only when spawned"]
 pub struct ElectorBuilder {
     identity: String,
     lock: Arc<dyn RecordLock>,
     timing: Timing,
-    drain_timeout: Duration,
+    /// `None`: the renew deadline of the timing in force when spawned.
+    drain_timeout: Option<Duration>,
     seed: Option<u64>,
     coordinated: bool,
 }
@@ -78,7 +80,7 @@ impl ElectorBuilder {
     /// How long a resign or shutdown waits for the [`Tenure`] guards of the ending term to be
     /// dropped before it releases the lock anyway. Default: the renew deadline.
     pub fn drain_timeout(mut self, drain_timeout: Duration) -> Self {
-        self.drain_timeout = drain_timeout;
+        self.drain_timeout = Some(drain_timeout);
         self
     }
 
@@ -102,7 +104,7 @@ impl ElectorBuilder {
             candidate = candidate.coordinated();
         }
         let core = RecordCore::new(candidate);
-        let drain_timeout = self.drain_timeout;
+        let drain_timeout = self.drain_timeout.unwrap_or(self.timing.renew_deadline);
         Ok(Elector::from_driver(self.identity, self.timing, move |publisher, commands| {
             crate::shell::run(core, transport, publisher, drain_timeout, commands)
         }))
@@ -140,7 +142,7 @@ impl Elector {
     /// Starts building a candidate named `identity` on `lock`.
     pub fn builder(identity: impl Into<String>, lock: impl RecordLock) -> ElectorBuilder {
         let (timing, identity, lock) = (Timing::default(), identity.into(), Arc::new(lock));
-        ElectorBuilder { identity, lock, timing, drain_timeout: timing.renew_deadline, seed: None, coordinated: false }
+        ElectorBuilder { identity, lock, timing, drain_timeout: None, seed: None, coordinated: false }
     }
 
     /// A handle around a native driver: `driver` receives the publishing half of the leadership

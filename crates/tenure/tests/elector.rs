@@ -262,6 +262,21 @@ async fn release_proceeds_after_the_drain_timeout_if_the_work_never_stops() {
     assert!(!stuck.is_valid());
 }
 
+/// The default drain timeout is the renew deadline of the timing the elector runs with, not of
+/// client-go's default timing (10 s) when the timing is set after it.
+#[tokio::test(start_paused = true)]
+async fn the_default_drain_timeout_is_the_renew_deadline_of_the_timing_given() {
+    let store = MemoryStore::new();
+    let timing = Timing::from_ttl(Duration::from_secs(2)).unwrap();
+    let a = Elector::builder("a", store.client("a")).timing(timing).spawn().unwrap();
+    let stuck = a.acquired().await.unwrap();
+    let asked = Instant::now();
+    a.shutdown().await.unwrap();
+    let drained = Instant::now() - asked;
+    assert!(drained >= timing.renew_deadline && drained < Duration::from_secs(10), "drained for {drained:?}");
+    assert!(!stuck.is_valid());
+}
+
 #[tokio::test(start_paused = true)]
 async fn candidates_racing_for_an_empty_lock_elect_exactly_one() {
     let store = MemoryStore::new();
