@@ -103,7 +103,9 @@ impl ElectorBuilder {
         if self.coordinated {
             candidate = candidate.coordinated();
         }
-        let core = RecordCore::new(candidate);
+        // The shell's clock starts when it runs, a moment later: a few microseconds off in the
+        // record's informational times.
+        let core = RecordCore::new(candidate, chrono::Utc::now());
         let drain_timeout = self.drain_timeout.unwrap_or(self.timing.renew_deadline);
         Ok(Elector::from_driver(self.identity, self.timing, move |publisher, commands| {
             crate::shell::run(core, transport, publisher, drain_timeout, commands)

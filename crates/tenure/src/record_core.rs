@@ -49,6 +49,10 @@ pub enum RecordInput {
 /// [`Candidate`] with the lock's watch, as an [`ElectionCore`].
 pub struct RecordCore {
     candidate: Candidate,
+    /// The wall-clock time at the core's [`MonotonicTime::ZERO`]: the record's informational times
+    /// (`acquireTime`, `renewTime`) are this plus the monotonic time passed in, so the core reads
+    /// no clock of its own (the simulation gives it a virtual one).
+    wall_at_zero: chrono::DateTime<chrono::Utc>,
     /// When to open the watch again, when it is closed and the lock can watch.
     reopen_watch_at: Option<MonotonicTime>,
     /// Watch streams that failed in a row (reset by the first change delivered).
@@ -57,9 +61,11 @@ pub struct RecordCore {
 }
 
 impl RecordCore {
-    /// Wraps `candidate` (built knowing whether the transport's watch is open).
-    pub fn new(candidate: Candidate) -> RecordCore {
-        RecordCore { candidate, reopen_watch_at: None, watch_failures: 0, reports: Default::default() }
+    /// Wraps `candidate` (built knowing whether the transport's watch is open); `wall_at_zero` is
+    /// the wall-clock time when the driver's monotonic clock reads zero (`Utc::now()` when the
+    /// shell starts).
+    pub fn new(candidate: Candidate, wall_at_zero: chrono::DateTime<chrono::Utc>) -> RecordCore {
+        RecordCore { candidate, wall_at_zero, reopen_watch_at: None, watch_failures: 0, reports: Default::default() }
     }
 }
 
@@ -80,7 +86,8 @@ impl ElectionCore for RecordCore {
             self.reopen_watch_at = None;
             return Some(RecordCall::OpenWatch);
         }
-        self.candidate.poll_action(now, chrono::Utc::now()).map(|action| RecordCall::Lock(action, now))
+        let wall = chrono::Duration::from_std(now.0).map_or(self.wall_at_zero, |since| self.wall_at_zero + since);
+        self.candidate.poll_action(now, wall).map(|action| RecordCall::Lock(action, now))
     }
 
     fn handle(&mut self, now: MonotonicTime, input: RecordInput) {
