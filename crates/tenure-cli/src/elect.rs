@@ -34,6 +34,7 @@ use crate::{exit, http, logging, pod_label, CliError};
         /healthz   500 when leading without a renew for lease + --healthz-timeout, else 200\n  \
         /readyz    200; with --ready-only-when-leader 503 unless leading\n  \
         /events    Server-Sent Events, one per leadership change, the current state first\n  \
+        /progress  POST ?term=T: the leader's application made progress (see --progress-timeout)\n  \
         /metrics   Prometheus metrics (leader_election_master_status{name} and tenure_*)\n  \
         (a near miss of these paths, such as /isleader or /statuz, answers 404)\n\n\
         Signals: SIGTERM, SIGINT and SIGHUP release the lock (another candidate takes over at \
@@ -74,6 +75,15 @@ pub struct ElectArgs {
     #[arg(long)]
     ready_only_when_leader: bool,
 
+    /// Give way when the application makes no progress for this long: while this instance
+    /// leads, its application must POST /progress?term=<term> at least this often (from the
+    /// start of its tenure); after such a silence the sidecar logs why, counts it
+    /// (tenure_gave_way_total), resigns (the lock is released, a healthy replica leads) and stays
+    /// a candidate. Needs --http; at least one renew interval (--ttl / 8). Off by default: an
+    /// application that does not know /progress keeps its leadership as with leader-elector.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "http")]
+    progress_timeout: Option<Duration>,
+
     /// On Kubernetes, label this candidate's Pod with KEY=VALUE (VALUE defaults to true) while it
     /// leads, so that `kubectl get pods -l KEY=VALUE` or a Service selector finds the leader. The
     /// Pod is POD_NAMESPACE/POD_NAME (downward API), else the service account's namespace (or the
@@ -100,6 +110,17 @@ pub struct ElectArgs {
 }
 
 impl ElectArgs {
+    /// The progress watch when --progress-timeout is given, checked before anything starts: a
+    /// silence shorter than one renew interval would make a healthy application give way.
+    fn progress(&self) -> Result<Option<Arc<http::progress::Progress>>, CliError> {
+        let Some(silence) = self.progress_timeout else { return Ok(None) };
+        let renew_interval = self.candidate.ttl.timing.retry_period;
+        if silence < renew_interval {
+            return Err(CliError::SilenceTooShort { silence, renew_interval });
+        }
+        Ok(Some(Arc::new(http::progress::Progress::new(silence))))
+    }
+
     /// The versions to publish when --coordinated, checked before anything starts.
     fn coordination(&self) -> Result<Option<tenure_kube::coordinated::CandidateVersions>, CliError> {
         if !self.coordinated {
@@ -125,6 +146,7 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
         url.check_leader_label()?;
     }
     let coordinated = args.coordination()?;
+    let progress = args.progress()?;
     let listener = match &args.http {
         Some(address) => Some(bind(address).await?),
         None => None,
@@ -149,6 +171,7 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
             healthz_timeout: args.healthz_timeout,
             healthz_lock_unreachable: args.healthz_lock_unreachable,
             ready_only_when_leader: args.ready_only_when_leader,
+            progress: progress.clone(),
         };
         let router = http::router(view, settings);
         tokio::spawn(http::serve(listener, router, stop_serving.clone().cancelled_owned()))
@@ -156,6 +179,10 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
 
     let timing = &args.candidate.ttl.timing;
     tokio::spawn(release_startup_pages(elector.subscribe(), timing.retry_period, timing.lease_duration));
+    let (give_way, mut silent) = tokio::sync::mpsc::channel(1);
+    if let Some(progress) = progress {
+        tokio::spawn(http::progress::watch_progress(progress, elector.subscribe(), give_way));
+    }
 
     let outcome = loop {
         tokio::select! {
@@ -164,6 +191,7 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
                 break Ok(());
             }
             () = resigns.recv() => resign_on_request(&elector).await,
+            Some(term) = silent.recv() => give_way_without_progress(&elector, term, args.progress_timeout).await,
             reason = server_failed(&mut server) => {
                 server = None;
                 break Err(CliError::HttpServer(reason));
@@ -246,6 +274,19 @@ pub async fn resign_on_request(elector: &Elector) {
             }
         }
         None => tracing::info!("SIGUSR1: not leading, nothing to step down from"),
+    }
+}
+
+/// The application made no progress for `silence` during the tenure `term`: resign if that
+/// tenure still lasts (the lock is released, a healthy replica leads) and stay a candidate.
+async fn give_way_without_progress(elector: &Elector, term: tenure::Term, silence: Option<Duration>) {
+    if elector.is_leader() != Some(term) {
+        return;
+    }
+    let silence = silence.map(humantime::format_duration).map(|s| s.to_string()).unwrap_or_default();
+    tracing::warn!(term = term.0, silence, "giving way: the application made no progress (POST /progress) for --progress-timeout; stepping down");
+    if let Err(error) = elector.resign().await {
+        tracing::warn!(%error, "could not step down");
     }
 }
 

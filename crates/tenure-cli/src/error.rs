@@ -57,6 +57,9 @@ pub enum CliError {
     GraceTooLong { grace: Duration, bound: Duration },
     #[error("no command given after --")]
     NoCommand,
+    #[error("--progress-timeout {} is shorter than one renew interval ({}): give the application at least that long",
+            humantime::format_duration(*.silence), humantime::format_duration(*.renew_interval))]
+    SilenceTooShort { silence: Duration, renew_interval: Duration },
     #[error("'tenure supervise' is started by 'tenure run' only (no control socket: {0})")]
     NotSupervised(std::io::Error),
 
@@ -111,7 +114,7 @@ impl CliError {
             LockUrl(_) | Access(_) | Refused(_) | LockAndLockType | InClusterWithKubeconfig => exit::USAGE,
             NamespaceMismatch { .. } | LockCannot { .. } | NothingToBreak { .. } | NoGroupStore { .. } => exit::USAGE,
             DefaultGroupDirectory { .. } | Hostname(_) | UnusableHostname(_) | GraceTooLong { .. } => exit::USAGE,
-            NoCommand | NotSupervised(_) => exit::USAGE,
+            NoCommand | NotSupervised(_) | SilenceTooShort { .. } => exit::USAGE,
             _ => exit::FAILURE,
         }
     }

@@ -21,10 +21,12 @@
 //! | `/events`   | Server-Sent Events, one per leadership change ([`events`]) |
 //! | `/hold`     | `?term=T`: the application's work holds the tenure; a release waits for it ([`hold`]) |
 //! | `/metrics`  | Prometheus metrics ([`metrics`]) |
+//! | `/progress` | `POST ?term=T`: the application's work advanced; with `--progress-timeout`, silence makes the leader give way ([`progress`]) |
 
 mod events;
 mod hold;
 mod metrics;
+pub mod progress;
 /// The content type of `/metrics` answers, for the other sidecars that serve one.
 pub(crate) use metrics::CONTENT_TYPE as METRICS_CONTENT_TYPE;
 mod probes;
@@ -39,7 +41,7 @@ use std::time::Duration;
 use axum::extract::{RawQuery, State};
 use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 use tenure::{Elector, ElectorStats, Leadership, Tenure, Term, Timing};
@@ -122,6 +124,9 @@ pub struct ApiSettings {
     /// Answer `/readyz` with 503 unless this instance leads, so a Service routes to the leader
     /// only.
     pub ready_only_when_leader: bool,
+    /// The application's proofs of progress, when the leader gives way after a silence
+    /// (`--progress-timeout`).
+    pub progress: Option<Arc<progress::Progress>>,
 }
 
 /// What every handler is given: the elector (weakly), its numbered snapshots and the settings.
@@ -145,7 +150,7 @@ pub fn router(view: Weak<dyn LeadershipView>, settings: ApiSettings) -> Router {
     let leadership = view.upgrade().map_or_else(|| watch::channel(Leadership::unknown()).1, |view| view.subscribe());
     let api = Api {
         snapshots: snapshots::number(leadership),
-        metrics: Arc::new(metrics::Metrics::new(view.clone(), &settings.election)),
+        metrics: Arc::new(metrics::Metrics::new(view.clone(), &settings.election, settings.progress.clone())),
         view,
         settings: Arc::new(settings),
     };
@@ -157,6 +162,7 @@ pub fn router(view: Weak<dyn LeadershipView>, settings: ApiSettings) -> Router {
         .route("/readyz", get(probes::readyz))
         .route("/events", get(events::events))
         .route("/hold", get(hold::hold))
+        .route("/progress", post(progress::progress))
         .route("/metrics", get(metrics::metrics))
         .route("/{*path}", get(any_other_path))
         // The router's matcher does not fall back from `/status` to the catch-all for `/status/`
@@ -314,6 +320,7 @@ pub(crate) mod tests {
             healthz_timeout: Duration::from_secs(20),
             healthz_lock_unreachable: None,
             ready_only_when_leader: false,
+            progress: None,
         }
     }
 

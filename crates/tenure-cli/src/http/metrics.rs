@@ -28,7 +28,7 @@
 //!
 //! The answer is OpenMetrics text, which Prometheus scrapes natively.
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -41,6 +41,7 @@ use prometheus_client::registry::Registry;
 
 use tokio::time::Instant;
 
+use super::progress::Progress;
 use super::{Api, LeadershipView};
 
 /// The content type of OpenMetrics text, as Prometheus expects it.
@@ -53,10 +54,11 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Metrics of the elector behind `view`, labelled with the election's name.
-    pub fn new(view: Weak<dyn LeadershipView>, election: &str) -> Metrics {
+    /// Metrics of the elector behind `view`, labelled with the election's name, and how often it
+    /// gave way for lack of progress (when `progress` is watched).
+    pub fn new(view: Weak<dyn LeadershipView>, election: &str, progress: Option<Arc<Progress>>) -> Metrics {
         let mut registry = Registry::default();
-        registry.register_collector(Box::new(ElectionCollector { view, election: election.to_owned() }));
+        registry.register_collector(Box::new(ElectionCollector { view, election: election.to_owned(), progress }));
         Metrics { registry }
     }
 
@@ -82,6 +84,7 @@ pub async fn metrics(State(api): State<Api>) -> Response {
 struct ElectionCollector {
     view: Weak<dyn LeadershipView>,
     election: String,
+    progress: Option<Arc<Progress>>,
 }
 
 impl std::fmt::Debug for ElectionCollector {
@@ -113,6 +116,10 @@ impl Collector for ElectionCollector {
             write("tenure_term", "Term (fencing token) of the current holder's tenure", &ConstGauge::new(term.0))?;
         }
         write("tenure_renews", "Successful renews of the lock", &ConstCounter::new(stats.renews))?;
+        if let Some(progress) = &self.progress {
+            let help = "Times this instance, leading, gave way because its application made no progress for --progress-timeout";
+            write("tenure_gave_way", help, &ConstCounter::new(progress.gave_way()))?;
+        }
         write("tenure_failed_renews", "Renews that failed while leading", &ConstCounter::new(stats.failed_renews))?;
         write("tenure_lock_errors", "Failed calls to the lock of any kind", &ConstCounter::new(stats.lock_errors))?;
         let unreachable_for =

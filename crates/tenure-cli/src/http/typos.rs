@@ -11,7 +11,7 @@ use axum::Json;
 use serde::Serialize;
 
 /// The paths the API serves itself (besides `/`), as a probe or client spells them.
-const API_PATHS: &[&str] = &["/isLeader", "/status", "/healthz", "/readyz", "/events", "/hold", "/metrics"];
+const API_PATHS: &[&str] = &["/isLeader", "/status", "/healthz", "/readyz", "/events", "/hold", "/metrics", "/progress"];
 
 /// How many edits (insert, delete, substitute, swap) turn a typo into an API path at most: two,
 /// or one for names shorter than six letters (`/hold`), which two edits would bring too close to
