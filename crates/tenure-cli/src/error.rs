@@ -60,6 +60,9 @@ pub enum CliError {
     #[error("--progress-timeout {} is shorter than one renew interval ({}): give the application at least that long",
             humantime::format_duration(*.silence), humantime::format_duration(*.renew_interval))]
     SilenceTooShort { silence: Duration, renew_interval: Duration },
+    #[error("--probe-every {} must be above zero and at most --progress-timeout {}",
+            humantime::format_duration(*.every), humantime::format_duration(*.silence))]
+    ProbeTooRare { every: Duration, silence: Duration },
     #[error("'tenure supervise' is started by 'tenure run' only (no control socket: {0})")]
     NotSupervised(std::io::Error),
 
@@ -114,7 +117,7 @@ impl CliError {
             LockUrl(_) | Access(_) | Refused(_) | LockAndLockType | InClusterWithKubeconfig => exit::USAGE,
             NamespaceMismatch { .. } | LockCannot { .. } | NothingToBreak { .. } | NoGroupStore { .. } => exit::USAGE,
             DefaultGroupDirectory { .. } | Hostname(_) | UnusableHostname(_) | GraceTooLong { .. } => exit::USAGE,
-            NoCommand | NotSupervised(_) | SilenceTooShort { .. } => exit::USAGE,
+            NoCommand | NotSupervised(_) | SilenceTooShort { .. } | ProbeTooRare { .. } => exit::USAGE,
             _ => exit::FAILURE,
         }
     }

@@ -29,6 +29,7 @@ mod member;
 mod options;
 mod output;
 mod pod_label;
+mod probe;
 mod run;
 mod signals;
 mod startup_pages;

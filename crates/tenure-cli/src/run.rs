@@ -14,6 +14,7 @@ use crate::backend::{Campaign, CampaignEnd, CampaignRequest};
 use crate::child::{describe_status, exit_code_of};
 use crate::command_tree::{CommandTree, Containment, StartError, TreeOptions};
 use crate::fencing::{self, checked_grace, tenure_kill_bound, CommandControl, KillReason};
+use crate::probe::Probe;
 use crate::options::{parse_duration, CandidateOptions, ElectionOptions};
 use crate::signals::{ResignRequests, Termination, TerminationSignals};
 use crate::{exit, logging, CliError};
@@ -98,6 +99,25 @@ pub struct RunArgs {
     #[arg(long)]
     campaign_again: bool,
 
+    /// A health probe of CMD: a shell command run every --probe-every while CMD runs (with
+    /// CMD's environment); exit status 0 proves CMD makes progress. With --progress-timeout, a
+    /// leader whose probe has not succeeded for that long gives way: CMD is stopped as on
+    /// SIGUSR1, the lock is released (a healthy replica leads) and this instance stays a
+    /// candidate. A probe that outlasts its interval is killed and counts as failed. HTTP:
+    /// --probe 'curl -fsS http://127.0.0.1:PORT/healthz'.
+    #[arg(long, value_name = "SHELL COMMAND", requires = "progress_timeout", value_parser = clap::value_parser!(OsString))]
+    probe: Option<OsString>,
+
+    /// How long CMD may go without a successful --probe before this leader gives way (from
+    /// CMD's start). At least one renew interval (--ttl / 8).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "probe")]
+    progress_timeout: Option<Duration>,
+
+    /// How often --probe runs, and how long one run may take. [default: a quarter of
+    /// --progress-timeout]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "probe")]
+    probe_every: Option<Duration>,
+
     /// The command to run while leading, and its arguments (after --).
     #[arg(last = true, required = true, value_name = "CMD", value_parser = clap::value_parser!(OsString))]
     command: Vec<OsString>,
@@ -113,6 +133,8 @@ enum Ending {
     Terminated(Termination),
     /// The operator asked the leader to step down (SIGUSR1).
     Resign,
+    /// The command's probe has not succeeded for --progress-timeout.
+    GiveWay,
 }
 
 /// What comes after one tenure.
@@ -136,6 +158,7 @@ enum Waited {
 /// What a run needs beside the elector: its settings and the signals it answers.
 struct Runner {
     args: RunArgs,
+    probe: Option<Probe>,
     identity: String,
     lock: String,
     grace: Duration,
@@ -152,6 +175,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     if args.command.is_empty() {
         return Err(CliError::NoCommand);
     }
+    let probe = checked_probe(&args, &timing)?;
     let identity = args.candidate.identity()?;
     let url = args.election.lock_url()?;
     crate::lock_scope::LockScope::announce(&url, args.election.lock.is_none());
@@ -169,7 +193,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         }
     };
     let requests = SignalRequests { signals, resigns };
-    let mut runner = Runner { args, identity, lock: url.to_string(), grace, requests };
+    let mut runner = Runner { args, probe, identity, lock: url.to_string(), grace, requests };
     let outcome = loop {
         match runner.one_tenure(&elector).await {
             Ok(Next::CampaignAgain) => continue,
@@ -235,7 +259,15 @@ impl Runner {
             }
         }
 
-        let (ending, status) = match supervise(&mut tree, &tenure, self.grace, bound, &mut self.requests).await {
+        let started = Instant::now();
+        let silence = async {
+            match &self.probe {
+                Some(probe) => probe.silence(started, &options.environment).await,
+                None => std::future::pending().await,
+            }
+        };
+        let supervised = supervise(&mut tree, &tenure, self.grace, bound, &mut self.requests, silence).await;
+        let (ending, status) = match supervised {
             Ok(outcome) => outcome,
             Err(error) => {
                 tracing::error!(%error, "lost track of the command");
@@ -271,7 +303,7 @@ impl Runner {
                 );
                 Ok(Next::Exit(exit::LOST_LEADERSHIP))
             }
-            Ending::Resign => {
+            Ending::Resign | Ending::GiveWay => {
                 tracing::info!(
                     outcome = describe_status(status),
                     "the command stopped; stepping down and staying a candidate"
@@ -356,10 +388,12 @@ async fn supervise<C: CommandControl>(
     grace: Duration,
     bound: Duration,
     requests: &mut impl Requests,
+    silence: impl Future<Output = ()>,
 ) -> std::io::Result<(Ending, ExitStatus)> {
     let ending = tokio::select! {
         status = command.wait() => return Ok((Ending::Exited, status?)),
         () = fencing::lapsed(tenure) => Ending::LostLeadership,
+        () = silence => Ending::GiveWay,
         request = requests.next() => match request {
             Request::Stop(termination) => Ending::Terminated(termination),
             Request::Resign => Ending::Resign,
@@ -369,6 +403,11 @@ async fn supervise<C: CommandControl>(
     let grace_text = humantime::format_duration(grace);
     match ending {
         Ending::LostLeadership => tracing::error!(term, grace = %grace_text, "lost leadership; stopping the command"),
+        Ending::GiveWay => tracing::warn!(
+            term,
+            grace = %grace_text,
+            "giving way: the command's --probe has not succeeded for --progress-timeout; stopping the command and stepping down"
+        ),
         Ending::Terminated(termination) => {
             tracing::info!(signal = termination.name, grace = %grace_text, "stopping the command")
         }
@@ -387,6 +426,20 @@ async fn supervise<C: CommandControl>(
         None => {}
     }
     Ok((ending, status))
+}
+
+/// The probe of --probe and --progress-timeout, checked before anything starts: a silence shorter
+/// than one renew interval, or a probe that runs less often than that silence allows, is refused.
+fn checked_probe(args: &RunArgs, timing: &tenure::Timing) -> Result<Option<Probe>, CliError> {
+    let (Some(command), Some(allowed_silence)) = (args.probe.clone(), args.progress_timeout) else { return Ok(None) };
+    if allowed_silence < timing.retry_period {
+        return Err(CliError::SilenceTooShort { silence: allowed_silence, renew_interval: timing.retry_period });
+    }
+    let every = args.probe_every.unwrap_or(allowed_silence / 4);
+    if every.is_zero() || every > allowed_silence {
+        return Err(CliError::ProbeTooRare { every, silence: allowed_silence });
+    }
+    Ok(Some(Probe { command, every, allowed_silence }))
 }
 
 /// Releases the lock (if held) and stops the elector, logging a failed release, with the
@@ -426,7 +479,8 @@ mod tests {
         let (publisher, tenure) = silent_tenure(timing.renew_deadline);
         let fence = tenure.valid_until();
         let mut command = Stubborn::default();
-        let (ending, _) = supervise(&mut command, &tenure, grace, bound, &mut Silence).await.unwrap();
+        let never = std::future::pending();
+        let (ending, _) = supervise(&mut command, &tenure, grace, bound, &mut Silence, never).await.unwrap();
         assert!(matches!(ending, Ending::LostLeadership));
         assert_eq!(command.terminated_at, Some(fence), "SIGTERM at the self-fencing deadline");
         let others_may_lead = fence + (timing.lease_duration - timing.renew_deadline);

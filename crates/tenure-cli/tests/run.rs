@@ -447,3 +447,50 @@ fn a_frozen_run_kills_its_command_as_soon_as_it_is_thawed_past_its_deadline_even
     assert!(log.contains("lost leadership; stopping the command"), "{log}");
     signal_each(&[server.pid()], libc::SIGCONT);
 }
+
+/// `--probe` with `--progress-timeout`: a leader whose command's probe never succeeds (here it
+/// hangs, and is killed each interval) gives way, and a replica whose probe succeeds leads and
+/// keeps leading.
+#[test]
+fn a_leader_whose_probe_fails_gives_way_to_one_whose_probe_succeeds() {
+    let dir = TempDir::new("run-probe");
+    let lock = file_url(&dir.join("lock"));
+    let starts = dir.join("starts");
+    let script = format!("echo \"$TENURE_IDENTITY\" >> {}; exec sleep 60", starts.display());
+    let candidate = |id: &str, probe: &str| {
+        let args = [
+            "run", "--election", "probed", "--lock", &lock, "--id", id, "--ttl", "2s", "--campaign-again",
+            "--probe", probe, "--progress-timeout", "1s", "--probe-every", "200ms", "--", "sh", "-c", &script,
+        ];
+        Tenure::start(id, &args)
+    };
+    let hung = candidate("hung", "sleep 30");
+    wait_until(Duration::from_secs(10), || std::fs::read_to_string(&starts).ok().filter(|s| s.contains("hung")))
+        .expect("the first candidate runs its command");
+    let healthy = candidate("healthy", "true");
+    wait_until(Duration::from_secs(15), || std::fs::read_to_string(&starts).ok().filter(|s| s.contains("healthy")))
+        .expect("the replica whose probe succeeds runs its command");
+    hung.wait_for_log("giving way: the command's --probe has not succeeded", Duration::from_secs(5));
+    assert!(hung.log().contains("did not finish within its interval"), "{}", hung.log());
+    // Two silences' worth later, the healthy one still leads and has not given way.
+    healthy.wait_for_log("leading; started the command", Duration::from_secs(5));
+    std::thread::sleep(Duration::from_secs(2)); // let two --progress-timeout periods pass: the behaviour under test is what does not happen
+    assert!(!healthy.log().contains("giving way"), "{}", healthy.log());
+    assert_eq!(std::fs::read_to_string(&starts).unwrap().lines().filter(|l| *l == "healthy").count(), 1);
+}
+
+#[test]
+fn probe_flags_are_checked_before_anything_starts() {
+    for (extra, expected) in [
+        (vec!["--probe", "true"], "--progress-timeout"),
+        (vec!["--progress-timeout", "5s"], "--probe"),
+        (vec!["--probe", "true", "--progress-timeout", "10ms"], "shorter than one renew interval"),
+        (vec!["--probe", "true", "--progress-timeout", "1s", "--probe-every", "2s"], "at most --progress-timeout"),
+    ] {
+        let mut args = on_memory(&extra);
+        args.extend(["--", "true"]);
+        let (code, _, stderr) = run_to_end(&args);
+        assert_eq!(code, 2, "{extra:?}: {stderr}");
+        assert!(stderr.contains(expected), "{extra:?}: {stderr}");
+    }
+}
