@@ -12,7 +12,7 @@ use tenure::Term;
 use tenure_etcd::proto::etcdserverpb::{request_op, PutRequest, RequestOp};
 use tenure_etcd::EtcdElection;
 use tenure_ha::checkpoint::etcd::EtcdCheckpointStore;
-use tenure_ha::checkpoint::{CheckpointError, CheckpointStore, Checkpointer};
+use tenure_ha::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, Checkpointer};
 use tokio::time::timeout;
 
 const TTL: Duration = Duration::from_secs(2);
@@ -60,8 +60,14 @@ async fn a_deposed_leader_can_write_neither_the_checkpoint_nor_a_fenced_resource
     new.record("pods", "20");
     new.flush().await.expect("written under the new term");
 
+    // The deposed leader's checkpointer ignores progress recorded after its tenure (C2), so its
+    // flush has nothing to write; a save that reaches the store anyway (a paused process whose
+    // write was already built) is refused by etcd itself: the election key of its term is gone.
     old.record("pods", "15");
-    let rejected = old.flush().await;
+    old.flush().await.expect("nothing recorded under an ended tenure, nothing to write");
+    let mut late_checkpoint = Checkpoint::new("ip-allocator");
+    late_checkpoint.resource_versions.insert("pods".into(), "15".into());
+    let rejected = store_a.save(term_a, &late_checkpoint).await;
     assert!(matches!(rejected, Err(CheckpointError::Superseded { ours, .. }) if ours == term_a), "{rejected:?}");
     let late = election_a.guarded_txn(term_a, vec![put("ips/10.0.0.1", "pod-2")]).await.expect("txn");
     assert!(!late.succeeded, "etcd refuses the deposed leader's write");
