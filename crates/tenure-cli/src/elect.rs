@@ -14,7 +14,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Campaign, CampaignRequest};
-use crate::options::{parse_duration, parse_http_address, CandidateOptions, ElectionOptions, HttpAddress};
+use crate::options::{
+    parse_duration, parse_http_address, CandidateOptions, CoordinationOptions, ElectionOptions, HttpAddress,
+};
 use crate::signals::{ResignRequests, TerminationSignals};
 use crate::startup_pages::{self, Released};
 use crate::{exit, http, logging, pod_label, CliError};
@@ -91,22 +93,8 @@ pub struct ElectArgs {
     #[arg(long, value_name = "KEY[=VALUE]", value_parser = pod_label::parse_leader_label)]
     leader_label: Option<pod_label::LeaderLabel>,
 
-    /// Take part in Kubernetes' Coordinated Leader Election (1.33+, feature gate
-    /// CoordinatedLeaderElection; a Lease lock only): publish a LeaseCandidate with
-    /// --binary-version and --emulation-version, lead only when the API server's coordinator
-    /// names this instance, and hand over gracefully (drain, then release) when it prefers
-    /// another candidate, e.g. an older version during a rolling upgrade.
-    #[arg(long)]
-    coordinated: bool,
-
-    /// With --coordinated: this instance's version, MAJOR.MINOR[.PATCH] (default: this build's).
-    #[arg(long, value_name = "VERSION", requires = "coordinated")]
-    binary_version: Option<String>,
-
-    /// With --coordinated: the version this instance behaves as; the coordinator prefers the
-    /// lowest (default: --binary-version).
-    #[arg(long, value_name = "VERSION", requires = "coordinated")]
-    emulation_version: Option<String>,
+    #[command(flatten)]
+    coordination: CoordinationOptions,
 }
 
 impl ElectArgs {
@@ -121,15 +109,6 @@ impl ElectArgs {
         Ok(Some(Arc::new(http::progress::Progress::new(silence))))
     }
 
-    /// The versions to publish when --coordinated, checked before anything starts.
-    fn coordination(&self) -> Result<Option<tenure_kube::coordinated::CandidateVersions>, CliError> {
-        if !self.coordinated {
-            return Ok(None);
-        }
-        let binary = self.binary_version.as_deref().unwrap_or(env!("CARGO_PKG_VERSION"));
-        let emulation = self.emulation_version.as_deref().unwrap_or(binary);
-        tenure_kube::coordinated::CandidateVersions::new(binary, emulation).map(Some).map_err(CliError::refused)
-    }
 }
 
 /// Runs `tenure elect` until a termination signal; returns the exit status.
@@ -145,7 +124,7 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
     if args.leader_label.is_some() {
         url.check_leader_label()?;
     }
-    let coordinated = args.coordination()?;
+    let coordinated = args.coordination.versions()?;
     let progress = args.progress()?;
     let listener = match &args.http {
         Some(address) => Some(bind(address).await?),

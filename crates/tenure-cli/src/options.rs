@@ -144,6 +144,39 @@ pub fn parse_lock_type(text: &str) -> Result<LockKind, String> {
     })
 }
 
+/// Kubernetes' Coordinated Leader Election (KEP-4355), for every command that leads.
+#[derive(Debug, Clone, Args)]
+pub struct CoordinationOptions {
+    /// Take part in Kubernetes' Coordinated Leader Election (1.33+, feature gate
+    /// CoordinatedLeaderElection; a Lease lock only): publish a LeaseCandidate with
+    /// --binary-version and --emulation-version, lead only when the API server's coordinator
+    /// names this instance, and hand over gracefully (drain, then release) when it prefers
+    /// another candidate, e.g. an older version during a rolling upgrade.
+    #[arg(long)]
+    pub coordinated: bool,
+
+    /// With --coordinated: this instance's version, MAJOR.MINOR[.PATCH] (default: this build's).
+    #[arg(long, value_name = "VERSION", requires = "coordinated")]
+    pub binary_version: Option<String>,
+
+    /// With --coordinated: the version this instance behaves as; the coordinator prefers the
+    /// lowest (default: --binary-version).
+    #[arg(long, value_name = "VERSION", requires = "coordinated")]
+    pub emulation_version: Option<String>,
+}
+
+impl CoordinationOptions {
+    /// The versions to publish when --coordinated, checked before anything starts.
+    pub fn versions(&self) -> Result<Option<tenure_kube::coordinated::CandidateVersions>, CliError> {
+        if !self.coordinated {
+            return Ok(None);
+        }
+        let binary = self.binary_version.as_deref().unwrap_or(env!("CARGO_PKG_VERSION"));
+        let emulation = self.emulation_version.as_deref().unwrap_or(binary);
+        tenure_kube::coordinated::CandidateVersions::new(binary, emulation).map(Some).map_err(CliError::refused)
+    }
+}
+
 /// The options of a candidate: who it is and how fast the election moves.
 #[derive(Debug, Clone, Args)]
 pub struct CandidateOptions {

@@ -15,7 +15,7 @@ use crate::child::{describe_status, exit_code_of};
 use crate::command_tree::{CommandTree, Containment, StartError, TreeOptions};
 use crate::fencing::{self, checked_grace, tenure_kill_bound, CommandControl, KillReason};
 use crate::probe::Probe;
-use crate::options::{parse_duration, CandidateOptions, ElectionOptions};
+use crate::options::{parse_duration, CandidateOptions, CoordinationOptions, ElectionOptions};
 use crate::signals::{ResignRequests, Termination, TerminationSignals};
 use crate::{exit, logging, CliError};
 
@@ -77,6 +77,9 @@ pub struct RunArgs {
 
     #[command(flatten)]
     candidate: CandidateOptions,
+
+    #[command(flatten)]
+    coordination: CoordinationOptions,
 
     /// How long CMD gets to exit after SIGTERM before it is killed. At most 3/4 of (lease - renew
     /// deadline), i.e. 3/8 TTL with --ttl: SIGKILL must come before another instance may lead.
@@ -180,8 +183,8 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let url = args.election.lock_url()?;
     crate::lock_scope::LockScope::announce(&url, args.election.lock.is_none());
     let cluster = args.election.cluster.options()?;
-    let request =
-        CampaignRequest { identity: &identity, timing, cluster: &cluster, coordinated: None, leader_label: None };
+    let coordinated = args.coordination.versions()?;
+    let request = CampaignRequest { identity: &identity, timing, cluster: &cluster, coordinated, leader_label: None };
     let Campaign { elector, ending } = url.campaign(request).await?;
     // The timing in force may differ from the one asked for (a backend's session rules).
     let timing = *elector.timing();
@@ -287,6 +290,14 @@ impl Runner {
             Ending::Terminated(_) => {
                 tracing::info!(outcome = describe_status(status), "the command stopped");
                 Ok(Next::Exit(exit_code_of(status)))
+            }
+            Ending::LostLeadership if self.args.coordination.coordinated => {
+                tracing::info!(
+                    outcome = describe_status(status),
+                    "the command was stopped: the tenure ended (with --coordinated, the coordinator moves leadership, \
+                     e.g. to an older version during an upgrade); campaigning again"
+                );
+                Ok(Next::CampaignAgain)
             }
             Ending::LostLeadership if self.args.campaign_again => {
                 tracing::warn!(

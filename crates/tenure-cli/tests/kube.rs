@@ -404,6 +404,64 @@ fn a_rolling_upgrade_of_coordinated_sidecars_keeps_the_oldest_version_leading() 
     }
 }
 
+/// `tenure run --coordinated` as `version`, on the Lease `job`: its command appends `start ID`
+/// when it starts and `stop ID` when it stops to `log`.
+fn coordinated_run(cluster: &Cluster, id: &str, version: &str, log: &std::path::Path) -> Tenure {
+    let script = format!(
+        "echo \"start $TENURE_IDENTITY\" >> {log}; trap 'echo \"stop $TENURE_IDENTITY\" >> {log}; exit 0' TERM; \
+         while :; do sleep 0.05; done",
+        log = log.display()
+    );
+    let mut command = Command::new(TENURE);
+    command.args(["run", "--election=job", "--lock=kube://default/leases/job", "--ttl=2s", "--coordinated"]);
+    command.args([format!("--binary-version={version}"), format!("--id={id}"), "--".into(), "sh".into(), "-c".into(), script]);
+    command.env("KUBECONFIG", cluster.kubeconfig()).env_remove("KUBERNETES_SERVICE_HOST");
+    Tenure::start_with(id, &mut command)
+}
+
+/// Who runs the command according to `log`; panics if two ever ran at once.
+fn running(log: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        match line.split_once(' ') {
+            Some(("start", id)) => {
+                assert!(current.is_none(), "{id} started while {current:?} ran:\n{text}");
+                current = Some(id.to_owned());
+            }
+            Some(("stop", id)) => {
+                assert_eq!(current.as_deref(), Some(id), "{id} stopped but {current:?} ran:\n{text}");
+                current = None;
+            }
+            _ => panic!("unexpected line {line:?}"),
+        }
+    }
+    current
+}
+
+#[test]
+fn a_rolling_upgrade_of_coordinated_runs_keeps_the_oldest_version_running_the_command_alone() {
+    let cluster = Cluster::start("kube-coordinated-run");
+    let log = cluster.dir.join("commands");
+    let mut replicas: Vec<(Tenure, &str)> =
+        ["pod-a", "pod-b", "pod-c"].iter().map(|id| (coordinated_run(&cluster, id, "1.0", &log), "1.0")).collect();
+    wait_until(Duration::from_secs(30), || running(&log)).expect("one replica runs the command");
+    for id in ["pod-b", "pod-a", "pod-c"] {
+        let position = replicas.iter().position(|r| r.0.name == id).unwrap();
+        let (mut old, _) = replicas.remove(position);
+        old.signal(libc::SIGTERM);
+        // The command's own status if it ran it, else 128 + SIGTERM (stopped before leading).
+        let code = old.exit_code(Duration::from_secs(10));
+        assert!(code == 0 || code == 128 + libc::SIGTERM, "exit {code}: {}", old.log());
+        replicas.push((coordinated_run(&cluster, id, "1.1", &log), "1.1"));
+        let oldest: Vec<&str> = replicas.iter().filter(|r| r.1 == "1.0").map(|r| r.0.name.as_str()).collect();
+        let runner = wait_until(Duration::from_secs(30), || {
+            running(&log).filter(|runner| oldest.is_empty() || oldest.contains(&runner.as_str()))
+        });
+        assert!(runner.is_some(), "after upgrading {id}, no 1.0 replica of {oldest:?} runs the command alone");
+    }
+}
+
 #[test]
 fn coordinated_flags_are_checked_before_anything_starts() {
     for (args, expected) in [
