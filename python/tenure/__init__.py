@@ -9,19 +9,21 @@ application writes by hand otherwise:
   release waits until the work has stopped);
 * :class:`Member` (``tenure member --http``): which keys this replica owns, pushed assignment
   changes, and the release of a draining partition;
-* :func:`elect` and :func:`member`: the sidecar as a child process of the application.
+* :func:`elect` and :func:`member`: the sidecar as a child process of the application;
+* :func:`write_fenced`: a write the file lock refuses once the writer's tenure is over.
 """
 
 from ._http import SidecarError
 from .elect import Leadership, NotLeading, Sidecar, Status, Tenure
 from .member import DRAINING, LOST, OWNED, Assignment, Member, Owns, Partition, StillAssigned
-from .process import Process, StartError, binary, elect, member
+from .process import Deposed, Process, StartError, binary, elect, member, write_fenced
 
 __all__ = [
     "DRAINING",
     "LOST",
     "OWNED",
     "Assignment",
+    "Deposed",
     "Leadership",
     "Member",
     "NotLeading",
@@ -37,4 +39,5 @@ __all__ = [
     "binary",
     "elect",
     "member",
+    "write_fenced",
 ]

@@ -248,6 +248,20 @@ class Tenure:
             self._ended.wait(left)
         return True
 
+    def progress(self) -> None:
+        """Tells the sidecar that the work under this tenure advanced (``POST /progress``): with
+        ``tenure elect --progress-timeout``, a leader whose application stays silent that long
+        gives way to a healthy replica. Call it whenever an item of work completes. Raises
+        :class:`NotLeading` if the sidecar no longer leads with this term (stop the work), and
+        :class:`SidecarError` if the sidecar does not watch progress (no ``--progress-timeout``)."""
+        status, body = self._sidecar.endpoint.request("POST", f"/progress?term={self.term}")
+        if status == 409:
+            self._ended.set()
+            raise NotLeading(body.decode("utf-8", "replace").strip())
+        if status != 204:
+            text = body.decode("utf-8", "replace").strip()
+            raise SidecarError(f"POST {self._sidecar.url}/progress answered {status}: {text}")
+
     def close(self) -> None:
         """Tells the sidecar that the work under this tenure has stopped (it may release the
         lock now). Idempotent."""

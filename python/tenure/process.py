@@ -34,6 +34,35 @@ class StartError(RuntimeError):
     """The sidecar exited or did not serve in time; the message ends with its last log lines."""
 
 
+class Deposed(RuntimeError):
+    """A write fenced by the lock was refused: the tenure of its term is over (another holder
+    leads, or the lock was released). Nothing was written; do not retry under this term."""
+
+
+#: The exit status of ``tenure write`` when the lock refused a deposed writer.
+DEPOSED_EXIT = 3
+
+
+def write_fenced(
+    path: str, data: bytes, *, election: str, term: int, lock: Optional[str] = None, timeout: float = 30.0
+) -> None:
+    """Replaces the file ``path`` with ``data`` only while the lock of ``election`` still shows
+    the tenure of ``term`` (``tenure write``): the lock itself refuses the write of a deposed
+    leader, even one paused between its last check and this call. File locks only (``lock`` is
+    a ``file://`` URL, or the election's default file). Raises :class:`Deposed` when refused,
+    :class:`RuntimeError` on any other failure; in both cases nothing was written."""
+    command = [binary(), "write", "--election", election, "--term", str(term)]
+    if lock is not None:
+        command += ["--lock", lock]
+    command += ["--", path]
+    result = subprocess.run(command, input=data, capture_output=True, timeout=timeout, check=False)
+    message = result.stderr.decode("utf-8", "replace").strip()
+    if result.returncode == DEPOSED_EXIT:
+        raise Deposed(message)
+    if result.returncode != 0:
+        raise RuntimeError(f"tenure write exited with {result.returncode}: {message}")
+
+
 def binary() -> str:
     """The ``tenure`` executable: ``$TENURE_BIN``, else the one this package's wheel installed
     next to the interpreter, else the first on ``PATH``."""

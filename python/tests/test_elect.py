@@ -106,3 +106,48 @@ class ElectTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FencedWriteAndProgressTest(unittest.TestCase):
+    """What the leader writes is fenced by the lock; what it does proves progress to its sidecar."""
+
+    def setUp(self) -> None:
+        directory = tempfile.TemporaryDirectory()
+        self.addCleanup(directory.cleanup)
+        self.directory = directory.name
+        self.lock = "file://" + os.path.join(directory.name, "leader.json")
+
+    def test_a_fenced_write_lands_while_leading_and_is_refused_once_deposed(self) -> None:
+        a = tenure.elect("python-fenced", lock=self.lock, identity="a", ttl=TTL)
+        self.addCleanup(a.kill)
+        held = a.client.lead(timeout=10)
+        target = os.path.join(self.directory, "state.json")
+        tenure.write_fenced(target, b'{"allocated": 1}', election="python-fenced", term=held.term, lock=self.lock)
+        with open(target, "rb") as written:
+            self.assertEqual(written.read(), b'{"allocated": 1}')
+        held.close()
+        self.assertEqual(a.stop(), 0, a.log_tail())  # releases the lock: the tenure is over
+        with self.assertRaises(tenure.Deposed) as refused:
+            tenure.write_fenced(target, b"late", election="python-fenced", term=held.term, lock=self.lock)
+        self.assertIn("deposed", str(refused.exception))
+        with open(target, "rb") as unchanged:
+            self.assertEqual(unchanged.read(), b'{"allocated": 1}')
+
+    def test_progress_is_noted_while_leading_and_needs_the_flag(self) -> None:
+        watched = tenure.elect(
+            "python-progress", lock=self.lock, identity="a", ttl=TTL, extra=["--progress-timeout", "5s"]
+        )
+        self.addCleanup(watched.kill)
+        held = watched.client.lead(timeout=10)
+        held.progress()
+        self.assertTrue(held.valid())
+        held.close()
+        self.assertEqual(watched.stop(), 0, watched.log_tail())
+
+        other = "file://" + os.path.join(self.directory, "other.json")
+        plain = tenure.elect("python-progress", lock=other, identity="b", ttl=TTL)
+        self.addCleanup(plain.kill)
+        held = plain.client.lead(timeout=10)
+        with self.assertRaises(tenure.SidecarError):
+            held.progress()
+        held.close()
