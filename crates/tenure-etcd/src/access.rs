@@ -40,6 +40,7 @@ impl EtcdOptions {
     }
 
     /// Talks TLS to every endpoint: `host:port` endpoints become `https://host:port`.
+    #[must_use]
     pub fn with_tls(mut self, tls: EtcdTls) -> Self {
         self.tls = Some(tls);
         self
@@ -48,6 +49,7 @@ impl EtcdOptions {
     /// Authenticates as the etcd user `user` (etcd's `auth enable`): the password is exchanged
     /// for a token, which is sent with every call and renewed when the server no longer accepts
     /// it (it expired, or the server restarted).
+    #[must_use]
     pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.credentials = Some(Credentials { user: user.into(), password: password.into() });
         self
@@ -133,6 +135,7 @@ impl EtcdTls {
 
     /// Checks the servers' certificates against `name` instead of the host of each endpoint
     /// (endpoints given as IP addresses whose certificates only name a DNS name).
+    #[must_use]
     pub fn with_server_name(mut self, name: impl Into<String>) -> Self {
         self.server_name = Some(name.into());
         self

@@ -192,6 +192,7 @@ impl EtcdElection {
     /// the ending term to be dropped before it deletes the key anyway (default: the renew
     /// deadline, TTL - TTL/3). The key stays while guards are held, so nobody else leads while
     /// this instance is still finishing leader work.
+    #[must_use]
     pub fn with_drain_timeout(mut self, drain_timeout: Duration) -> Self {
         self.drain_timeout = Some(drain_timeout);
         self

@@ -134,6 +134,7 @@ impl IpPool {
     /// Adds `delay` before every call to etcd. Why: a real IPAM (Neutron) answers in tens of
     /// milliseconds, not in the loopback etcd's fraction of one; the throughput benchmark models a
     /// controller whose handling is dominated by such calls.
+    #[must_use]
     pub fn with_call_delay(mut self, delay: Duration) -> IpPool {
         self.call_delay = delay;
         self

@@ -161,6 +161,7 @@ impl GateBuilder {
 
     /// The delay before the first restart after a failure, and the cap of its doubling.
     /// Default: 1 s and 60 s.
+    #[must_use]
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.backoff = Backoff::new(initial, max);
         self

@@ -271,18 +271,21 @@ impl KubeLockConfig {
     }
 
     /// Uses this kubeconfig file (`--kubeconfig`).
+    #[must_use]
     pub fn kubeconfig(mut self, path: impl Into<PathBuf>) -> Self {
         self.cluster.kubeconfig = Some(path.into());
         self
     }
 
     /// Uses this kubeconfig context (`--context`).
+    #[must_use]
     pub fn context(mut self, context: impl Into<String>) -> Self {
         self.cluster.context = Some(context.into());
         self
     }
 
     /// Talks to this API server URL (`--server`).
+    #[must_use]
     pub fn server(mut self, url: impl Into<String>) -> Self {
         self.cluster.server = Some(url.into());
         self

@@ -90,12 +90,14 @@ impl EventRecorder {
     }
 
     /// The event source's component (client-go: the program, such as `kube-controller-manager`).
+    #[must_use]
     pub fn component(mut self, component: impl Into<String>) -> Self {
         self.component = component.into();
         self
     }
 
     /// The event source's host (client-go's recorders usually set the node or pod name).
+    #[must_use]
     pub fn host(mut self, host: impl Into<String>) -> Self {
         self.host = Some(host.into());
         self

@@ -141,6 +141,7 @@ impl<K: RecordObject> ObjectLock<K> {
     }
 
     /// How long the initial list of a watch may take before the watch reports an error.
+    #[must_use]
     pub fn with_watch_open_timeout(mut self, timeout: Duration) -> Self {
         self.watch_open_timeout = timeout;
         self

@@ -44,6 +44,7 @@ impl ZkOptions {
 
     /// Authenticates every session with ZooKeeper's digest scheme as `user` with `password`, and
     /// protects the nodes created as described in the module documentation.
+    #[must_use]
     pub fn with_digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.digest = Some((user.into(), password.into()));
         self

@@ -219,6 +219,7 @@ impl ZkElection {
 
     /// How long a resign or shutdown waits for the [`tenure::Tenure`] guards of the ending term
     /// to be dropped before it deletes the node anyway. Default: 2/3 of the session timeout.
+    #[must_use]
     pub fn with_drain_timeout(mut self, drain_timeout: Duration) -> Self {
         self.drain_timeout = drain_timeout;
         self

@@ -239,6 +239,7 @@ impl Candidate {
     /// API server's coordinator names it in the lease and hands over when the coordinator prefers
     /// another candidate (see the module documentation). Publishing the candidacy (a
     /// `LeaseCandidate`) is the backend's part.
+    #[must_use]
     pub fn coordinated(mut self) -> Self {
         self.coordinated = true;
         self

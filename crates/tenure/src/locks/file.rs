@@ -361,6 +361,7 @@ impl FileLock {
     /// fail whenever it resumes. Measured on this process's monotonic clock from the moment it
     /// first saw the claim. A live writer needs microseconds between the two steps; one slowed
     /// past this bound only sees its write fail (a conflict), never land late.
+    #[must_use]
     pub fn with_lock_wait(mut self, wait: Duration) -> FileLock {
         self.steal_after = wait;
         self
