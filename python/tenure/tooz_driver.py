@@ -77,6 +77,20 @@ MAX_MEMBER_ID = 2048
 #: Where the full member id travels in a member record whose name is a hash of it.
 _FULL_MEMBER = "tenure.tooz.member_id"
 
+#: Changes this process made to elections through any coordinator (stand-downs, unwatches,
+#: stops): a coordinator that sees the count moved since its last answer about its elections asks
+#: its child to read the store (``fresh=1``) instead of answering from its watch-fed view, so that
+#: what one coordinator of a process did is seen by the next call of another (the view follows
+#: another process's change only as fast as the store's watch).
+_local_changes = [0]
+_local_changes_lock = threading.Lock()
+
+
+def _changed_locally() -> None:
+    with _local_changes_lock:
+        _local_changes[0] += 1
+
+
 #: ``timeout`` (seconds) when the URL gives none: the session's TTL in the child.
 DEFAULT_TIMEOUT = 10.0
 #: The longest single long-poll (``wait_ms``) of a blocking lock acquire or of run_watchers.
@@ -205,9 +219,10 @@ def _duration(seconds: float) -> str:
 class SessionExpired(coordination.ToozConnectionError):
     """The child ended the session: no request reached it for ``timeout`` seconds (the
     application did not heartbeat, or was frozen). Every lock and leadership of that session is
-    gone. The call that raises it has already started a new session, in which the coordinator
-    joined its groups again and campaigns again where it watches an election: the next call goes
-    on from there (Tooz's heartbeat thread, which retries, carries on by itself).
+    gone. The call that raises it does so at once (within one round trip to the child) and has
+    the next session started in the background, in which the coordinator joins its groups again
+    and campaigns again where it watches an election: the next call waits for it and goes on from
+    there (Tooz's heartbeat thread, which retries, carries on by itself).
 
     Whichever call comes first after such a freeze raises it (heartbeat, run_watchers,
     get_leader, a lock's acquire or release): the child ends the session on the first request
@@ -374,7 +389,12 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         #: The JSON capabilities of every group this coordinator joined, to join again after a
         #: session ended.
         self._memberships: Dict[bytes, bytes] = {}
+        #: The count of this process's changes (:data:`_local_changes`) as of the last answer.
+        self._seen_changes = _local_changes[0]
+        #: Held while the next session starts after one expired (see :meth:`_renew_session`).
         self._renewing = threading.Lock()
+        #: Why the last attempt to start the next session failed (the next call tries again).
+        self._renew_failed: Optional[tooz.ToozError] = None
 
     # -- the child -------------------------------------------------------------------------
 
@@ -404,15 +424,23 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
             partitioned._stop_member()
         self._partitioners.clear()
         self._memberships.clear()
-        self._end_session()
+        with self._renewing:  # a next session being started is stopped too
+            self._renew_failed = None
+            self._end_session()
 
     def _end_session(self) -> None:
         """Forgets the session's locks and leaderships and stops its child."""
         process, endpoint = self._process, self._endpoint
         self._process = self._endpoint = None
+        self._forget_session()
+        self._stop_child(process, endpoint)
+
+    def _forget_session(self) -> None:
+        """Ends what this process believes of the session: its locks and leaderships."""
         with self._locks:
             for lock in self._lock_owners.values():
                 lock._held = False
+                lock._deadline = 0.0
             self._lock_owners.clear()
             self._locks.notify_all()
         with self._state:
@@ -421,6 +449,9 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
             self._leaderships.clear()
             self._announced.clear()
             self._campaigning = set()
+
+    @staticmethod
+    def _stop_child(process: Optional[Process[_http.Client]], endpoint: Optional[_http.Endpoint]) -> None:
         if process is None or endpoint is None:
             return
         try:
@@ -429,22 +460,51 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
             pass  # gone already, or hangs: the wait below kills it
         process.close_stdin()
         process.wait(STOP_TIMEOUT)
+        _changed_locally()
 
     def _renew_session(self, expired: _http.Endpoint) -> None:
-        """After the child ended the session ``expired``: a new child, the groups joined again
-        (elections are campaigned for again by run_watchers, which watches them)."""
-        with self._renewing:
-            if self._endpoint is not expired:
-                return  # another thread renewed it already
-            self._end_session()
-            self._start()
-            for group, body in list(self._memberships.items()):
-                name = encode_name(group, "group id")
-                try:
-                    self._call("PUT", f"/groups/{name}/members/{self._member_name}", body)
-                except tooz.ToozError:
-                    self._memberships.pop(group, None)
-                    self._joined_groups.discard(group)
+        """After the child ended the session ``expired``: forgets its locks and leaderships at
+        once (the caller raises SessionExpired right after, without waiting for a new child, so
+        that the application learns within one round trip), and starts the next session in a
+        thread: a new child, the groups joined again (elections are campaigned for again by
+        run_watchers, which watches them). Calls made meanwhile wait for it (:meth:`_call`)."""
+        self._renewing.acquire()
+        if self._endpoint is not expired:
+            self._renewing.release()
+            return  # another thread renewed it already
+        process, endpoint = self._process, self._endpoint
+        self._process = self._endpoint = None
+        try:
+            self._forget_session()
+            thread = threading.Thread(
+                target=self._next_session, args=(process, endpoint), name="tenure-session", daemon=True
+            )
+            thread.start()
+        except BaseException:
+            self._renewing.release()
+            raise
+
+    def _next_session(self, process: Optional[Process[_http.Client]], endpoint: Optional[_http.Endpoint]) -> None:
+        """Stops the expired child and starts the next session; releases ``_renewing``."""
+        try:
+            self._stop_child(process, endpoint)
+            self._restart()
+        except tooz.ToozError as error:
+            self._renew_failed = error  # the next call tries again, and raises if it fails too
+        finally:
+            self._renewing.release()
+
+    def _restart(self) -> None:
+        """A new child, and the groups of the ended session joined again."""
+        self._start()
+        self._renew_failed = None
+        for group, body in list(self._memberships.items()):
+            name = encode_name(group, "group id")
+            try:
+                self._call("PUT", f"/groups/{name}/members/{self._member_name}", body)
+            except tooz.ToozError:
+                self._memberships.pop(group, None)
+                self._joined_groups.discard(group)
 
     def _call(
         self,
@@ -457,8 +517,14 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         """One request to the child; its JSON answer (None when empty). Error answers become
         Tooz's exceptions: ``errors`` maps the child's error kinds to the caller's."""
         endpoint, process = self._endpoint, self._process
-        if endpoint is None and self._renewing.locked():
+        if endpoint is None and (self._renewing.locked() or self._renew_failed is not None):
             with self._renewing:  # another thread is starting the next session: wait for it
+                if self._endpoint is None and self._renew_failed is not None:
+                    try:
+                        self._restart()  # it failed: once more, from this call
+                    except tooz.ToozError as error:
+                        self._renew_failed = error
+                        raise coordination.ToozConnectionError(f"the next tenure session did not start: {error}") from error
                 endpoint, process = self._endpoint, self._process
         if endpoint is None or process is None:
             raise tooz.ToozError("the tenure coordinator is not started (call start() first)")
@@ -737,9 +803,24 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
 
     def _election(self, group: bytes) -> Tuple[Dict[str, Any], Optional[Leadership]]:
         name = encode_name(group, "group id")
-        sent = time.monotonic()
-        state = self._call("GET", f"/elections/{name}")
+        sent, state = self._fresh_call(f"/elections/{name}")
         return state, self._note_election(group, state, sent)
+
+    def _fresh_call(self, path: str) -> Tuple[float, Any]:
+        """A GET whose answer says who leads: when it took longer than the session timeout (this
+        process was frozen while it was in flight, and the answer may have waited in the socket
+        since before the session ended), asked again, so that no answer is older than the
+        session (the second one is SessionExpired, if the session ended). With when it was sent."""
+        seen = _local_changes[0]
+        if seen != self._seen_changes:
+            path += ("&" if "?" in path else "?") + "fresh=1"
+        sent = time.monotonic()
+        data = self._call("GET", path)
+        if time.monotonic() - sent > self._timeout:
+            sent = time.monotonic()
+            data = self._call("GET", path)
+        self._seen_changes = seen
+        return sent, data
 
     def _campaigns(self) -> Dict[str, bytes]:
         """The groups this coordinator campaigns in, by their safe names (the names the child
@@ -767,7 +848,10 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         if group not in self._hooks_elected_leader and group in self._campaigning:
             self._campaigning.discard(group)
             self._forget_leadership(group)
-            self._call("DELETE", f"/elections/{encode_name(group, 'group id')}")
+            try:
+                self._call("DELETE", f"/elections/{encode_name(group, 'group id')}")
+            finally:
+                _changed_locally()
 
     def _forget_leadership(self, group: bytes) -> None:
         with self._state:
@@ -783,7 +867,10 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         group = _as_bytes(group_id)
         state, _ = self._election(group)
         self._forget_leadership(group)
-        self._call("POST", f"/elections/{encode_name(group, 'group id')}/resign")
+        try:
+            self._call("POST", f"/elections/{encode_name(group, 'group id')}/resign")
+        finally:
+            _changed_locally()
         return bool(state.get("leading"))
 
     def get_leader(self, group_id: bytes) -> coordination.CoordAsyncResult[Optional[bytes]]:  # type: ignore[override]
@@ -814,7 +901,7 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         With ``timeout``: long-polls the child until a callback ran or ``timeout`` passed, so that
         a new leadership runs its callback within milliseconds."""
         started = time.monotonic()
-        if self._endpoint is None and not self._renewing.locked():
+        if self._endpoint is None and not self._renewing.locked() and self._renew_failed is None:
             raise tooz.ToozError("the tenure coordinator is not started (call start() first)")
         result: List[Any] = list(super().run_watchers(timeout))
         groups = list(self._hooks_elected_leader)
@@ -835,8 +922,7 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
     def _run_election_watchers(self, groups: List[bytes]) -> List[Any]:
         """One ``GET /watchers``: notes every election's state and runs the callbacks of the
         leaderships not announced yet."""
-        sent = time.monotonic()
-        data = self._call("GET", "/watchers")
+        sent, data = self._fresh_call("/watchers")
         states = dict(data.get("elections") or {})
         result: List[Any] = []
         for group in groups:

@@ -157,6 +157,10 @@ struct Held {
     stores: HashMap<String, Arc<dyn GroupStore>>,
     /// Readers of elections by URL, connected once (a fresh answer reads the store each time).
     sources: HashMap<String, Arc<dyn StatusSource>>,
+    /// Per election: the gap epoch ([`session::Pulse`]) in which its view last caught up with a
+    /// read of the store, and its elector's count of failed calls to the store then (see
+    /// [`Coordinator::view_is_fresh`]).
+    confirmed: HashMap<String, (u64, u64)>,
 }
 
 /// One Tooz coordinator's state.
@@ -170,6 +174,8 @@ pub struct Coordinator {
     incarnation: u64,
     held: Mutex<Held>,
     session: session::Session,
+    /// This process's own turns: whether it was frozen since a view was proven fresh.
+    pulse: session::Pulse,
     /// Counts changes a driver waits for (`GET /changes`): leaderships, lost locks, the session.
     changes: watch::Sender<u64>,
     /// Cancelled to stop the process (POST /stop, stdin closed, a signal).
@@ -208,6 +214,7 @@ impl Coordinator {
             incarnation: rand::random(),
             held: Mutex::default(),
             session: session::Session::new(timing.lease_duration),
+            pulse: session::Pulse::new(),
             changes: watch::channel(0).0,
             stop: CancellationToken::new(),
         })
@@ -458,7 +465,11 @@ impl Coordinator {
             return Ok(());
         }
         let campaigning = self.campaign(self.nested("election", group)?).await?;
-        let replaced = self.held().elections.insert(group.to_owned(), campaigning);
+        let replaced = {
+            let mut held = self.held();
+            held.confirmed.remove(group);
+            held.elections.insert(group.to_owned(), campaigning)
+        };
         if let Some(other) = replaced {
             release(other).await;
         }
@@ -467,7 +478,11 @@ impl Coordinator {
 
     /// Stops campaigning in `group`'s election, releasing the leadership if held.
     pub async fn withdraw(&self, group: &str) {
-        let campaigning = self.held().elections.remove(group);
+        let campaigning = {
+            let mut held = self.held();
+            held.confirmed.remove(group);
+            held.elections.remove(group)
+        };
         if let Some(campaigning) = campaigning {
             release(campaigning).await;
         }
@@ -484,23 +499,44 @@ impl Coordinator {
     }
 
     /// Who leads `group`'s election now. Why not simply this process's view: the view follows the
-    /// store through a watch and may lag it (a stand-down another coordinator made a moment ago,
-    /// or a view that a freeze of this process left behind), and a Tooz application acts on the
-    /// answer at once. So: while this process leads (judged on its clock now, S1), the view; else
-    /// one read of the store, and where the view is behind that read, a wait (up to the renew
+    /// store through a watch and may lag it (a view that a freeze of this process left behind, a
+    /// watch that broke), and a Tooz application acts on the answer at once. So: while this
+    /// process leads (judged on its clock now, S1), the view. Else the view too where it is
+    /// proven fresh (see [`Self::view_is_fresh`]): no request to the store, which is what keeps
+    /// an application that asks ten times a second as cheap at rest as an idle one. Else one
+    /// read of the store, and where the view is behind that read, a wait (up to the renew
     /// deadline) for the elector to catch up, so that a leadership this process won is reported
-    /// as such. The store shows nobody after a release: the wait is for the next tenure, up to a
-    /// lease (candidates that just stood down wait that long before taking it back).
-    pub async fn election(&self, group: &str) -> Answer<routes::ElectionReport> {
+    /// as such. Where nobody leads (after a release, or before the first election), the wait is
+    /// for the next tenure, up to a lease (candidates that just stood down wait that long before
+    /// taking it back).
+    ///
+    /// `fresh`: read the store even if the view is proven fresh. The driver asks so after
+    /// another coordinator of its process changed the store (a stand-down, a stop): the view of
+    /// this one follows that change only as fast as its watch, and the application, which made
+    /// both calls, expects the second to see the first.
+    pub async fn election(&self, group: &str, fresh: bool) -> Answer<routes::ElectionReport> {
         let asked = Instant::now();
-        let view = self.held().elections.get(group).map(|c| (c.elector.subscribe(), self.validity(&c.elector)));
+        let epoch = self.pulse.turn();
+        let view = self.held().elections.get(group).map(|c| {
+            let stats = c.elector.stats();
+            // Every failed call counts: one that failed and healed between two requests too.
+            let errors = (stats.consecutive_lock_errors == 0 && stats.lock_unreachable_since.is_none())
+                .then_some(stats.lock_errors);
+            (c.elector.subscribe(), self.validity(&c.elector), errors)
+        });
         let url = self.nested("election", group)?;
-        let Some((mut view, valid)) = view else {
+        let Some((mut view, valid, errors)) = view else {
             let (leader, term) = self.read_election(url).await?;
             return Ok(routes::ElectionReport { leader, term, leading: false, valid_ms: None });
         };
         if valid.is_none() {
-            let (leader, term) = self.read_election(url).await?;
+            let fresh = !fresh && self.view_is_fresh(group, epoch, errors);
+            let (leader, term) = if fresh {
+                let seen = view.borrow().clone();
+                (seen.leader, seen.term.map(|t| t.0))
+            } else {
+                self.read_election(url).await?
+            };
             let shown = leader.is_some();
             let caught_up = |seen: &tenure::Leadership| {
                 let seen_term = seen.term.map(|t| t.0);
@@ -513,6 +549,11 @@ impl Coordinator {
             let limit = if shown { self.timing.renew_deadline } else { self.timing.lease_duration };
             if tokio::time::timeout(limit, view.wait_for(caught_up)).await.is_err() {
                 return Ok(routes::ElectionReport { leader, term: term.filter(|_| shown), leading: false, valid_ms: None });
+            }
+            if let (false, Some(errors)) = (fresh, errors) {
+                // The view caught up with a read made in this epoch: it is proof from now on,
+                // for as long as no call to the store fails and this process runs without a gap.
+                self.held().confirmed.insert(group.to_owned(), (epoch, errors));
             }
         }
         let leadership = view.borrow().clone();
@@ -527,11 +568,33 @@ impl Coordinator {
         })
     }
 
+    /// Whether this process's view of `group`'s election may answer for the store without a read.
+    /// Proof, all of: the view caught up with a read of the store made since this process last
+    /// had a gap in its event loop (`epoch`: [`session::Pulse`]; a freeze of this process, its
+    /// own or with the application's, voids every proof), none of its elector's calls to the
+    /// store failed since (`errors`: its count of failed calls, `None` while the store is
+    /// unreachable; the watch that feeds the view stayed open), and the store pushes changes
+    /// through a server's watch (etcd, ZooKeeper, Kubernetes). A file store is always read: a
+    /// read is a local file read there, with no server to load, and inotify events come in
+    /// bursts. So the store is read on the first request about an election, after a freeze of
+    /// this process, and after a watch broke; the session's own end covers an application that
+    /// was silent for its timeout.
+    fn view_is_fresh(&self, group: &str, epoch: u64, errors: Option<u64>) -> bool {
+        let watched = !self.base.to_string().starts_with("file:");
+        let mut held = self.held();
+        let proof = errors.map(|errors| (epoch, errors));
+        if !watched || proof.is_none() || held.confirmed.get(group) != proof.as_ref() {
+            held.confirmed.remove(group);
+            return false;
+        }
+        true
+    }
+
     /// Every election this coordinator campaigns in, each answered as [`Self::election`] does,
     /// at once: what `run_watchers` needs in one request.
-    pub async fn elections(&self) -> Answer<HashMap<String, routes::ElectionReport>> {
+    pub async fn elections(&self, fresh: bool) -> Answer<HashMap<String, routes::ElectionReport>> {
         let groups: Vec<String> = self.held().elections.keys().cloned().collect();
-        let answers = futures::future::join_all(groups.iter().map(|group| self.election(group))).await;
+        let answers = futures::future::join_all(groups.iter().map(|group| self.election(group, fresh))).await;
         groups.into_iter().zip(answers).map(|(group, answer)| Ok((group, answer?))).collect()
     }
 
@@ -733,6 +796,7 @@ pub async fn coordinate(args: CoordinateArgs) -> Result<u8, CliError> {
         crate::signals::stop_when_stdin_closes(coordinator.stop.clone());
     }
     tokio::spawn(session::keep(coordinator.clone()));
+    tokio::spawn(session::keep_pulse(coordinator.clone()));
 
     tokio::select! {
         termination = signals.recv() => tracing::info!(signal = termination.name, "stopping: releasing everything"),

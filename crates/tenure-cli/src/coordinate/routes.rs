@@ -162,10 +162,15 @@ async fn changes(State(c): State<Arc<Coordinator>>, RawQuery(query): RawQuery) -
     Ok(Json(c.report()).into_response())
 }
 
-/// `GET /watchers`: every election this coordinator campaigns in, answered fresh (see
-/// [`Coordinator::election`]): what the driver's `run_watchers` needs, in one request.
-async fn watchers(State(c): State<Arc<Coordinator>>) -> Reply {
-    ok(json!({"elections": c.elections().await?}))
+/// `GET /watchers[?fresh=1]`: every election this coordinator campaigns in, answered as
+/// [`Coordinator::election`] does: what the driver's `run_watchers` needs, in one request.
+async fn watchers(State(c): State<Arc<Coordinator>>, RawQuery(query): RawQuery) -> Reply {
+    ok(json!({"elections": c.elections(fresh(query.as_deref())).await?}))
+}
+
+/// `fresh=1`: the answer reads the store even where the view is proven fresh.
+fn fresh(query: Option<&str>) -> bool {
+    query_value(query, "fresh").is_some_and(|v| v == "1")
 }
 
 /// `GET /groups`: `{"groups": [NAME...], "about": {NAME: what its creator recorded}}`.
@@ -250,9 +255,9 @@ async fn stand_down(State(c): State<Arc<Coordinator>>, Path(group): Path<String>
     ok(json!({}))
 }
 
-async fn election(State(c): State<Arc<Coordinator>>, Path(group): Path<String>) -> Reply {
+async fn election(State(c): State<Arc<Coordinator>>, Path(group): Path<String>, RawQuery(query): RawQuery) -> Reply {
     names([&group])?;
-    Ok(Json(c.election(&group).await?).into_response())
+    Ok(Json(c.election(&group, fresh(query.as_deref())).await?).into_response())
 }
 
 async fn acquire(State(c): State<Arc<Coordinator>>, Path(name): Path<String>, RawQuery(query): RawQuery) -> Reply {

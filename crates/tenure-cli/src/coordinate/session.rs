@@ -1,7 +1,7 @@
 //! The coordinator's session: the application's signs of life, and what keeps running between
 //! its requests (membership renews, the session's end).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -65,6 +65,56 @@ impl Session {
 
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+}
+
+/// How often this process notes that its event loop turns ([`keep_pulse`]).
+pub const PULSE_PERIOD: Duration = Duration::from_millis(100);
+
+/// A longer gap between two turns of this process's event loop means it was frozen (SIGSTOP, a
+/// paused VM or container, a starved host): what it learnt from its watches before may be
+/// stale, however healthy they look.
+pub const FREEZE_GAP: Duration = Duration::from_millis(300);
+
+/// This process's own evidence that it ran without a gap: the last turn of its event loop on
+/// its monotonic clock, and a count of the gaps seen (an epoch: answers proven fresh before a
+/// gap are not proof after it).
+pub struct Pulse {
+    origin: Instant,
+    last_turn_ns: AtomicU64,
+    gaps: AtomicU64,
+}
+
+impl Pulse {
+    pub fn new() -> Self {
+        Pulse { origin: Instant::now(), last_turn_ns: AtomicU64::new(0), gaps: AtomicU64::new(0) }
+    }
+
+    /// Notes a turn now; the number of gaps seen so far, this one included.
+    pub fn turn(&self) -> u64 {
+        let now = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let before = self.last_turn_ns.swap(now, Ordering::SeqCst);
+        let gap = Duration::from_nanos(now.saturating_sub(before));
+        if gap > FREEZE_GAP {
+            tracing::debug!(?gap, "this process did not run for a while: its views are read again from the store");
+            return self.gaps.fetch_add(1, Ordering::SeqCst) + 1;
+        }
+        self.gaps.load(Ordering::SeqCst)
+    }
+}
+
+/// Turns every [`PULSE_PERIOD`] until the coordinator stops, so that [`Pulse::turn`] sees a
+/// freeze of this process even when no request came during it.
+pub async fn keep_pulse(coordinator: Arc<Coordinator>) {
+    let mut tick = tokio::time::interval(PULSE_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = coordinator.stop.cancelled() => return,
+            _ = tick.tick() => {
+                coordinator.pulse.turn();
+            }
+        }
     }
 }
 
