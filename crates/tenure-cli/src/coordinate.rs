@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use tenure::{Elector, Term, Timing};
 use tenure_group::record::{MemberRecord, MemberState};
+use tenure_group::silence::Silences;
 use tenure_group::store::{GroupStore, Key, Snapshot, StoreError, Stored, Value, Version};
 use tenure_kube::ClusterOptions;
 use tokio::net::TcpListener;
@@ -151,8 +152,9 @@ struct Held {
     locks: HashMap<String, Campaigning>,
     joined: HashMap<String, Joined>,
     /// When this process first saw each member record at its current version (group, member):
-    /// a record unchanged for its lease on this clock belongs to a member that stopped renewing.
-    seen: HashMap<(String, String), (Version, Instant)>,
+    /// a record unchanged for its lease on this clock belongs to a member that stopped renewing
+    /// (the sans-IO rule of [`Silences`], on the clock of [`Coordinator::clock_origin`]).
+    seen: Silences<(String, String)>,
     /// Group stores by group, connected once.
     stores: HashMap<String, Arc<dyn GroupStore>>,
     /// Readers of elections by URL, connected once (a fresh answer reads the store each time).
@@ -172,6 +174,8 @@ pub struct Coordinator {
     cluster: ClusterOptions,
     timing: Timing,
     incarnation: u64,
+    /// Where this process's monotonic clock, as the sans-IO decisions see it, reads zero.
+    clock_origin: Instant,
     held: Mutex<Held>,
     session: session::Session,
     /// This process's own turns: whether it was frozen since a view was proven fresh.
@@ -212,6 +216,7 @@ impl Coordinator {
             cluster,
             timing,
             incarnation: rand::random(),
+            clock_origin: Instant::now(),
             held: Mutex::default(),
             session: session::Session::new(timing.lease_duration),
             pulse: session::Pulse::new(),
@@ -361,14 +366,9 @@ impl Coordinator {
     /// Whether a member record was unchanged for its lease on this process's clock (seen from
     /// its first read here: a record never seen before counts from now).
     fn lapsed(&self, group: &str, stored: &Stored<MemberRecord>) -> bool {
-        let now = Instant::now();
-        let mut held = self.held();
+        let now = tenure::MonotonicTime(self.clock_origin.elapsed());
         let key = (group.to_owned(), stored.value.identity.clone());
-        let seen = held.seen.entry(key).or_insert((stored.version, now));
-        if seen.0 != stored.version {
-            *seen = (stored.version, now);
-        }
-        now.duration_since(seen.1) >= Duration::from_millis(stored.value.lease_millis)
+        self.held().seen.lapsed(key, stored.version, stored.value.lease_millis, now)
     }
 
     /// The live members of `group` and their capabilities. A member whose record did not change
@@ -383,7 +383,8 @@ impl Coordinator {
             if stored.value.state != MemberState::Alive || (!ours && self.lapsed(group, &stored)) {
                 let store = self.store(group).await?;
                 tracing::info!(group, member = id, "left out a member whose record stopped changing for its lease");
-                let _ = self.within(store.delete(&Key::Member(id), stored.version)).await;
+                let _ = self.within(store.delete(&Key::Member(id.clone()), stored.version)).await;
+                self.held().seen.forget(&(group.to_owned(), id));
                 continue;
             }
             members.insert(id, stored.value.capabilities.unwrap_or(serde_json::Value::Null));

@@ -14,6 +14,7 @@ pub mod config;
 pub mod conformance;
 pub mod handoff;
 pub mod record;
+pub mod silence;
 pub mod store;
 
 pub use config::{ConfigError, GroupConfig};
