@@ -22,9 +22,16 @@
 //!
 //! What comes back is only what the steady state runs, page by page (issue 31): on a fault the
 //! kernel maps not one page but every page of the file already in the page cache within 64 KiB
-//! (fault-around), so the few hundred functions a renew, a watch and an HTTP answer run, scattered
-//! over the binary's 10 MB of code, brought back some 7 MB. Once dropped, the executable's
-//! mappings are marked `MADV_RANDOM` (a fault then reads that one page, no read-ahead) and the
+//! (fault-around), and on a fault of code not in the page cache it reads ahead up to the
+//! device's `read_ahead_kb` (8 MB on the machine issue 31 was measured on; since Linux 6.16 a
+//! code fault reads ahead even under `MADV_RANDOM`), so the few hundred functions a renew, a
+//! watch and an HTTP answer run, scattered over the binary's 14 MB of code, brought back 4-5 MB.
+//! Both are bounded by the mapping (VMA) faulted in, so once dropped, the code mappings (the
+//! executable's and the libraries') are cut into one-page mappings whose advice alternates
+//! (`MADV_RANDOM`, `MADV_NORMAL`) so that the kernel cannot merge them again: a fault then reads
+//! and maps that one page. The price is kernel memory, not resident memory: one VMA (some 200
+//! bytes of slab) per page of code, about 3,500 for the executable. The executable's read-only
+//! data is marked `MADV_RANDOM` (for data that stops read-ahead) and the
 //! executable's pages that no process maps any more are evicted from the page cache
 //! (`POSIX_FADV_DONTNEED`): fault-around finds only the pages some process uses, and the idle
 //! executable holds about the pages it runs. This needs no list of functions, so nothing decays
@@ -120,7 +127,9 @@ pub fn release() -> io::Result<Released> {
         }
         released.mappings += 1;
         released.resident_kib += mapping.rss_kib;
-        if mapping.path == executable {
+        if mapping.executable {
+            split_into_pages(&mapping.addresses);
+        } else if mapping.path == executable {
             // SAFETY: as above; MADV_RANDOM only stops read-ahead on later faults of this range.
             // A refusal changes nothing but how many pages a fault brings back.
             unsafe { libc::madvise(mapping.addresses.start as *mut libc::c_void, length, libc::MADV_RANDOM) };
@@ -131,6 +140,27 @@ pub fn release() -> io::Result<Released> {
         evict_unmapped_pages_of_executable();
     }
     Ok(released)
+}
+
+/// The size of the pieces [`split_into_pages`] cuts code mappings into.
+const PAGE: u64 = 4096;
+
+/// Cuts a dropped code mapping into one-page mappings (VMAs) of alternating advice, pages at even
+/// addresses `MADV_RANDOM` and odd ones `MADV_NORMAL`, so that no two neighbours merge (see the
+/// module comment): the kernel bounds both its read-ahead on an executable fault and its
+/// fault-around by the mapping, so a fault then reads and maps that one page. The advice itself
+/// changes nothing else for code: since Linux 6.16 read-ahead on a `VM_EXEC` fault ignores
+/// `MADV_RANDOM`. Best effort: a refused `madvise` (the `vm.max_map_count` limit) leaves that
+/// part as one larger mapping, which costs memory, not correctness.
+fn split_into_pages(range: &Range<u64>) {
+    let mut at = range.start / PAGE * PAGE;
+    while at < range.end {
+        let advice = if (at / PAGE).is_multiple_of(2) { libc::MADV_RANDOM } else { libc::MADV_NORMAL };
+        // SAFETY: advice on a page of a read-only code mapping of this process (see `release`):
+        // it changes how later faults read the file, never a byte of memory.
+        unsafe { libc::madvise(at as *mut libc::c_void, PAGE as usize, advice) };
+        at += PAGE;
+    }
 }
 
 /// Evicts the pages of this process's executable that no process maps from the page cache, so
@@ -149,6 +179,7 @@ fn evict_unmapped_pages_of_executable() {
 struct Mapping {
     addresses: Range<u64>,
     writable: bool,
+    executable: bool,
     path: String,
     rss_kib: u64,
     /// Pages that are this process's own (copied on write) or were, and are now in swap.
@@ -177,10 +208,12 @@ fn parse(smaps: &str) -> Vec<Mapping> {
                 last.counted = seen == (true, true);
             }
             seen = (false, false);
-            let writable = fields.next().is_none_or(|permissions| permissions.contains('w'));
+            let permissions = fields.next();
+            let writable = permissions.is_none_or(|permissions| permissions.contains('w'));
+            let executable = permissions.is_some_and(|permissions| permissions.contains('x'));
             // start-end perms offset device inode name; the name may contain spaces.
             let path = line.splitn(6, char::is_whitespace).nth(5).unwrap_or("").trim().to_owned();
-            mappings.push(Mapping { addresses, writable, path, rss_kib: 0, private_kib: 0, counted: false });
+            mappings.push(Mapping { addresses, writable, executable, path, rss_kib: 0, private_kib: 0, counted: false });
             continue;
         }
         let (Some(mapping), Some(value)) = (mappings.last_mut(), fields.next().and_then(|v| v.parse::<u64>().ok()))
@@ -327,30 +360,39 @@ Swap:                  0 kB
     }
 
     /// In a real process: the executable's dropped mappings come back a page per fault, not 64 KiB
-    /// (issue 31): the kernel marks them `rr` (random reads) in smaps' VmFlags. Without it the
-    /// idle sidecar's code came back 64 KiB around every page it runs; the footprint gate
-    /// (`cargo bench -p tenure-bench --bench idle_rss`) measures what that costs on a release
-    /// build, this checks on every test run that the mechanism still applies.
+    /// or the kernel's read-ahead (issue 31): its code is cut into one-page mappings (the kernel
+    /// bounds read-ahead and fault-around by the mapping) and its read-only data is `MADV_RANDOM`
+    /// (`rr` in smaps' VmFlags). Without it the idle sidecar's code came back around every page
+    /// it runs; the footprint gate (`cargo bench -p tenure-bench --bench idle_rss`) measures what
+    /// that costs on a release build, this checks on every test run that the mechanism applies.
     #[test]
     fn after_releasing_the_executables_mappings_are_read_a_page_at_a_time() {
         release().expect("release");
         let executable = std::fs::read_link("/proc/self/exe").expect("/proc/self/exe");
         let executable = executable.to_string_lossy();
         let smaps = std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps");
-        let mut code_mappings = 0;
+        let (mut code_pages, mut data_mappings) = (0, 0);
         let mut current: Option<(bool, String)> = None;
         for line in smaps.lines() {
             let first = line.split_whitespace().next().unwrap_or("");
-            if address_range(first).is_some() {
+            if let Some(addresses) = address_range(first) {
                 let permissions = line.split_whitespace().nth(1).unwrap_or("");
                 let path = line.splitn(6, char::is_whitespace).nth(5).unwrap_or("").trim();
-                current = (path == executable && permissions.contains('x')).then(|| (true, line.to_owned()));
+                current = None;
+                if path == executable && permissions.contains('x') {
+                    assert_eq!(addresses.end - addresses.start, PAGE, "code not cut into pages: {line}");
+                    code_pages += 1;
+                } else if path == executable && permissions == "r--p" && line.split_whitespace().nth(2) == Some("00000000") {
+                    // The first read-only mapping (ELF header, read-only data): never relocated.
+                    current = Some((true, line.to_owned()));
+                }
             } else if let (Some((true, header)), Some(flags)) = (&current, line.strip_prefix("VmFlags:")) {
                 assert!(flags.split_whitespace().any(|f| f == "rr"), "not MADV_RANDOM: {header}: {flags}");
-                code_mappings += 1;
+                data_mappings += 1;
             }
         }
-        assert!(code_mappings >= 1, "no code mapping of {executable} in smaps");
+        assert!(code_pages > 1, "no one-page code mapping of {executable} in smaps");
+        assert!(data_mappings >= 1, "no MADV_RANDOM read-only data mapping of {executable} in smaps");
     }
 
     /// In a real process: the C library's resident pages shrink too, and it keeps working.
