@@ -142,8 +142,13 @@ pub fn release() -> io::Result<Released> {
     Ok(released)
 }
 
-/// The size of the pieces [`split_into_pages`] cuts code mappings into.
-const PAGE: u64 = 4096;
+/// The size of the pieces [`split_into_pages`] cuts code mappings into: the system's page (4 KiB
+/// on x86_64, up to 64 KiB on some aarch64 kernels, where a 4 KiB piece would be refused).
+fn page_size() -> u64 {
+    // SAFETY: sysconf reads a system constant; no memory is involved.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(size).ok().filter(|size| *size > 0).unwrap_or(4096)
+}
 
 /// Cuts a dropped code mapping into one-page mappings (VMAs) of alternating advice, pages at even
 /// addresses `MADV_RANDOM` and odd ones `MADV_NORMAL`, so that no two neighbours merge (see the
@@ -153,13 +158,14 @@ const PAGE: u64 = 4096;
 /// `MADV_RANDOM`. Best effort: a refused `madvise` (the `vm.max_map_count` limit) leaves that
 /// part as one larger mapping, which costs memory, not correctness.
 fn split_into_pages(range: &Range<u64>) {
-    let mut at = range.start / PAGE * PAGE;
+    let page = page_size();
+    let mut at = range.start / page * page;
     while at < range.end {
-        let advice = if (at / PAGE).is_multiple_of(2) { libc::MADV_RANDOM } else { libc::MADV_NORMAL };
+        let advice = if (at / page).is_multiple_of(2) { libc::MADV_RANDOM } else { libc::MADV_NORMAL };
         // SAFETY: advice on a page of a read-only code mapping of this process (see `release`):
         // it changes how later faults read the file, never a byte of memory.
-        unsafe { libc::madvise(at as *mut libc::c_void, PAGE as usize, advice) };
-        at += PAGE;
+        unsafe { libc::madvise(at as *mut libc::c_void, page as usize, advice) };
+        at += page;
     }
 }
 
@@ -380,7 +386,7 @@ Swap:                  0 kB
                 let path = line.splitn(6, char::is_whitespace).nth(5).unwrap_or("").trim();
                 current = None;
                 if path == executable && permissions.contains('x') {
-                    assert_eq!(addresses.end - addresses.start, PAGE, "code not cut into pages: {line}");
+                    assert_eq!(addresses.end - addresses.start, page_size(), "code not cut into pages: {line}");
                     code_pages += 1;
                 } else if path == executable && permissions == "r--p" && line.split_whitespace().nth(2) == Some("00000000") {
                     // The first read-only mapping (ELF header, read-only data): never relocated.
