@@ -424,8 +424,24 @@ async fn supervise<C: CommandControl>(
         }
         _ => tracing::info!(term, grace = %grace_text, "SIGUSR1: stepping down; stopping the command"),
     }
-    let hurry = async { while !matches!(requests.next().await, Request::Stop(_)) {} };
+    // A termination signal while the command stops hurries the stop (SIGKILL at once) and, after
+    // a loss, a resign or giving way, turns the ending into a termination: tenure exits instead
+    // of campaigning again.
+    let mut asked_to_stop = None;
+    let hurry = async {
+        loop {
+            if let Request::Stop(termination) = requests.next().await {
+                asked_to_stop = Some(termination);
+                return;
+            }
+        }
+    };
     let (status, killed) = fencing::stop(command, grace, fencing::kill_deadline(tenure, bound), hurry).await?;
+    let ending = match (ending, asked_to_stop) {
+        (Ending::Terminated(first), _) => Ending::Terminated(first),
+        (_, Some(termination)) => Ending::Terminated(termination),
+        (ending, None) => ending,
+    };
     match killed {
         Some(KillReason::Grace) => {
             tracing::warn!(grace = %grace_text, "the command did not stop within the grace period; it was killed")
@@ -479,6 +495,36 @@ mod tests {
         async fn next(&mut self) -> Request {
             std::future::pending().await
         }
+    }
+
+    /// Asks nothing until the command is being stopped, then to terminate (SIGTERM).
+    struct TerminateWhileStopping(u32);
+
+    impl Requests for TerminateWhileStopping {
+        async fn next(&mut self) -> Request {
+            self.0 += 1;
+            if self.0 == 1 {
+                std::future::pending::<()>().await;
+            }
+            Request::Stop(crate::signals::Termination { signal: libc::SIGTERM, name: "SIGTERM" })
+        }
+    }
+
+    /// A SIGTERM that arrives while the command is stopped after a lost tenure (or a coordinated
+    /// handover) is a termination, not only a hurry: tenure exits instead of campaigning again.
+    #[tokio::test(start_paused = true)]
+    async fn a_termination_while_the_command_stops_after_a_loss_ends_tenure_run() {
+        let timing = ttl_2s();
+        let bound = kill_bound(&timing);
+        let grace = checked_grace(Some(bound), &timing).unwrap();
+        let (publisher, tenure) = silent_tenure(timing.renew_deadline);
+        let mut command = Stubborn::default();
+        let never = std::future::pending();
+        let mut requests = TerminateWhileStopping(0);
+        let (ending, _) = supervise(&mut command, &tenure, grace, bound, &mut requests, never).await.unwrap();
+        assert!(matches!(ending, Ending::Terminated(t) if t.signal == libc::SIGTERM));
+        assert!(command.killed_at.is_some(), "the second request hurries the stop");
+        drop(publisher);
     }
 
     #[tokio::test(start_paused = true)]

@@ -439,13 +439,24 @@ fn running(log: &std::path::Path) -> Option<String> {
     current
 }
 
+/// Who runs the command once the coordinator is settled: the Lease names that replica as holder
+/// and prefers no other (a handover it asked for is over).
+fn settled_runner(cluster: &Cluster, log: &std::path::Path) -> Option<String> {
+    let runner = running(log)?;
+    let (ok, lease) = cluster.kubectl(&["get", "lease", "job", "-o", "json"]);
+    let lease: serde_json::Value = serde_json::from_str(&lease).ok().filter(|_| ok)?;
+    let spec = &lease["spec"];
+    let preferred = spec["preferredHolder"].as_str().filter(|p| !p.is_empty());
+    (spec["holderIdentity"].as_str() == Some(runner.as_str()) && preferred.is_none_or(|p| p == runner)).then_some(runner)
+}
+
 #[test]
 fn a_rolling_upgrade_of_coordinated_runs_keeps_the_oldest_version_running_the_command_alone() {
     let cluster = Cluster::start("kube-coordinated-run");
     let log = cluster.dir.join("commands");
     let mut replicas: Vec<(Tenure, &str)> =
         ["pod-a", "pod-b", "pod-c"].iter().map(|id| (coordinated_run(&cluster, id, "1.0", &log), "1.0")).collect();
-    wait_until(Duration::from_secs(30), || running(&log)).expect("one replica runs the command");
+    wait_until(Duration::from_secs(30), || settled_runner(&cluster, &log)).expect("one replica runs the command");
     for id in ["pod-b", "pod-a", "pod-c"] {
         let position = replicas.iter().position(|r| r.0.name == id).unwrap();
         let (mut old, _) = replicas.remove(position);
@@ -456,7 +467,7 @@ fn a_rolling_upgrade_of_coordinated_runs_keeps_the_oldest_version_running_the_co
         replicas.push((coordinated_run(&cluster, id, "1.1", &log), "1.1"));
         let oldest: Vec<&str> = replicas.iter().filter(|r| r.1 == "1.0").map(|r| r.0.name.as_str()).collect();
         let runner = wait_until(Duration::from_secs(30), || {
-            running(&log).filter(|runner| oldest.is_empty() || oldest.contains(&runner.as_str()))
+            settled_runner(&cluster, &log).filter(|runner| oldest.is_empty() || oldest.contains(&runner.as_str()))
         });
         assert!(runner.is_some(), "after upgrading {id}, no 1.0 replica of {oldest:?} runs the command alone");
     }
