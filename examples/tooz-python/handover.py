@@ -9,15 +9,20 @@ in a deployment where stand-downs are not milliseconds apart), and the other's c
 taken on the same monotonic clock. Prints the median and p99 (nearest rank).
 
     python3 handover.py --url 'tenure+etcd://127.0.0.1:2379/bench?timeout=3' --rounds 100
+    python3 handover.py --store etcd --rounds 100   # on a throwaway server (freeze.py's)
 """
 
 import argparse
+import contextlib
 import sys
+import tempfile
 import threading
 import urllib.parse
 import time
 
 import tooz.coordination
+
+import freeze
 
 GROUP = b"handover"
 
@@ -29,10 +34,23 @@ def percentile(values, q):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", required=True)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url")
+    where.add_argument("--store", choices=("file", "etcd", "zookeeper"), help="a throwaway store, timeout 3 s")
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--settle", type=float, help="seconds a leader leads before it stands down")
     args = parser.parse_args()
+    if args.store:
+        with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as servers:
+            server = freeze.server_for(args.store)
+            port = servers.enter_context(server).port if server else 0
+            args.url = freeze.URLS[args.store].format(dir=scratch, port=port, lease=3)
+            measure(args)
+    else:
+        measure(args)
+
+
+def measure(args):
     if args.settle is None:
         query = urllib.parse.parse_qs(urllib.parse.urlparse(args.url).query)
         args.settle = float(query.get("timeout", ["10"])[0])
