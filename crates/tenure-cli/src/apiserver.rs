@@ -11,7 +11,7 @@ use tenure_apiserver::{ApiServer, ApiServerConfig};
 use crate::logging;
 use crate::options::{parse_duration, parse_positive_duration, LogFormat};
 use crate::signals::TerminationSignals;
-use crate::{exit, output, CliError};
+use crate::{error::CliError, exit, output};
 
 /// Serve an in-memory Kubernetes API server (no cluster needed) and write a kubeconfig for it.
 #[derive(Debug, Args)]

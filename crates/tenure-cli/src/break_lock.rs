@@ -18,7 +18,7 @@ use tenure::{LeaderElectionRecord, RecordLock, StoredRecord};
 
 use crate::backend::lock_failed;
 use crate::options::{parse_duration, ElectionOptions};
-use crate::{exit, output, CliError};
+use crate::{error::CliError, exit, output};
 
 /// The longest a held record is watched by default before it is judged stale.
 const MAX_DEFAULT_OBSERVE: Duration = Duration::from_secs(60);

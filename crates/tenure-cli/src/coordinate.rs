@@ -42,7 +42,8 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::{CampaignEnd, CampaignRequest, LockUrl, LockUrlParser, Observation, StatusSource};
 use crate::options::{parse_http_address, CandidateOptions, ClusterArgs, HttpAddress};
 use crate::signals::TerminationSignals;
-use crate::{exit, http, logging, CliError};
+use crate::error::CliError;
+use crate::{exit, http, logging};
 
 
 /// Arguments of `tenure coordinate`.

@@ -24,7 +24,7 @@ use crate::backend::file::FileBackend;
 use crate::backend::LockUrl;
 use crate::child::{describe_status, SupervisedChild};
 use crate::signals::{Termination, TerminationSignals};
-use crate::{exit, output, CliError};
+use crate::{error::CliError, exit, output};
 
 /// The `--ttl` of the demo's candidates: lease 2 s, renew deadline 1 s, retry 500 ms.
 const TTL: &str = "2s";

@@ -19,7 +19,7 @@ use crate::options::{
 };
 use crate::signals::{ResignRequests, TerminationSignals};
 use crate::startup_pages::{self, Released};
-use crate::{exit, http, logging, pod_label, CliError};
+use crate::{error::CliError, exit, http, logging, pod_label};
 
 /// Arguments of `tenure elect`.
 #[derive(Debug, Args)]
@@ -108,7 +108,6 @@ impl ElectArgs {
         }
         Ok(Some(Arc::new(http::progress::Progress::new(silence))))
     }
-
 }
 
 /// Runs `tenure elect` until a termination signal; returns the exit status.
@@ -119,7 +118,7 @@ pub async fn elect(args: ElectArgs) -> Result<u8, CliError> {
     let identity = args.candidate.identity()?;
     let election = &args.election.election;
     let url = args.election.lock_url()?;
-    crate::lock_scope::LockScope::announce(&url, args.election.lock.is_none());
+    url.announce_scope(args.election.lock.is_none());
     let cluster = args.election.cluster.options()?;
     if args.leader_label.is_some() {
         url.check_leader_label()?;
@@ -263,7 +262,11 @@ async fn give_way_without_progress(elector: &Elector, term: tenure::Term, silenc
         return;
     }
     let silence = silence.map(humantime::format_duration).map(|s| s.to_string()).unwrap_or_default();
-    tracing::warn!(term = term.0, silence, "giving way: the application made no progress (POST /progress) for --progress-timeout; stepping down");
+    tracing::warn!(
+        term = term.0,
+        silence,
+        "giving way: the application made no progress (POST /progress) for --progress-timeout; stepping down"
+    );
     if let Err(error) = elector.resign().await {
         tracing::warn!(%error, "could not step down");
     }

@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use tenure::locks::file::FileLockError;
 
-use crate::backend::LockUrlError;
 use crate::exit;
-use crate::lock_access::AccessError;
 
 /// Any error of a library, kept as the source of a variant that says what was being done.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -132,4 +130,59 @@ impl CliError {
     pub fn refused(error: impl std::error::Error + Send + Sync + 'static) -> CliError {
         CliError::Refused(Box::new(error))
     }
+}
+
+/// Why a `--lock` value was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LockUrlError {
+    /// Not a URL at all; most often a bare path (`forms`: every backend's form, from the backend
+    /// table).
+    #[error("'{text}' is not a lock URL (expected {forms})")]
+    NotAUrl { text: String, forms: String },
+    /// A scheme nobody knows (`supported`: every scheme, from the backend table).
+    #[error("unknown lock scheme '{scheme}' (supported: {supported})")]
+    UnknownScheme { scheme: String, supported: String },
+    /// A `file:` URL that does not name an absolute local path.
+    #[error("'{url}' is not a usable file lock URL: {reason}")]
+    BadFileUrl { url: String, reason: &'static str },
+    /// An `etcd:` or `zk:` URL that does not name servers and an election.
+    #[error("'{url}' is not a usable lock URL: {reason}")]
+    BadClusterUrl { url: String, reason: &'static str },
+    /// A `kube:` URL that does not name a namespace, a lock kind and a name.
+    #[error("{0}")]
+    BadKubeUrl(String),
+    /// The user or TLS part of an `etcd:` or `zk:` URL is unusable (the URL itself is not
+    /// repeated: it may hold a password).
+    #[error("{scheme}: lock URL: {source}")]
+    BadAccess { scheme: String, source: AccessError },
+    /// A `memory:` URL with something after the colon.
+    #[error("'{0}' is not a memory lock URL: write just 'memory:'")]
+    BadMemoryUrl(String),
+}
+
+/// The environment variable a password is read from when the URL names a user but no
+/// `password-file`.
+pub const PASSWORD_ENV: &str = "TENURE_LOCK_PASSWORD";
+
+/// Why the access part of a lock URL, or a file it names, is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AccessError {
+    /// A password written into the URL.
+    #[error("a password in a lock URL shows in `ps` and in logs: write only USER@ and put the password in a file (password-file=PATH) or in ${PASSWORD_ENV}")]
+    PasswordInUrl,
+    /// A query parameter `name` this backend does not know, or one given twice or empty: `reason`.
+    #[error("lock URL parameter {name:?}: {reason}")]
+    BadParameter { name: String, reason: String },
+    /// Parameters that only make sense together.
+    #[error("lock URL: {0}")]
+    Inconsistent(&'static str),
+    /// A file named by the URL (`what`: CA bundle, client certificate, ...) could not be read.
+    #[error("cannot read the {what} {path}: {reason}")]
+    File { what: &'static str, path: PathBuf, reason: String },
+    /// A user without a password source.
+    #[error("lock URL user {user:?} needs a password: add password-file=PATH or set {PASSWORD_ENV}")]
+    NoPassword { user: String },
+    /// The backend client refused the TLS material.
+    #[error("{0}")]
+    Tls(String),
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 use tenure::{Tenure, Timing};
 use tokio::time::{sleep, sleep_until};
 
-use crate::CliError;
+use crate::error::CliError;
 
 /// What the stop needs from a running command (a trait so that the timing is tested on virtual
 /// time with a fake command).

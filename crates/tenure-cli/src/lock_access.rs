@@ -14,11 +14,8 @@ use std::path::{Path, PathBuf};
 
 use tenure::redact_credentials;
 
-use crate::backend::LockUrlError;
-
-/// The environment variable a password is read from when the URL names a user but no
-/// `password-file`.
-pub const PASSWORD_ENV: &str = "TENURE_LOCK_PASSWORD";
+pub use crate::error::PASSWORD_ENV;
+use crate::error::{AccessError, LockUrlError};
 
 /// Which backend a URL is for: they accept different parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,29 +41,6 @@ pub struct ClusterAccess {
     pub identity: Option<(PathBuf, PathBuf)>,
     /// `servername=`: the name to check the servers' certificates against.
     pub server_name: Option<String>,
-}
-
-/// Why the access part of a lock URL, or a file it names, is unusable.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AccessError {
-    /// A password written into the URL.
-    #[error("a password in a lock URL shows in `ps` and in logs: write only USER@ and put the password in a file (password-file=PATH) or in ${PASSWORD_ENV}")]
-    PasswordInUrl,
-    /// A query parameter `name` this backend does not know, or one given twice or empty: `reason`.
-    #[error("lock URL parameter {name:?}: {reason}")]
-    BadParameter { name: String, reason: String },
-    /// Parameters that only make sense together.
-    #[error("lock URL: {0}")]
-    Inconsistent(&'static str),
-    /// A file named by the URL (`what`: CA bundle, client certificate, ...) could not be read.
-    #[error("cannot read the {what} {path}: {reason}")]
-    File { what: &'static str, path: PathBuf, reason: String },
-    /// A user without a password source.
-    #[error("lock URL user {user:?} needs a password: add password-file=PATH or set {PASSWORD_ENV}")]
-    NoPassword { user: String },
-    /// The backend client refused the TLS material.
-    #[error("{0}")]
-    Tls(String),
 }
 
 impl ClusterAccess {

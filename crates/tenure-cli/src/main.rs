@@ -14,12 +14,13 @@ mod apiserver;
 mod backend;
 mod break_lock;
 mod child;
-mod coordinate;
 mod command_tree;
 mod containment;
+mod coordinate;
 mod demo;
 mod elect;
 mod error;
+mod exit;
 mod fencing;
 mod http;
 mod lock_access;
@@ -34,7 +35,6 @@ mod run;
 mod signals;
 mod startup_pages;
 mod status;
-mod status_watch;
 mod supervisor;
 mod write;
 
@@ -42,29 +42,7 @@ use std::process::ExitCode;
 
 use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
-pub use error::CliError;
-
-/// Exit statuses shared by all subcommands. `run` also passes on its command's status.
-pub mod exit {
-    /// Done as asked.
-    pub const SUCCESS: u8 = 0;
-    /// Something failed at run time: the store is unreachable, a port is taken.
-    pub const FAILURE: u8 = 1;
-    /// The command line was wrong; nothing was started.
-    pub const USAGE: u8 = 2;
-    /// `tenure write` was refused by the lock: the tenure of its term is over.
-    pub const DEPOSED: u8 = 3;
-    /// `tenure run` lost leadership and killed its command (BSD `EX_TEMPFAIL`: trying again
-    /// later may succeed).
-    pub const LOST_LEADERSHIP: u8 = 75;
-    /// `tenure run --timeout` passed before this instance led; the command never ran (as
-    /// `timeout(1)` reports it).
-    pub const TIMED_OUT: u8 = 124;
-    /// `tenure run` found its command but could not execute it (as shells report it).
-    pub const CANNOT_EXECUTE: u8 = 126;
-    /// `tenure run` could not find its command (as shells report it).
-    pub const NOT_FOUND: u8 = 127;
-}
+use error::CliError;
 
 /// Leader election for replicated services.
 ///

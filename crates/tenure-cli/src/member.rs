@@ -29,7 +29,7 @@ use crate::options::{
 };
 use crate::run::until;
 use crate::signals::TerminationSignals;
-use crate::{http, logging, CliError};
+use crate::{error::CliError, http, logging};
 
 /// Arguments of `tenure member`.
 #[derive(Debug, Args)]

@@ -10,7 +10,7 @@ use tenure::Timing;
 use tenure_kube::{ClusterOptions, LockKind};
 
 use crate::backend::{default_lock, parse_lock_url, LockUrl, LockUrlParser};
-use crate::CliError;
+use crate::error::CliError;
 
 /// The options that name an election and its lock.
 #[derive(Debug, Clone, Args)]

@@ -14,10 +14,10 @@ use crate::backend::{Campaign, CampaignEnd, CampaignRequest};
 use crate::child::{describe_status, exit_code_of};
 use crate::command_tree::{CommandTree, Containment, StartError, TreeOptions};
 use crate::fencing::{self, checked_grace, tenure_kill_bound, CommandControl, KillReason};
-use crate::probe::Probe;
 use crate::options::{parse_duration, CandidateOptions, CoordinationOptions, ElectionOptions};
+use crate::probe::Probe;
 use crate::signals::{ResignRequests, Termination, TerminationSignals};
-use crate::{exit, logging, CliError};
+use crate::{error::CliError, exit, logging};
 
 /// Arguments of `tenure run`.
 #[derive(Debug, Args)]
@@ -181,7 +181,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let probe = checked_probe(&args, &timing)?;
     let identity = args.candidate.identity()?;
     let url = args.election.lock_url()?;
-    crate::lock_scope::LockScope::announce(&url, args.election.lock.is_none());
+    url.announce_scope(args.election.lock.is_none());
     let cluster = args.election.cluster.options()?;
     let coordinated = args.coordination.versions()?;
     let request = CampaignRequest { identity: &identity, timing, cluster: &cluster, coordinated, leader_label: None };

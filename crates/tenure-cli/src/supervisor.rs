@@ -38,7 +38,7 @@ use tokio::net::UnixStream;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::containment::{descendants, Cgroup};
-use crate::{exit, output, CliError};
+use crate::{error::CliError, exit, output};
 
 /// The file descriptor on which the supervisor finds its control socket.
 pub const CONTROL_FD: RawFd = 3;

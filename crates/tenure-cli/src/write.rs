@@ -16,7 +16,7 @@ use clap::Args;
 use tenure::Term;
 
 use crate::options::ElectionOptions;
-use crate::{exit, output, CliError};
+use crate::{error::CliError, exit, output};
 
 /// The most a fenced write takes from standard input.
 const MAX_CONTENT_BYTES: u64 = 64 * 1024 * 1024;

@@ -10,28 +10,12 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::candidate::Candidate;
+pub use crate::command::{ElectorCommand, ElectorError};
 use crate::leadership::{Leadership, Publisher, Subscriber, Tenure};
 use crate::lock::RecordLock;
 use crate::record_core::{RecordCore, RecordTransport};
 use crate::term::Term;
-use crate::timing::{Timing, TimingError};
-
-/// Why an elector could not be built or used.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ElectorError {
-    /// The identity is empty; candidates must be told apart.
-    #[error("the identity of a candidate must not be empty")]
-    EmptyIdentity,
-    /// The timing breaks a rule (see [`Timing::validate`]).
-    #[error("invalid timing: {0}")]
-    Timing(#[from] TimingError),
-    /// The elector's task is gone (it was shut down).
-    #[error("the elector has stopped")]
-    Stopped,
-    /// Shutdown gave up before the release was written; followers take over when the lease ends.
-    #[error("the lock could not be released in time; followers take over when the lease runs out")]
-    ReleaseTimedOut,
-}
+use crate::timing::Timing;
 
 /// Builds an [`Elector`].
 ///
@@ -126,18 +110,6 @@ pub struct Elector {
     subscriber: Subscriber,
     commands: mpsc::Sender<ElectorCommand>,
     task: Option<JoinHandle<()>>,
-}
-
-/// A request from an [`Elector`] handle to the driver that runs the election. Public so that
-/// native electors (etcd, ZooKeeper) can be driven by the same handle; see [`Elector::from_driver`].
-#[derive(Debug)]
-pub enum ElectorCommand {
-    /// Step down if leading (end the tenure, wait for its guards up to the drain timeout, release)
-    /// and stay a candidate. Answer when done.
-    Resign(oneshot::Sender<Result<(), ElectorError>>),
-    /// Step down if leading, release, and stop the driver. Answer when done. A closed command
-    /// channel (every handle dropped) means the same, with nobody to answer.
-    Shutdown(oneshot::Sender<Result<(), ElectorError>>),
 }
 
 impl Elector {

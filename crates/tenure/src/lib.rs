@@ -48,6 +48,8 @@
 pub mod backoff;
 pub mod candidate;
 pub mod clock;
+pub mod command;
+pub mod election_core;
 pub mod elector;
 pub mod failure_log;
 pub mod leadership;

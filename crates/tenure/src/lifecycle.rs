@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use crate::candidate::AfterRelease;
 use crate::clock::MonotonicTime;
-use crate::elector::ElectorError;
-use crate::shell::ElectionCore;
+use crate::command::ElectorError;
+use crate::election_core::ElectionCore;
 
 /// "Never", far enough from the clock's limits that adding it cannot overflow: caps a drain
 /// timeout taken from user settings.
@@ -71,7 +71,11 @@ impl Lifecycle {
     /// Starts a stop at `now`: the tenure ends at once, and the release waits for the guards
     /// at most `drain_timeout`. False (and nothing done) while another stop is under way.
     pub fn begin<C: ElectionCore>(
-        &mut self, core: &mut C, now: MonotonicTime, after: AfterRelease, drain_timeout: Duration,
+        &mut self,
+        core: &mut C,
+        now: MonotonicTime,
+        after: AfterRelease,
+        drain_timeout: Duration,
     ) -> bool {
         if self.stop.is_some() {
             return false;

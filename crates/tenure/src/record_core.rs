@@ -14,10 +14,10 @@ use tokio::time::timeout;
 use crate::backoff::Backoff;
 use crate::candidate::{Action, AfterRelease, Candidate};
 use crate::clock::MonotonicTime;
-use crate::elector::ElectorError;
+use crate::command::ElectorError;
+use crate::election_core::{ElectionCore, Report, ShellFuture, Transport};
 use crate::leadership::{Leadership, Role, WaitReason};
 use crate::lock::{ChangeStream, LockError, RecordLock, StoredRecord, Version};
-use crate::shell::{ElectionCore, Report, ShellFuture, Transport};
 use crate::term::Term;
 
 /// A call on a record lock.

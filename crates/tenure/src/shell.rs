@@ -24,8 +24,6 @@
 //! delivers a notification, [`ElectionCore::poll_timeout`] passes, a command arrives, or the guards
 //! the shell waits for are dropped, and hands that to the core.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use futures::stream::FuturesUnordered;
@@ -35,109 +33,15 @@ use tokio::time::{sleep_until, Instant};
 
 use crate::candidate::{AfterRelease, Event, StopReason};
 use crate::clock::MonotonicTime;
-use crate::elector::{ElectorCommand, ElectorError};
+use crate::command::{ElectorCommand, ElectorError};
+pub use crate::election_core::{ElectionCore, Report, ShellFuture, Transport};
 use crate::failure_log::FailureLog;
+use crate::leadership::{LockWait, Publisher};
 use crate::lifecycle::{Lifecycle, StopAction};
-use crate::leadership::{Leadership, LockWait, Publisher, WaitReason};
-
-/// A boxed future of the shell: a call in flight, or a wait for guards.
-pub type ShellFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// "Never", far enough from `Instant`'s limits that adding it cannot overflow: caps the instants
 /// derived from untrusted input (a foreign record's lease) and from user settings.
 const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 86_400);
-
-/// What a core tells the shell besides leadership changes.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Report {
-    /// A leadership change ([`Event`]): tenures start and end, a leader is observed, the
-    /// coordinator asks for a handover.
-    Event(Event),
-    /// A store call failed (`what` says which, in the words of the log line).
-    Failed {
-        /// What was being done: "reading the lock", "granting a lease".
-        what: &'static str,
-        /// The error, as the log shows it.
-        error: String,
-    },
-    /// The store answered (a compare-and-swap conflict counts): ends a failure streak.
-    Reached,
-    /// A renew (a record write while leading, an etcd keep-alive, a ZooKeeper heartbeat) that
-    /// started at `started` succeeded after `latency`, or failed (`None`).
-    Renewed {
-        /// When the renew started, on the core's clock.
-        started: MonotonicTime,
-        /// How long it took; `None` when it failed.
-        latency: Option<Duration>,
-    },
-}
-
-/// The decision half of an elector: a state machine with time passed in and no I/O.
-///
-/// Why a trait: the record lock ([`crate::Candidate`]), an etcd session and a ZooKeeper session
-/// decide differently, but are driven, fenced, drained and published the same way, by
-/// [`run`]. Implementations must be deterministic functions of the inputs and times they are
-/// given, so that a simulation can replay any schedule.
-pub trait ElectionCore: Send + 'static {
-    /// A store call the core wants made.
-    type Call: Send + 'static;
-    /// What comes back: a call's answer, or a notification from the store.
-    type Input: Send + 'static;
-
-    /// The candidate's identity.
-    fn identity(&self) -> &str;
-    /// The election timing (the renew deadline bounds the release).
-    fn renew_deadline(&self) -> Duration;
-    /// The next call to start at `now`, if any; the shell asks until `None`.
-    fn poll_call(&mut self, now: MonotonicTime) -> Option<Self::Call>;
-    /// Feeds an answer or a notification that arrived at `now`.
-    fn handle(&mut self, now: MonotonicTime, input: Self::Input);
-    /// When the core must be polled again if nothing else happens.
-    fn poll_timeout(&self) -> Option<MonotonicTime>;
-    /// The next report to publish.
-    fn poll_report(&mut self) -> Option<Report>;
-    /// Ends the tenure now (the user resigns or shuts down); the lock stays held until
-    /// [`ElectionCore::release`], so nobody else leads while the tenure's work stops.
-    fn step_down(&mut self, now: MonotonicTime);
-    /// Releases whatever this candidate holds, then stops or campaigns again as `after` says.
-    fn release(&mut self, now: MonotonicTime, after: AfterRelease);
-    /// `Some` once the release asked for is over: `Ok` when released (or nothing was held),
-    /// `Err` when the core gave up (the store will let the hold run out).
-    fn release_result(&self, after: AfterRelease) -> Option<Result<(), ElectorError>>;
-    /// True while the core waits for the guards of ended tenures to be dropped before it lets
-    /// go of what those tenures held (after a loss: the next leader must not start while the
-    /// lost tenure's work still runs). The shell then calls [`ElectionCore::guards_dropped`].
-    fn awaits_guards(&self) -> bool {
-        false
-    }
-    /// Every guard of every tenure ended so far has been dropped.
-    fn guards_dropped(&mut self, _now: MonotonicTime) {}
-    /// The self-fencing deadline of the tenure held, if leading.
-    fn valid_until(&self) -> Option<MonotonicTime>;
-    /// The guards' deadline passed before the shell could extend it: end the tenure for good
-    /// (the next one must have a new term, S2).
-    fn lapse(&mut self);
-    /// Who leads as far as this candidate knows, and its own role, at `now`.
-    fn leadership(&self, now: MonotonicTime) -> Leadership;
-    /// Why this candidate waits on a lock that no live leader holds, and until when.
-    fn wait(&self, _now: MonotonicTime) -> Option<(WaitReason, MonotonicTime)> {
-        None
-    }
-}
-
-/// The I/O half of an elector: performs a core's calls and delivers the store's notifications.
-pub trait Transport<C: ElectionCore>: Send + 'static {
-    /// Learns the instant the shell's clock counts from ([`MonotonicTime::ZERO`]), for inputs
-    /// that carry a time (when a keep-alive was sent). Called once, before any other method.
-    fn attach(&mut self, _origin: Instant) {}
-    /// Starts `call`; the future resolves with its answer (a transport applies its own call
-    /// timeout). `None`: the call was done here and has no answer (stopping a keep-alive).
-    fn start(&mut self, call: C::Call) -> Option<ShellFuture<C::Input>>;
-    /// The next notification from the store; pending while there is none.
-    fn notice(&mut self) -> impl Future<Output = C::Input> + Send + '_;
-    /// The lock or election, for log lines.
-    fn describe(&self) -> String;
-}
 
 /// Runs `core` over `transport` until shutdown (or until every handle is dropped): the body of
 /// every elector's background task.
@@ -153,8 +57,17 @@ pub async fn run<C: ElectionCore, T: Transport<C>>(
     let mut transport = transport;
     transport.attach(origin);
     let mut shell = Shell {
-        origin, core, transport, publisher, drain_timeout, failures: FailureLog::new(), handover_requested: false,
-        calls: FuturesUnordered::new(), guards: None, lifecycle: Lifecycle::default(), reply: None,
+        origin,
+        core,
+        transport,
+        publisher,
+        drain_timeout,
+        failures: FailureLog::new(),
+        handover_requested: false,
+        calls: FuturesUnordered::new(),
+        guards: None,
+        lifecycle: Lifecycle::default(),
+        reply: None,
     };
     shell.run(commands).await;
     shell.publisher.end_tenure();

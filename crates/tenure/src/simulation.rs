@@ -44,8 +44,8 @@ use rand::{RngExt, SeedableRng};
 
 use crate::candidate::{AfterRelease, Event};
 use crate::clock::MonotonicTime;
+use crate::election_core::{ElectionCore, Report};
 use crate::lifecycle::{Lifecycle, StopAction};
-use crate::shell::{ElectionCore, Report};
 
 /// A millisecond of global time, which counts nanoseconds.
 pub const MS: u64 = 1_000_000;

@@ -10,8 +10,8 @@ use tenure_kube::ClusterOptions;
 
 use super::StatusSource;
 use super::{lock_failed, Backend, Campaign, CampaignRequest, Fut, LockUrl, LockUrlError, Observation, SessionStatus};
+use crate::error::CliError;
 use crate::lock_access::{self, ClusterAccess};
-use crate::CliError;
 
 /// An etcd election: the endpoints (tried in turn), the election name (a key prefix), and the
 /// TLS files and user (`?cacert=&cert=&key=`, `USER@`).

@@ -11,8 +11,8 @@ use tenure_group::store::GroupStore;
 use tenure_kube::ClusterOptions;
 
 use super::{lock_failed, Backend, Fut, LockUrl, LockUrlError, RecordStore};
+use crate::error::CliError;
 use crate::lock_scope::LockScope;
-use crate::CliError;
 
 /// A lock file (or a group's directory) on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,7 +79,8 @@ impl Backend for FileBackend {
 
     fn write_fenced<'a>(&'a self, term: Term, target: &'a Path, content: Vec<u8>) -> Fut<'a, ()> {
         Box::pin(async move {
-            let lock = FileLock::open(&self.path).map_err(|source| CliError::OpenFile { path: self.path.clone(), source })?;
+            let lock =
+                FileLock::open(&self.path).map_err(|source| CliError::OpenFile { path: self.path.clone(), source })?;
             match lock.write_fenced(term, target, content).await {
                 Ok(()) => Ok(()),
                 Err(deposed @ FencedWriteError::Deposed { .. }) => Err(CliError::Deposed(deposed.to_string())),
@@ -122,5 +123,42 @@ impl Backend for FileBackend {
             ));
         }
         Some(LockScope { lock_file: Some(self.path.clone()), scope: "this user", explanation })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FileBackend;
+    use crate::backend::parse_lock_url;
+
+    #[test]
+    fn the_default_lock_file_says_it_is_per_user_and_what_other_users_get() {
+        let dir = std::env::temp_dir();
+        let url = FileBackend::url(dir.join("samejob.json"));
+        let scope = url.scope(true, 1000).unwrap();
+        assert_eq!(scope.lock_file.as_deref(), Some(dir.join("samejob.json").as_path()));
+        assert_eq!(scope.scope, "this user");
+        assert!(scope.explanation.contains("private to uid 1000"), "{}", scope.explanation);
+        assert!(scope.explanation.contains("elect a leader of their own"), "{}", scope.explanation);
+        assert!(!scope.explanation.contains("does not exist"), "{}", scope.explanation);
+    }
+
+    #[test]
+    fn an_explicit_lock_file_says_it_cannot_span_users_and_that_a_missing_directory_is_created() {
+        let missing = std::env::temp_dir().join(format!("tenure-scope-missing-{}", std::process::id()));
+        let url = FileBackend::url(missing.join("job.json"));
+        let scope = url.scope(false, 0).unwrap();
+        assert_eq!(scope.scope, "this user");
+        assert!(scope.explanation.contains("cannot be shared across users"), "{}", scope.explanation);
+        let created = format!("its directory {} does not exist yet and is created private to uid 0", missing.display());
+        assert!(scope.explanation.contains(&created), "{}", scope.explanation);
+    }
+
+    #[test]
+    fn the_memory_lock_is_this_process_only_and_server_locks_need_no_line() {
+        let memory = parse_lock_url("memory:").unwrap().scope(false, 1000).unwrap();
+        assert_eq!((memory.lock_file, memory.scope), (None, "this process"));
+        let etcd = parse_lock_url("etcd://127.0.0.1:2379/job").unwrap();
+        assert_eq!(etcd.scope(false, 1000), None);
     }
 }

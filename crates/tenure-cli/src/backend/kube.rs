@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{Backend, Campaign, CampaignEnd, CampaignRequest, Fut, LockUrl, LockUrlError, RecordStore, Release};
-use crate::{pod_label, CliError};
+use crate::{error::CliError, pod_label};
 
 /// A Kubernetes lock object.
 #[derive(Debug, Clone, PartialEq, Eq)]

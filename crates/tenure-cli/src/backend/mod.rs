@@ -23,10 +23,13 @@ use tenure::{redact_credentials, ChangeStream, Elector, ElectorError, RecordLock
 use tenure_group::store::GroupStore;
 use tenure_kube::ClusterOptions;
 
-use crate::error::BoxError;
-use crate::lock_access::AccessError;
+use crate::error::CliError;
+use crate::error::{BoxError, LockUrlError};
 use crate::lock_scope::LockScope;
-use crate::CliError;
+
+/// How long one read of the store may take before the store counts as unreachable (`tenure
+/// status`, whose reads the caller bounds; a ZooKeeper reader's session is sized by it).
+pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What a backend's asynchronous steps return (boxed: [`Backend`] is used as a trait object).
 pub type Fut<'a, T> = BoxFuture<'a, Result<T, CliError>>;
@@ -95,6 +98,18 @@ pub trait Backend: fmt::Debug + fmt::Display + Send + Sync {
         None
     }
 
+    /// Logs who shares this lock ([`LockScope`]) once, before campaigning; nothing for a lock on
+    /// a server.
+    fn announce_scope(&self, defaulted: bool) {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        let Some(LockScope { lock_file, scope, explanation }) = self.scope(defaulted, uid) else { return };
+        match lock_file {
+            Some(path) => tracing::info!(lock_file = %path.display(), scope, "{explanation}"),
+            None => tracing::info!(scope, "{explanation}"),
+        }
+    }
+
     /// The namespace the lock lives in, for stores with namespaces (`--election-namespace`).
     fn namespace(&self) -> Option<&str> {
         None
@@ -141,33 +156,6 @@ pub fn default_lock(election: &str) -> Result<LockUrl, CliError> {
         .map_err(|source| CliError::DefaultLock { election: election.to_owned(), source })
 }
 
-/// Why a `--lock` value was rejected.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum LockUrlError {
-    /// Not a URL at all; most often a bare path.
-    #[error("'{0}' is not a lock URL (expected {forms})", forms = forms())]
-    NotAUrl(String),
-    /// A scheme nobody knows.
-    #[error("unknown lock scheme '{0}' (supported: {schemes})", schemes = BACKENDS.iter().map(|b| b.0).collect::<Vec<_>>().join(", "))]
-    UnknownScheme(String),
-    /// A `file:` URL that does not name an absolute local path.
-    #[error("'{url}' is not a usable file lock URL: {reason}")]
-    BadFileUrl { url: String, reason: &'static str },
-    /// An `etcd:` or `zk:` URL that does not name servers and an election.
-    #[error("'{url}' is not a usable lock URL: {reason}")]
-    BadClusterUrl { url: String, reason: &'static str },
-    /// A `kube:` URL that does not name a namespace, a lock kind and a name.
-    #[error("{0}")]
-    BadKubeUrl(String),
-    /// The user or TLS part of an `etcd:` or `zk:` URL is unusable (the URL itself is not
-    /// repeated: it may hold a password).
-    #[error("{scheme}: lock URL: {source}")]
-    BadAccess { scheme: String, source: AccessError },
-    /// A `memory:` URL with something after the colon.
-    #[error("'{0}' is not a memory lock URL: write just 'memory:'")]
-    BadMemoryUrl(String),
-}
-
 /// "a, b or c": the forms of every backend's URL.
 fn forms() -> String {
     let forms: Vec<_> = BACKENDS.iter().map(|b| b.1).collect();
@@ -176,14 +164,16 @@ fn forms() -> String {
 
 /// Parses a `--lock` value with the parser its scheme names.
 pub fn parse_lock_url(text: &str) -> Result<LockUrl, LockUrlError> {
-    let not_a_url = || LockUrlError::NotAUrl(redact_credentials(text).into_owned());
+    let not_a_url = || LockUrlError::NotAUrl { text: redact_credentials(text).into_owned(), forms: forms() };
     let (scheme, rest) = text.split_once(':').ok_or_else(not_a_url)?;
     let scheme = scheme.to_ascii_lowercase();
     if scheme.is_empty() || !scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) {
         return Err(not_a_url());
     }
-    let (_, _, parse) =
-        BACKENDS.iter().find(|backend| backend.0 == scheme).ok_or(LockUrlError::UnknownScheme(scheme))?;
+    let Some((_, _, parse)) = BACKENDS.iter().find(|backend| backend.0 == scheme) else {
+        let supported = BACKENDS.iter().map(|b| b.0).collect::<Vec<_>>().join(", ");
+        return Err(LockUrlError::UnknownScheme { scheme, supported });
+    };
     parse(text, rest)
 }
 
@@ -323,6 +313,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+    use crate::error::AccessError;
 
     #[test]
     fn unknown_schemes_and_bare_paths_are_refused_naming_every_backend() {

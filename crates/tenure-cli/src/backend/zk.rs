@@ -11,8 +11,8 @@ use tenure_zk::{ZkElection, ZkGroupStore};
 
 use super::StatusSource;
 use super::{lock_failed, Backend, Campaign, CampaignRequest, Fut, LockUrl, LockUrlError, Observation, SessionStatus};
+use crate::error::CliError;
 use crate::lock_access::{self, ClusterAccess};
-use crate::CliError;
 
 /// A ZooKeeper election: the connection string (`host:port[,host:port...]`), the election path
 /// (absolute), and the digest user (`USER@`, `?password-file=`).
@@ -60,7 +60,7 @@ impl Backend for ZkBackend {
 
     fn status_source<'a>(&'a self, _: &'a ClusterOptions) -> Fut<'a, Box<dyn StatusSource>> {
         Box::pin(async move {
-            let election = self.connect(tenure_zk::timing_of(crate::status::READ_TIMEOUT).lease_duration).await?;
+            let election = self.connect(tenure_zk::timing_of(super::READ_TIMEOUT).lease_duration).await?;
             Ok(Box::new(SessionStatus(election, self.to_string())) as _)
         })
     }
