@@ -11,19 +11,25 @@ application writes by hand otherwise:
   changes, and the release of a draining partition;
 * :func:`elect` and :func:`member`: the sidecar as a child process of the application;
 * :func:`write_fenced`: a write the file lock refuses once the writer's tenure is over.
+
+Every exception the package defines derives from :class:`TenureError`.
 """
 
-from ._http import SidecarError
-from .elect import Leadership, NotLeading, Sidecar, Status, Tenure
+from ._errors import TenureError
+from ._http import BadAddress, SidecarError
+from .elect import Leadership, LeadTimeout, NotLeading, Sidecar, Status, Tenure
 from .member import DRAINING, LOST, OWNED, Assignment, Member, Owns, Partition, StillAssigned
-from .process import Deposed, Process, StartError, binary, elect, member, write_fenced
+from .process import BinaryNotFound, Deposed, Process, StartError, WriteFailed, binary, elect, member, write_fenced
 
 __all__ = [
     "DRAINING",
     "LOST",
     "OWNED",
     "Assignment",
+    "BadAddress",
+    "BinaryNotFound",
     "Deposed",
+    "LeadTimeout",
     "Leadership",
     "Member",
     "NotLeading",
@@ -36,6 +42,8 @@ __all__ = [
     "Status",
     "StillAssigned",
     "Tenure",
+    "TenureError",
+    "WriteFailed",
     "binary",
     "elect",
     "member",

@@ -13,9 +13,15 @@ import json
 import urllib.parse
 from typing import Any, Iterator, Optional, Tuple
 
+from ._errors import TenureError
 
-class SidecarError(OSError):
+
+class SidecarError(TenureError, OSError):
     """The sidecar could not be reached, went silent, or answered something unexpected."""
+
+
+class BadAddress(TenureError, ValueError):
+    """A sidecar address that is not ``http://host:port``."""
 
 
 class Endpoint:
@@ -24,11 +30,11 @@ class Endpoint:
     def __init__(self, url: str, timeout: float = 2.0) -> None:
         parsed = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
         if parsed.scheme != "http" or not parsed.hostname:
-            raise ValueError(f"a sidecar address is http://host:port, not {url!r}")
+            raise BadAddress(f"a sidecar address is http://host:port, not {url!r}")
         try:
             port = parsed.port or 80
         except ValueError as error:
-            raise ValueError(f"a sidecar address is http://host:port, not {url!r}: {error}") from None
+            raise BadAddress(f"a sidecar address is http://host:port, not {url!r}: {error}") from None
         self.host: str = parsed.hostname
         self.port: int = port
         self.timeout = timeout

@@ -21,6 +21,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Optional
 
+from ._errors import TenureError
 from ._http import Client, SidecarError
 
 #: Longer than the 15 s between the sidecars' keep-alive comments: a silence this long means the
@@ -30,8 +31,12 @@ IDLE_TIMEOUT = 20.0
 HOLD_IDLE_TIMEOUT = 5.0
 
 
-class NotLeading(Exception):
+class NotLeading(TenureError):
     """This instance does not lead with the term asked for: work must not start."""
+
+
+class LeadTimeout(TenureError, TimeoutError):
+    """:meth:`Sidecar.lead` waited its ``timeout`` and this instance did not lead."""
 
 
 @dataclass(frozen=True)
@@ -133,8 +138,8 @@ class Sidecar(Client):
         return Tenure(self, status.term, status.valid_until, status.retry_period)
 
     def lead(self, timeout: Optional[float] = None) -> "Tenure":
-        """Waits until this instance leads and holds that tenure. Raises :class:`TimeoutError`
-        after ``timeout`` seconds, :class:`SidecarError` if the sidecar goes away."""
+        """Waits until this instance leads and holds that tenure. Raises :class:`LeadTimeout` (a
+        TimeoutError) after ``timeout`` seconds, :class:`SidecarError` if the sidecar goes away."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             status = self.status()
@@ -145,7 +150,7 @@ class Sidecar(Client):
                     pass  # over already: wait for the next tenure
             remaining = 60.0 if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"{status.identity} did not lead within {timeout} s")
+                raise LeadTimeout(f"{status.identity} did not lead within {timeout} s")
             self.status(since=status.version, wait=min(remaining, 60.0))
 
 

@@ -14,6 +14,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional
 
+from ._errors import TenureError
 from ._http import Client, SidecarError
 from .elect import IDLE_TIMEOUT
 
@@ -21,7 +22,7 @@ from .elect import IDLE_TIMEOUT
 OWNED, DRAINING, LOST = "owned", "draining", "lost"
 
 
-class StillAssigned(Exception):
+class StillAssigned(TenureError):
     """A release of a partition the group has not revoked: the application's bookkeeping is off."""
 
 

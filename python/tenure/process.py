@@ -21,6 +21,7 @@ import threading
 from typing import Deque, Dict, Generic, List, Optional, Sequence, TypeVar, Union
 
 from . import _http
+from ._errors import TenureError
 from .elect import Sidecar
 from .member import Member
 
@@ -30,11 +31,19 @@ Client = TypeVar("Client", bound=_http.Client)
 START_TIMEOUT = 30.0
 
 
-class StartError(RuntimeError):
+class StartError(TenureError, RuntimeError):
     """The sidecar exited or did not serve in time; the message ends with its last log lines."""
 
 
-class Deposed(RuntimeError):
+class BinaryNotFound(TenureError, FileNotFoundError):
+    """No ``tenure`` executable: neither ``$TENURE_BIN``, nor the wheel's, nor one on ``PATH``."""
+
+
+class WriteFailed(TenureError, RuntimeError):
+    """``tenure write`` failed otherwise than by refusing a deposed writer; nothing was written."""
+
+
+class Deposed(TenureError, RuntimeError):
     """A write fenced by the lock was refused: the tenure of its term is over (another holder
     leads, or the lock was released). Nothing was written; do not retry under this term."""
 
@@ -50,7 +59,7 @@ def write_fenced(
     the tenure of ``term`` (``tenure write``): the lock itself refuses the write of a deposed
     leader, even one paused between its last check and this call. File locks only (``lock`` is
     a ``file://`` URL, or the election's default file). Raises :class:`Deposed` when refused,
-    :class:`RuntimeError` on any other failure; in both cases nothing was written."""
+    :class:`WriteFailed` on any other failure; in both cases nothing was written."""
     command = [binary(), "write", "--election", election, "--term", str(term)]
     if lock is not None:
         command += ["--lock", lock]
@@ -60,7 +69,7 @@ def write_fenced(
     if result.returncode == DEPOSED_EXIT:
         raise Deposed(message)
     if result.returncode != 0:
-        raise RuntimeError(f"tenure write exited with {result.returncode}: {message}")
+        raise WriteFailed(f"tenure write exited with {result.returncode}: {message}")
 
 
 def binary() -> str:
@@ -75,7 +84,7 @@ def binary() -> str:
             return candidate
     found = shutil.which("tenure")
     if found is None:
-        raise FileNotFoundError("no tenure executable: install the tenure wheel, or set TENURE_BIN")
+        raise BinaryNotFound("no tenure executable: install the tenure wheel, or set TENURE_BIN")
     return found
 
 
