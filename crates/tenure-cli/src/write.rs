@@ -5,7 +5,10 @@
 //! after the next leader began. `tenure write --term "$TENURE_TERM" FILE < content` makes the
 //! write through the lock: on a file lock it replaces FILE only while the lock still shows the
 //! tenure of that term, in the lock's own compare-and-swap
-//! ([`tenure::locks::file::FileLock::write_fenced`]). A subcommand rather than an endpoint of
+//! ([`tenure::locks::file::FileLock::write_fenced`]); on etcd it puts the key FILE in a
+//! transaction guarded by the election key of the term, on ZooKeeper it sets (or creates) the node
+//! FILE in a multi-operation that checks the node of the term: the store decides, in the same
+//! operation as the write. A subcommand rather than an endpoint of
 //! `tenure elect --http`: the writer is the command, which holds the term (`tenure run` passes it
 //! as `TENURE_TERM`), and a script needs no HTTP client for it.
 
@@ -24,16 +27,19 @@ const MAX_CONTENT_BYTES: u64 = 64 * 1024 * 1024;
 /// Arguments of `tenure write`.
 #[derive(Debug, Args)]
 #[command(
-    about = "Replace a file with standard input, only while the tenure of --term still holds the lock",
+    about = "Replace a file (etcd: a key, ZooKeeper: a node) with standard input, only while the tenure of --term still holds the lock",
     long_about = "Replace FILE with standard input, only while the lock still shows the tenure of \
         --term: the lock itself refuses the write of a deposed leader, even one paused between its \
-        last check and this write. FILE must be on the lock's file system (it is replaced by a \
-        rename: readers see the old or the new content).\n\n\
+        last check and this write. On a file lock FILE must be on the lock's file system (it is \
+        replaced by a rename: readers see the old or the new content); on etcd FILE is a key, \
+        written in a transaction guarded by the election key of --term; on ZooKeeper it is an \
+        absolute node path, set (or created) in a multi-operation that checks the node of \
+        --term.\n\n\
         Exit status: 0 written; 3 deposed (another tenure holds the lock, or it was released: \
         nothing was written, do not retry under this term); 1 any other failure (nothing was \
         written); 2 usage.\n\n\
-        Only file locks for now: etcd, ZooKeeper and Kubernetes fence writes of their own kind \
-        (the library's etcd and ZooKeeper elections).",
+        File, etcd and ZooKeeper locks; a Kubernetes object is fenced by the library's \
+        term-fenced update (tenure_kube::term_fenced).",
     after_help = "Example, in a command run by tenure run:\n  \
         generate-config | tenure write --election nightly-backup --term \"$TENURE_TERM\" /var/lib/backup/state.json"
 )]
@@ -45,7 +51,7 @@ pub struct WriteArgs {
     #[arg(long, value_name = "TERM", env = "TENURE_TERM")]
     term: u64,
 
-    /// The file to replace.
+    /// The file to replace (etcd: the key; ZooKeeper: the node's absolute path).
     #[arg(value_name = "FILE")]
     target: PathBuf,
 }

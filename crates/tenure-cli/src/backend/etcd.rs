@@ -2,9 +2,12 @@
 //! etcd's concurrency package, shared with `etcdctl elect name`). `--ttl` is the lease TTL.
 
 use std::fmt;
+use std::path::Path;
 use std::sync::Arc;
 
-use tenure_etcd::{EtcdElection, EtcdGroupStore};
+use tenure::Term;
+use tenure_etcd::proto::etcdserverpb::{request_op, PutRequest, RequestOp, TxnRequest};
+use tenure_etcd::{EtcdElection, EtcdGroupStore, FencedTxnError};
 use tenure_group::store::GroupStore;
 use tenure_kube::ClusterOptions;
 
@@ -53,6 +56,22 @@ impl Backend for EtcdBackend {
             let election = self.connect().await?;
             let elector = election.campaign(request.identity, request.timing.lease_duration);
             Ok(Campaign { elector: elector.map_err(CliError::refused)?, ending: Box::new(()) })
+        })
+    }
+
+    /// Puts `content` at the etcd key `target` in a transaction etcd applies only while the
+    /// election key of `term` leads ([`EtcdElection::fenced_txn`]).
+    fn write_fenced<'a>(&'a self, term: Term, target: &'a Path, content: Vec<u8>) -> Fut<'a, ()> {
+        Box::pin(async move {
+            let key = target.as_os_str().as_encoded_bytes().to_vec();
+            let put = PutRequest { key, value: content, ..Default::default() };
+            let success = vec![RequestOp { request: Some(request_op::Request::RequestPut(put)) }];
+            let request = TxnRequest { success, ..Default::default() };
+            match self.connect().await?.fenced_txn(term, request).await {
+                Ok(_) => Ok(()),
+                Err(deposed @ FencedTxnError::Deposed { .. }) => Err(CliError::Deposed(deposed.to_string())),
+                Err(error) => Err(lock_failed("write fenced by", &self.to_string())(error)),
+            }
         })
     }
 

@@ -129,7 +129,7 @@ pub trait Backend: fmt::Debug + fmt::Display + Send + Sync {
     /// (`tenure write`); `CliError::Deposed` when it no longer does.
     fn write_fenced<'a>(&'a self, _term: Term, _target: &'a std::path::Path, _content: Vec<u8>) -> Fut<'a, ()> {
         Box::pin(async move {
-            let needs = "tenure write needs a file lock (etcd and ZooKeeper fence writes in the library)";
+            let needs = "tenure write needs a file, etcd or ZooKeeper lock (a Kubernetes object: tenure_kube::term_fenced)";
             Err(CliError::LockCannot { needs, lock: self.to_string() })
         })
     }

@@ -2,12 +2,14 @@
 //! sequential nodes, compatible with Curator's LeaderLatch). `--ttl` is the session timeout.
 
 use std::fmt;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tenure::Term;
 use tenure_group::store::GroupStore;
 use tenure_kube::ClusterOptions;
-use tenure_zk::{ZkElection, ZkGroupStore};
+use tenure_zk::{zk, FencedMultiError, ZkElection, ZkGroupStore};
 
 use super::StatusSource;
 use super::{lock_failed, Backend, Campaign, CampaignRequest, Fut, LockUrl, LockUrlError, Observation, SessionStatus};
@@ -55,6 +57,29 @@ impl Backend for ZkBackend {
             request.refuse_coordinated(self)?;
             let elector = self.connect(request.timing.lease_duration).await?.campaign(request.identity);
             Ok(Campaign { elector: elector.map_err(CliError::refused)?, ending: Box::new(()) })
+        })
+    }
+
+    /// Sets the data of the node `target` (created, open to all, when missing) in a
+    /// multi-operation ZooKeeper applies only while the node of `term` leads
+    /// ([`ZkElection::fenced_multi`]).
+    fn write_fenced<'a>(&'a self, term: Term, target: &'a Path, content: Vec<u8>) -> Fut<'a, ()> {
+        Box::pin(async move {
+            let Some(node) = target.to_str().filter(|path| path.starts_with('/')) else {
+                return Err(CliError::Ended("on ZooKeeper the target is an absolute node path, such as /app/state"));
+            };
+            let election = self.connect(tenure_zk::timing_of(super::READ_TIMEOUT).lease_duration).await?;
+            let set = |multi: &mut zk::MultiWriter<'_>| multi.add_set_data(node, &content, None);
+            let mut written = election.fenced_multi(term, set).await;
+            if matches!(written, Err(FencedMultiError::Operation { source: zk::Error::NoNode, .. })) {
+                let create = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                written = election.fenced_multi(term, |multi| multi.add_create(node, &content, &create)).await;
+            }
+            match written {
+                Ok(_) => Ok(()),
+                Err(deposed @ FencedMultiError::Deposed { .. }) => Err(CliError::Deposed(deposed.to_string())),
+                Err(error) => Err(lock_failed("write fenced by", &self.to_string())(error)),
+            }
         })
     }
 
