@@ -166,12 +166,9 @@ struct Shared {
     store: Arc<dyn CheckpointStore>,
 }
 
-/// Runs one replica until SIGTERM/SIGINT, then stops its work and releases the lock (or leaves
-/// the group).
+/// Runs one Active/Passive replica until SIGTERM/SIGINT, then stops its work and releases the
+/// lock (`--mode active-active` runs [`crate::active_active::run`] instead).
 pub async fn run(config: ControllerConfig) -> Result<(), ControllerError> {
-    if config.mode == Mode::ActiveActive {
-        return crate::active_active::run(config).await;
-    }
     let election = EtcdElection::connect(&config.etcd, ELECTION).await?.with_drain_timeout(config.ttl / 4);
     let client = client(&config)?;
     let shared = Arc::new(Shared {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use tenure_example_ipam::bench::{self, BenchConfig};
 use tenure_example_ipam::checker::{self, Scenario};
+use tenure_example_ipam::active_active;
 use tenure_example_ipam::controller::{self, ControllerConfig, Mode};
 
 #[derive(Parser)]
@@ -81,7 +82,13 @@ fn main() -> ExitCode {
                     return fail(format_args!("cannot follow the parent's exit: {error}"));
                 }
             }
-            match runtime.block_on(controller::run(config)) {
+            let replica = async {
+                match config.mode {
+                    Mode::ActiveActive => active_active::run(config).await,
+                    _ => controller::run(config).await,
+                }
+            };
+            match runtime.block_on(replica) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => fail(format_args!("controller failed: {error}")),
             }
