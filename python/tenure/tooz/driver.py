@@ -534,12 +534,17 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         )
         try:
             self.join_group_create(group, capabilities={"weight": weight})
-            result = TenurePartitioner(self, group, partitions, process)
+            result = TenurePartitioner(self, group, partitions, process, self._forget_partitioner)
         except BaseException:
             stop_member(process)
             raise
         self._partitioners.append(result)
         return result
+
+    def _forget_partitioner(self, partitioned: TenurePartitioner) -> None:
+        """Takes a partitioned group that was left off the list the driver's stop leaves."""
+        if partitioned in self._partitioners:
+            self._partitioners.remove(partitioned)
 
     # -- heartbeat -------------------------------------------------------------------------
 

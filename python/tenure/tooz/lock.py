@@ -5,20 +5,29 @@ locks a coordinator holds (which the coordinator's session ends), are the driver
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Optional, Union
+from typing import Optional, Protocol, Union
 
 import tooz
 from tooz import locking, utils
 
-if TYPE_CHECKING:
-    from .driver import TenureDriver
+
+class LockRequests(Protocol):
+    """What a lock asks of the driver that made it (the driver makes the requests and keeps the
+    table of held locks, which its session ends); a protocol, so that this module needs no import
+    of the driver's."""
+
+    def _acquire(self, lock: TenureLock, blocking: bool, deadline: Optional[float]) -> bool: ...
+
+    def _release(self, lock: TenureLock) -> bool: ...
+
+    def heartbeat(self) -> float: ...
 
 
 class TenureLock(locking.Lock):
     """An exclusive lock held through the coordinator's child (``POST /locks/NAME``), with the
     fencing term of each acquisition."""
 
-    def __init__(self, driver: TenureDriver, name: bytes, encoded: str) -> None:
+    def __init__(self, driver: LockRequests, name: bytes, encoded: str) -> None:
         super().__init__(name)
         self._driver = driver
         #: The lock's safe name.

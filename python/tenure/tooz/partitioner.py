@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import tooz
 from tooz import coordination, partitioner
@@ -13,9 +13,6 @@ from tooz import coordination, partitioner
 from .. import _http
 from ..member import DRAINING, Member
 from ..process import Process
-
-if TYPE_CHECKING:
-    from .driver import TenureDriver
 
 #: How long leaving waits for the ``tenure member`` child to hand its partitions over and exit
 #: before killing it.
@@ -74,9 +71,14 @@ class TenurePartitioner(partitioner.Partitioner):
     move at once (else they move after the drain timeout, the session TTL / 2).
     """
 
-    def __init__(self, coordinator: TenureDriver, group_id: bytes, partitions: int, process: Process[Member]) -> None:
+    def __init__(
+        self, coordinator: coordination.CoordinationDriver, group_id: bytes, partitions: int,
+        process: Process[Member], forget: Callable[[TenurePartitioner], None],
+    ) -> None:
         super().__init__(coordinator, group_id, partitions=partitions)
-        self._tenure = coordinator
+        self._me: bytes = coordinator._member_id
+        #: Takes this partitioner off its driver's list once it left the group.
+        self._forget = forget
         self._process: Optional[Process[Member]] = process
 
     @property
@@ -104,7 +106,7 @@ class TenurePartitioner(partitioner.Partitioner):
 
     def members_for_object(self, obj: object, ignore_members: Optional[Any] = None, replicas: int = 1) -> Any:
         _one_replica(replicas)
-        me = self._tenure._member_id
+        me = self._me
         ignored = set(ignore_members or ())
         if me not in ignored and self.owns(obj) is not None:
             return {me}
@@ -125,8 +127,7 @@ class TenurePartitioner(partitioner.Partitioner):
         process, self._process = self._process, None
         if process is not None:
             stop_member(process)
-        if self in self._tenure._partitioners:
-            self._tenure._partitioners.remove(self)
+        self._forget(self)
 
     def stop(self) -> None:
         """Stops watching the group and leaves the partitioned group (graceful: the partitions
