@@ -57,8 +57,9 @@ def write_fenced(
 ) -> None:
     """Replaces the file ``path`` with ``data`` only while the lock of ``election`` still shows
     the tenure of ``term`` (``tenure write``): the lock itself refuses the write of a deposed
-    leader, even one paused between its last check and this call. File locks only (``lock`` is
-    a ``file://`` URL, or the election's default file). Raises :class:`Deposed` when refused,
+    leader, even one paused between its last check and this call. File, etcd and ZooKeeper locks
+    (``lock`` is their URL, or the election's default file); on etcd ``path`` is a key, on
+    ZooKeeper an absolute node path. Raises :class:`Deposed` when refused,
     :class:`WriteFailed` on any other failure; in both cases nothing was written."""
     command = [binary(), "write", "--election", election, "--term", str(term)]
     if lock is not None:

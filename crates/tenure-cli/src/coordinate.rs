@@ -118,6 +118,12 @@ pub enum Refusal {
     /// The store could not be reached in time, or failed; retrying is safe.
     #[error("{0}")]
     Unavailable(String),
+    /// A fenced write was refused by the store: the tenure of its term is over.
+    #[error("{0}")]
+    Deposed(String),
+    /// A fenced write this store cannot make (a Kubernetes base, a relative ZooKeeper path).
+    #[error("{0}")]
+    CannotWrite(String),
 }
 
 /// The longest `--holder`: a 2,048-byte Tooz member id in hex with its `x-` prefix, and room.
@@ -650,6 +656,20 @@ impl Coordinator {
             self.release_lock(name).await;
         }
         Ok(acquired)
+    }
+
+    /// Writes `content` to `target` (a file beside the lock, an etcd key, a ZooKeeper node)
+    /// through the store of the lock or election `kind-name`, which refuses it once the tenure of
+    /// `term` is over ([`crate::backend::Backend::write_fenced`]): the Tooz driver's fenced
+    /// writes, whose lock or leadership term the application holds.
+    pub async fn write_fenced(&self, kind: &str, name: &str, term: Term, target: &str, content: Vec<u8>) -> Answer<()> {
+        let url = self.nested(kind, name)?;
+        match url.write_fenced(term, std::path::Path::new(target), content).await {
+            Ok(()) => Ok(()),
+            Err(CliError::Deposed(why)) => Err(Refusal::Deposed(why)),
+            Err(error @ (CliError::LockCannot { .. } | CliError::Ended(_))) => Err(Refusal::CannotWrite(error.to_string())),
+            Err(error) => Err(Refusal::Unavailable(error.to_string())),
+        }
     }
 
     /// Releases the lock `name`; true if this process held it until now.

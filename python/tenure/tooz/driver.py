@@ -37,7 +37,7 @@ from tooz import coordination, partitioner
 from .. import _http
 from .._errors import TenureError
 from ..member import Member
-from ..process import Process, StartError
+from ..process import Deposed, Process, StartError
 from . import names, url
 from .lock import TenureLock
 from .names import as_bytes, decode_name, full_form, is_hashed
@@ -377,6 +377,8 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
                 f"the tenure session ended (no request for {self._timeout:g}s: heartbeat more often), so its"
                 f" locks and leaderships were released; a new session has started: {message}"
             )
+        if kind == "deposed":
+            raise Deposed(message)
         if status == 503 or kind == "unavailable":
             raise coordination.ToozConnectionError(f"the store is unavailable: {message}")
         raise tooz.ToozError(f"{method} {path} answered {status} {kind}: {message}")
@@ -740,6 +742,19 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         return result
 
     # -- locks -----------------------------------------------------------------------------
+
+    def write_fenced_as_leader(self, group_id: bytes, term: int, target: str, data: bytes) -> None:
+        """Writes ``data`` to ``target`` (on a file store a file on the store's file system, on
+        etcd a key, on ZooKeeper an absolute node path) only while the leadership of ``group_id``
+        of ``term`` (:attr:`Leadership.term`, taken when the work began) lasts: the store itself
+        refuses the write of a leader that was deposed, even one paused between its last check and
+        this call. Raises :class:`tenure.Deposed` when refused (nothing was written; do not retry
+        under this term)."""
+        self._write_fenced("election", encode_name(as_bytes(group_id), "group id"), term, target, data)
+
+    def _write_fenced(self, kind: str, name: str, term: int, target: str, data: bytes) -> None:
+        query = urllib.parse.urlencode({"kind": kind, "name": name, "term": term, "target": target})
+        self._call("POST", f"/fenced?{query}", body=data)
 
     def get_lock(self, name: bytes) -> TenureLock:
         raw = as_bytes(name)

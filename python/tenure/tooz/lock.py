@@ -22,6 +22,8 @@ class LockRequests(Protocol):
 
     def heartbeat(self) -> float: ...
 
+    def _write_fenced(self, kind: str, name: str, term: int, target: str, data: bytes) -> None: ...
+
 
 class TenureLock(locking.Lock):
     """An exclusive lock held through the coordinator's child (``POST /locks/NAME``), with the
@@ -45,6 +47,18 @@ class TenureLock(locking.Lock):
     def valid(self) -> bool:
         """Held, and still valid on this host's clock (refreshed by heartbeats)."""
         return self._held and time.monotonic() < self._deadline
+
+    def write_fenced(self, target: str, data: bytes, term: Optional[int] = None) -> None:
+        """Writes ``data`` to ``target`` (on a file store a file on the store's file system, on
+        etcd a key, on ZooKeeper an absolute node path) only while the acquisition of ``term``
+        (default: the current one) still holds this lock: the store itself refuses the write of a
+        holder that lost the lock, even one paused between its last check and this call. Raises
+        :class:`tenure.Deposed` when refused (nothing was written; do not retry under this
+        term)."""
+        term = self._term if term is None else term
+        if term is None:
+            raise tooz.ToozError(f"lock {self.name!r} was never acquired: no term to write under")
+        self._driver._write_fenced("lock", self._encoded, term, target, data)
 
     def _drop(self) -> None:
         """Not held any more (released, or its session ended)."""

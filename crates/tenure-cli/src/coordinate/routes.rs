@@ -83,6 +83,8 @@ impl IntoResponse for Failure {
             Refusal::HeldHere(_) => (StatusCode::CONFLICT, "held_here"),
             Refusal::SessionExpired(_) => (StatusCode::GONE, "session_expired"),
             Refusal::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            Refusal::Deposed(_) => (StatusCode::CONFLICT, "deposed"),
+            Refusal::CannotWrite(_) => (StatusCode::BAD_REQUEST, "cannot_write"),
         };
         (status, Json(json!({"kind": kind, "error": self.0.to_string()}))).into_response()
     }
@@ -119,6 +121,7 @@ pub fn router(coordinator: Arc<Coordinator>) -> Router {
         .route("/elections/{group}/resign", post(stand_down))
         .route("/locks/{name}", post(acquire).delete(release).get(lock_holder))
         .route("/url", get(nested_url))
+        .route("/fenced", post(write_fenced))
         .layer(middleware::from_fn_with_state(coordinator.clone(), sign_of_life))
         .with_state(coordinator)
 }
@@ -276,6 +279,26 @@ async fn release(State(c): State<Arc<Coordinator>>, Path(name): Path<String>) ->
 async fn lock_holder(State(c): State<Arc<Coordinator>>, Path(name): Path<String>) -> Reply {
     names([&name])?;
     ok(json!({"holder": c.lock_holder(&name).await?}))
+}
+
+/// `POST /fenced?kind=lock|election&name=NAME&term=T&target=TARGET`, the content as the body: a
+/// write that the store refuses once the tenure of `term` of that lock or election is over
+/// (`deposed`, 409). In the query, not the path: a target has slashes.
+async fn write_fenced(State(c): State<Arc<Coordinator>>, RawQuery(query): RawQuery, body: axum::body::Bytes) -> Reply {
+    let value = |key| query_value(query.as_deref(), key).unwrap_or_default();
+    let (kind, name, target) = (value("kind"), value("name"), value("target"));
+    let bad = |what: String| Failure(Refusal::BadName(what));
+    if kind != "lock" && kind != "election" {
+        return Err(bad(format!("kind must be lock or election, not {kind:?}")));
+    }
+    names([&name])?;
+    let term = value("term").parse().ok().filter(|term| *term > 0);
+    let term = term.ok_or_else(|| bad(format!("term must be a positive integer, not {:?}", value("term"))))?;
+    if target.is_empty() {
+        return Err(bad("no target to write".to_owned()));
+    }
+    c.write_fenced(&kind, &name, tenure::Term(term), &target, body.to_vec()).await?;
+    ok(json!({}))
 }
 
 /// `GET /url?kind=partitioned&name=GROUP`: where a partitioned group lives, for `tenure member`.
