@@ -34,13 +34,14 @@ use tenure::{Elector, Term, Timing};
 use tenure_group::record::{MemberRecord, MemberState};
 use tenure_group::silence::Silences;
 use tenure_group::store::{GroupStore, Key, Snapshot, StoreError, Stored, Value, Version};
+use tenure_kube::coordinated::CandidateVersions;
 use tenure_kube::ClusterOptions;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{CampaignEnd, CampaignRequest, LockUrl, LockUrlParser, Observation, StatusSource};
-use crate::options::{parse_http_address, CandidateOptions, ClusterArgs, HttpAddress};
+use crate::options::{parse_http_address, CandidateOptions, ClusterArgs, CoordinationOptions, HttpAddress};
 use crate::signals::TerminationSignals;
 use crate::error::CliError;
 use crate::{exit, http, logging};
@@ -80,6 +81,12 @@ pub struct CoordinateArgs {
 
     #[command(flatten)]
     candidate: CandidateOptions,
+
+    /// Coordinated Leader Election for the elections (a Kubernetes base only). Not for the
+    /// locks: a lock goes to whoever asks first, and a version preference would make a holder
+    /// wait for a coordinator instead.
+    #[command(flatten)]
+    coordination: CoordinationOptions,
 
     #[command(flatten)]
     cluster: ClusterArgs,
@@ -180,6 +187,9 @@ pub struct Coordinator {
     base: LockUrl,
     cluster: ClusterOptions,
     timing: Timing,
+    /// `--coordinated`: the versions the elections' candidates publish (Kubernetes' Coordinated
+    /// Leader Election).
+    versions: Option<CandidateVersions>,
     incarnation: u64,
     /// Where this process's monotonic clock, as the sans-IO decisions see it, reads zero.
     clock_origin: Instant,
@@ -215,13 +225,17 @@ pub fn check_name(name: &str) -> Answer<()> {
 }
 
 impl Coordinator {
-    fn new(identity: String, holder: String, base: LockUrl, cluster: ClusterOptions, timing: Timing) -> Arc<Self> {
+    fn new(
+        identity: String, holder: String, base: LockUrl, cluster: ClusterOptions, timing: Timing,
+        versions: Option<CandidateVersions>,
+    ) -> Arc<Self> {
         Arc::new(Coordinator {
             identity,
             holder,
             base,
             cluster,
             timing,
+            versions,
             incarnation: rand::random(),
             clock_origin: Instant::now(),
             held: Mutex::default(),
@@ -444,12 +458,12 @@ impl Coordinator {
 
     // ----- elections and locks -----
 
-    async fn campaign(&self, url: LockUrl) -> Answer<Campaigning> {
+    async fn campaign(&self, url: LockUrl, coordinated: Option<CandidateVersions>) -> Answer<Campaigning> {
         let request = CampaignRequest {
             identity: &self.holder,
             timing: self.timing,
             cluster: &self.cluster,
-            coordinated: None,
+            coordinated,
             leader_label: None,
         };
         let campaign = url.campaign(request).await.map_err(|e| Refusal::Unavailable(e.to_string()))?;
@@ -472,7 +486,7 @@ impl Coordinator {
         if self.held().elections.contains_key(group) {
             return Ok(());
         }
-        let campaigning = self.campaign(self.nested("election", group)?).await?;
+        let campaigning = self.campaign(self.nested("election", group)?, self.versions.clone()).await?;
         let replaced = {
             let mut held = self.held();
             held.confirmed.remove(group);
@@ -634,7 +648,7 @@ impl Coordinator {
             Some((_, true)) => return Err(Refusal::HeldHere(name.to_owned())),
             Some((leadership, false)) => leadership,
             None => {
-                let campaigning = self.campaign(self.nested("lock", name)?).await?;
+                let campaigning = self.campaign(self.nested("lock", name)?, None).await?;
                 let leadership = campaigning.elector.subscribe();
                 if let Some(raced) = self.held().locks.insert(name.to_owned(), campaigning) {
                     tokio::spawn(release(raced));
@@ -807,7 +821,15 @@ pub async fn coordinate(args: CoordinateArgs) -> Result<u8, CliError> {
     let listener =
         TcpListener::bind(&args.http.0).await.map_err(CliError::io(format!("serve HTTP on {}", args.http.0)))?;
     let address = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| args.http.0.clone());
-    let coordinator = Coordinator::new(identity.clone(), holder, args.lock.clone(), cluster, args.candidate.ttl.timing);
+    let versions = args.coordination.versions()?;
+    // Coordinated Leader Election is Kubernetes' (LeaseCandidates in the Leases' namespace): a
+    // base without a namespace cannot take part, said before anything starts.
+    if versions.is_some() && args.lock.namespace().is_none() {
+        let needs = "--coordinated needs a Kubernetes base (kube://NAMESPACE/leases/PREFIX)";
+        return Err(CliError::LockCannot { needs, lock: args.lock.to_string() });
+    }
+    let timing = args.candidate.ttl.timing;
+    let coordinator = Coordinator::new(identity.clone(), holder, args.lock.clone(), cluster, timing, versions);
     tracing::info!(identity, store = %args.lock, timeout = ?coordinator.timing.lease_duration, "coordinating");
     tracing::info!(address, "serving the coordinator over HTTP");
 

@@ -51,7 +51,10 @@ use crate::{error::CliError, http, logging};
         Drain rule: a revoked partition is handed over only after the application released it or \
         --drain-timeout passed; /owns answers false for it from the revoke on. SIGTERM, SIGINT and \
         SIGHUP leave the group (every partition drains, then moves at once) and exit 0; SIGKILL \
-        leaves the partitions to be taken over after the lease.",
+        leaves the partitions to be taken over after the lease.\n\n\
+        No --coordinated: Coordinated Leader Election chooses one leader among versions, and a \
+        group has none (every member owns a share); during a rolling upgrade each member hands \
+        its partitions over as it leaves.",
     after_help = "Example:  tenure member --group my-controller --http 127.0.0.1:4041 --lock file:///run/tenure/groups/my-controller"
 )]
 pub struct MemberArgs {

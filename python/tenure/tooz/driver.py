@@ -89,6 +89,7 @@ holder_name = _tooz_error(names.holder_name)
 full_name = _tooz_error(names.full_name)
 store_url = _tooz_error(url.store_url)
 session_timeout = _tooz_error(url.session_timeout)
+coordination_flags = _tooz_error(url.coordination)
 
 
 class SessionExpired(TenureError, coordination.ToozConnectionError):
@@ -193,6 +194,7 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
                 c for c in self.CHARACTERISTICS if c != coordination.Characteristics.DISTRIBUTED_ACROSS_HOSTS
             )
         self._timeout = session_timeout(options)
+        self._coordination: List[str] = coordination_flags(options)
         self._member_name = encode_name(member, "member id")
         self._holder = holder_name(member)
         #: Bounds every request that is not a long-poll.
@@ -230,7 +232,7 @@ class TenureDriver(coordination.CoordinationDriverCachedRunWatchers):
         return process
 
     def _start(self) -> None:
-        process = self._child(_http.Client, "coordinate", self._lock_url, "--holder", self._holder)
+        process = self._child(_http.Client, "coordinate", self._lock_url, "--holder", self._holder, *self._coordination)
         self._process, self._endpoint = process, process.client.endpoint
         self._campaigning = set()
         try:

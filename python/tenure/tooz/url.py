@@ -4,7 +4,7 @@ without Tooz (it does not import it). The driver raises its :class:`BadURL` as `
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 from .._errors import TenureError
 
@@ -40,15 +40,20 @@ def store_url(parsed_url: Any) -> Tuple[str, bool]:
     raise BadURL(f"unknown tenure backend {scheme!r}: tenure+file, tenure+etcd, tenure+zookeeper or tenure+kubernetes")
 
 
+def _option(options: Mapping[str, Any], name: str) -> Optional[str]:
+    """The option ``name`` as text, the last if given more than once."""
+    value = options.get(name)
+    if isinstance(value, (list, tuple)):
+        value = value[-1] if value else None
+    return None if value is None else str(value)
+
+
 def session_timeout(options: Mapping[str, Any]) -> float:
     """The ``timeout`` option (seconds, the last if given more than once; default
     :data:`DEFAULT_TIMEOUT`): the session's TTL."""
-    value = options.get("timeout")
-    if isinstance(value, (list, tuple)):
-        value = value[-1] if value else None
-    if value is None:
+    timeout = _option(options, "timeout")
+    if timeout is None:
         return DEFAULT_TIMEOUT
-    timeout = str(value)
     try:
         seconds = float(timeout)
     except ValueError:
@@ -56,6 +61,26 @@ def session_timeout(options: Mapping[str, Any]) -> float:
     if not seconds > 0:
         raise BadURL(f"timeout must be positive, not {timeout!r}")
     return seconds
+
+
+def coordination(options: Mapping[str, Any]) -> List[str]:
+    """The child's flags for Kubernetes' Coordinated Leader Election of the elections (not the
+    locks): ``coordinated=1`` (or ``true``), with ``binary_version`` and ``emulation_version``
+    (``MAJOR.MINOR[.PATCH]``, checked by the child); during a rolling upgrade the API server's
+    coordinator keeps leadership on the oldest version."""
+    flag = (_option(options, "coordinated") or "").lower()
+    versions = [(name, _option(options, name)) for name in ("binary_version", "emulation_version")]
+    if flag in ("", "0", "false", "no"):
+        if any(value is not None for _, value in versions):
+            raise BadURL("binary_version and emulation_version need coordinated=1")
+        return []
+    if flag not in ("1", "true", "yes"):
+        raise BadURL(f"coordinated is 1 or 0, not {flag!r}")
+    flags = ["--coordinated"]
+    for name, value in versions:
+        if value is not None:
+            flags += ["--" + name.replace("_", "-"), value]
+    return flags
 
 
 def duration(seconds: float) -> str:
