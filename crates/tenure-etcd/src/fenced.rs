@@ -5,11 +5,13 @@
 //! (GC, SIGSTOP, a frozen VM) between its last check and its write: that write reaches etcd after
 //! the lease ran out and the next leader began. Here etcd decides, in the same operation as the
 //! write. The user's transaction is nested in (or, with success operations alone, merged into)
-//! an outer one whose compares are [`leader_compare`](crate::leader_compare), the election key of
-//! the term still exists with the create revision that is the term, and "no key of the election
-//! is older", so that key leads (a queued follower's key passes the first alone). A key deleted (released, lease expired,
-//! `etcdctl del`) and created again gets a new create revision, so a tenure, once over, never
-//! passes them again.
+//! an outer one whose one compare is [`leader_compare`](crate::leader_compare): the election key
+//! of the term still exists with the create revision that is the term. That the key leads (no key
+//! of the election is older) is checked once per tenure, when the key is looked up: keys are only
+//! created at the current revision, so the oldest key stays the oldest until it is gone (a queued
+//! follower's term is refused by that lookup). A key deleted (released, lease expired, `etcdctl
+//! del`) and created again gets a new create revision, so a tenure, once over, never passes the
+//! compare again.
 //!
 //! One round trip tells the three outcomes apart: the outer compare held and the user's compares
 //! held (`succeeded`), the outer compare held but the user's did not (`succeeded == false`, the
@@ -23,7 +25,7 @@
 use tenure::Term;
 
 use crate::client;
-use crate::proto::etcdserverpb::{compare, request_op, response_op, Compare, RequestOp, TxnRequest, TxnResponse};
+use crate::proto::etcdserverpb::{request_op, response_op, RequestOp, TxnRequest, TxnResponse};
 use crate::{leader_compare, EtcdError};
 
 /// Why a fenced transaction ([`EtcdElection::fenced_txn`](crate::EtcdElection::fenced_txn)) did
@@ -66,8 +68,9 @@ pub(crate) fn revision_of(term: Term) -> Result<i64, FencedTxnError> {
     }
 }
 
-/// The outer transaction: `user` runs only while `key` was created at `term` and no key of the
-/// election is older (so it leads); otherwise the leader of `prefix` is read. A transaction with
+/// The outer transaction: `user` runs only while `key`, found to lead when the tenure's first
+/// fenced write looked it up ([`EtcdElection::leader_key`](crate::EtcdElection::leader_key)),
+/// still exists with the create revision `term`; otherwise the leader of `prefix` is read. A transaction with
 /// compares or failure operations of its own is nested (second return value `true`); one with
 /// success operations alone runs them directly in the outer success branch, which etcd applies a
 /// little faster.
@@ -76,23 +79,8 @@ pub(crate) fn outer_txn(prefix: &str, key: &str, term: Term, user: TxnRequest) -
     let success =
         if nested { vec![RequestOp { request: Some(request_op::Request::RequestTxn(user)) }] } else { user.success };
     let who_leads = RequestOp { request: Some(request_op::Request::RequestRange(client::first_created(prefix))) };
-    let compare = vec![leader_compare(key, term), none_older(prefix, term)];
+    let compare = vec![leader_compare(key, term)];
     (TxnRequest { compare, success, failure: vec![who_leads] }, nested)
-}
-
-/// `create_revision > term - 1` for every key of the election: the key of `term` is the oldest,
-/// the one that leads. Why next to [`leader_compare`]: that one alone also holds for a queued
-/// follower's key, so a term taken from a follower (a caller's mistake) would pass it; etcd
-/// applies a compare with a range end to every key in the range.
-pub(crate) fn none_older(prefix: &str, term: Term) -> Compare {
-    let revision = i64::try_from(term.0).unwrap_or(i64::MAX).saturating_sub(1);
-    Compare {
-        result: compare::CompareResult::Greater as i32,
-        target: compare::CompareTarget::Create as i32,
-        key: prefix.as_bytes().to_vec(),
-        range_end: client::prefix_end(prefix),
-        target_union: Some(compare::TargetUnion::CreateRevision(revision)),
-    }
 }
 
 /// What the outer transaction's answer means for the user: the nested answer (with the outer
@@ -144,9 +132,7 @@ mod tests {
             TxnRequest { compare: Vec::new(), success: vec![client::get_op("x")], failure: vec![client::get_op("y")] };
         let (outer, nested) = outer_txn("e/", "e/1a", Term(9), user.clone());
         assert!(nested);
-        assert_eq!(outer.compare, vec![leader_compare("e/1a", Term(9)), none_older("e/", Term(9))]);
-        assert_eq!(outer.compare[1].range_end, b"e0".to_vec());
-        assert_eq!(outer.compare[1].target_union, Some(compare::TargetUnion::CreateRevision(8)));
+        assert_eq!(outer.compare, vec![leader_compare("e/1a", Term(9))]);
         assert_eq!(outer.success, vec![RequestOp { request: Some(request_op::Request::RequestTxn(user)) }]);
         assert!(matches!(outer.failure[0].request, Some(request_op::Request::RequestRange(_))));
         // Success operations alone: not nested.

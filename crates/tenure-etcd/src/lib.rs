@@ -310,21 +310,17 @@ impl EtcdElection {
         FencedTxnError::Deposed { election, term, shows }
     }
 
-    /// The key of the candidate whose tenure is `term` (created at revision `term`), if it still
-    /// exists. Why: a writer that makes many fenced writes finds the key once per tenure and
-    /// puts [`leader_compare`] into each of its own transactions ([`EtcdElection::txn`]);
-    /// [`EtcdElection::fenced_txn`] does so for its callers.
+    /// The key of the candidate whose tenure is `term` (created at revision `term`), if it leads:
+    /// it exists and no key of the election is older. Why: a writer that makes many fenced writes
+    /// finds the key once per tenure and puts [`leader_compare`] into each of its own
+    /// transactions ([`EtcdElection::txn`]); [`EtcdElection::fenced_txn`] does so for its
+    /// callers. Checking "oldest" once is enough: keys are only ever created at the current
+    /// revision, so a key that leads keeps leading until it is gone, which the compare sees.
+    /// `None` also for a queued follower's term (a caller's mistake).
     pub async fn leader_key(&self, term: Term) -> Result<Option<String>, EtcdError> {
         let revision = i64::try_from(term.0).map_err(|_| EtcdError::Protocol(format!("term {term} out of range")))?;
-        let find = proto::etcdserverpb::RangeRequest {
-            limit: 1,
-            min_create_revision: revision,
-            max_create_revision: revision,
-            keys_only: true,
-            ..client::prefix_range(&self.prefix)
-        };
-        let found = self.conn.range(CALL_TIMEOUT, find).await?;
-        Ok(found.kvs.into_iter().next().map(|kv| String::from_utf8_lossy(&kv.key).into_owned()))
+        let first = self.conn.range(CALL_TIMEOUT, client::first_created(&self.prefix)).await?.kvs.into_iter().next();
+        Ok(first.filter(|kv| kv.create_revision == revision).map(|kv| String::from_utf8_lossy(&kv.key).into_owned()))
     }
 
     /// Runs a transaction as given, on this election's connection. Why: stores layered on the
