@@ -26,16 +26,29 @@
 //!   tenure was still valid. A failure is restarted after an exponential back-off; after
 //!   [`GateBuilder::resign_after_failures`] consecutive failures the replica resigns so another one
 //!   tries (Kuryr stepped down on any error). A finished work is started again on the next tenure.
+//! - **stuck** (invariant G1, issue 35): with [`GateBuilder::stuck_after`], an operation the work
+//!   marked in flight ([`LeaderContext::operation`]: each reconcile of `spawn_controller`, each
+//!   handler call of a `GatedWatch`) has not returned within that bound. A renewing leader whose work is dead is
+//!   the failure users report most (Cilium's operator kept its lease while its work had stopped).
+//!   The gate logs why (WARN, with the term, the operation and how long it has been in flight)
+//!   and resigns, the same step-down as after repeated failures: the tenure ends at once, the
+//!   work is cancelled and drained as on a resign, the lock is released, and another replica
+//!   leads. This replica stays a candidate (L3), and its next tenure starts with no operation in
+//!   flight. Only operations count: an idle work (nothing in flight) never gives way, and the
+//!   elector's own renews are not measured, so a slow renew never makes a leader give way.
 //!
 //! The gate holds only an [`ElectorView`], so it never keeps the elector running and ends when the
 //! elector stops.
 
+use std::collections::BTreeMap;
+use std::fmt::Display;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
 use tenure::{Elector, ElectorView, Role, Tenure, Term, Timing};
+use tokio::sync::Notify;
 use tokio::task::{JoinError, JoinHandle};
 use tokio::time::{sleep, timeout_at, Instant};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
@@ -58,6 +71,9 @@ pub enum StopReason {
     Failed,
     /// The work returned `Ok(())` while the tenure was valid.
     Finished,
+    /// An operation of the work was in flight for [`GateBuilder::stuck_after`]: this replica gave
+    /// way (resigned) so that a healthy one leads.
+    Stuck,
 }
 
 impl StopReason {
@@ -70,6 +86,7 @@ impl StopReason {
             StopReason::Shutdown => "shutdown",
             StopReason::Failed => "failed",
             StopReason::Finished => "finished",
+            StopReason::Stuck => "stuck",
         }
     }
 }
@@ -85,6 +102,7 @@ pub struct LeaderContext {
     cancel: CancellationToken,
     timing: Timing,
     attempt: u32,
+    operations: Operations,
 }
 
 impl LeaderContext {
@@ -123,14 +141,139 @@ impl LeaderContext {
     pub fn attempt(&self) -> u32 {
         self.attempt
     }
+
+    /// Marks one operation of the work (a reconcile, a handler call, a sync pass) in flight until
+    /// the returned guard is dropped; `what` names it in the log line of a give-way.
+    ///
+    /// Why: with [`GateBuilder::stuck_after`], an operation still in flight that long means the
+    /// work is stuck (a deadlock, a call without a timeout), and the replica gives way so that a
+    /// healthy one leads. Only marked operations count, so a work that waits for events with
+    /// nothing in flight is idle, not stuck. Without the setting the guard does nothing (and
+    /// `what` is not even formatted). The guard may be moved into a sub-task; operations started
+    /// in one tenure never count against the next.
+    pub fn operation(&self, what: impl Display) -> Operation {
+        self.operations.start(what)
+    }
+
+    /// Starts operations from where the context is not at hand (a reconciler closure).
+    #[cfg(feature = "kube")]
+    pub(crate) fn operations(&self) -> Operations {
+        self.operations.clone()
+    }
 }
 
 #[cfg(all(test, feature = "kube"))]
 impl LeaderContext {
     /// A context as the gate makes one, for models that play the gate's part.
     pub(crate) fn new(tenure: Tenure, cancel: CancellationToken, timing: Timing) -> LeaderContext {
-        LeaderContext { tenure, cancel, timing, attempt: 0 }
+        LeaderContext { tenure, cancel, timing, attempt: 0, operations: Operations::default() }
     }
+}
+
+/// One operation of the leader work in flight, from [`LeaderContext::operation`]: it ends when
+/// the guard is dropped (returned, failed, or aborted with the work).
+#[derive(Debug)]
+#[must_use = "the operation ends when this guard is dropped"]
+pub struct Operation {
+    tracked: Option<(Arc<InFlight>, u64)>,
+}
+
+impl Drop for Operation {
+    fn drop(&mut self) {
+        if let Some((in_flight, id)) = self.tracked.take() {
+            in_flight.end(id);
+        }
+    }
+}
+
+/// Where the operations of one tenure are counted: nowhere without [`GateBuilder::stuck_after`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Operations(Option<Arc<InFlight>>);
+
+impl Operations {
+    /// Marks an operation in flight until the guard drops.
+    pub(crate) fn start(&self, what: impl Display) -> Operation {
+        Operation { tracked: self.0.as_ref().map(|in_flight| (in_flight.clone(), in_flight.start(what.to_string()))) }
+    }
+}
+
+/// The operations in flight in one tenure, oldest first, and a wake-up for the stuck watch when
+/// one starts.
+#[derive(Debug, Default)]
+struct InFlight {
+    state: Mutex<InFlightState>,
+    started: Notify,
+}
+
+#[derive(Debug, Default)]
+struct InFlightState {
+    next: u64,
+    /// By start order, so the first is the oldest: when it started and what it is.
+    operations: BTreeMap<u64, (Instant, String)>,
+}
+
+impl InFlight {
+    fn state(&self) -> std::sync::MutexGuard<'_, InFlightState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn start(&self, what: String) -> u64 {
+        let mut state = self.state();
+        let id = state.next;
+        state.next += 1;
+        state.operations.insert(id, (Instant::now(), what));
+        drop(state);
+        self.started.notify_one();
+        id
+    }
+
+    fn end(&self, id: u64) {
+        self.state().operations.remove(&id);
+    }
+
+    /// Completes once the oldest operation still in flight has been so for `limit`: what it is
+    /// and how long it has been in flight. Never while nothing is in flight (an idle work).
+    async fn stuck(&self, limit: Duration) -> (String, Duration) {
+        loop {
+            // Taken before looking, so that an operation started meanwhile wakes us.
+            let started = self.started.notified();
+            let oldest = self.state().operations.first_key_value().map(|(_, (at, what))| (*at, what.clone()));
+            match oldest {
+                // A limit past the end of the clock never passes.
+                Some((at, what)) => match at.checked_add(limit) {
+                    Some(due) if Instant::now() >= due => return (what, at.elapsed()),
+                    Some(due) => tokio::time::sleep_until(due).await,
+                    None => std::future::pending().await,
+                },
+                None => started.await,
+            }
+        }
+    }
+}
+
+/// Why a [`GateBuilder`] (or `GatedWatch`) setting was refused when it was given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GateError {
+    /// [`GateBuilder::stuck_after`] shorter than the elector's renew period (zero included).
+    #[error(
+        "stuck_after ({stuck_after:?}) must be at least the elector's renew period ({renew_period:?}): a shorter \
+         bound counts ordinary operations as stuck and makes the replica give way tenure after tenure"
+    )]
+    StuckAfterTooShort {
+        /// The bound given.
+        stuck_after: Duration,
+        /// The elector's renew period ([`Timing::retry_period`]), the shortest bound accepted.
+        renew_period: Duration,
+    },
+}
+
+/// Checks a [`GateBuilder::stuck_after`] bound against the elector's timing.
+pub(crate) fn check_stuck_after(stuck_after: Duration, timing: &Timing) -> Result<Duration, GateError> {
+    let renew_period = timing.retry_period;
+    if stuck_after.is_zero() || stuck_after < renew_period {
+        return Err(GateError::StuckAfterTooShort { stuck_after, renew_period });
+    }
+    Ok(stuck_after)
 }
 
 /// The work a gate runs: a function from a [`LeaderContext`] to a future.
@@ -143,6 +286,7 @@ pub struct GateBuilder {
     drain_timeout: Duration,
     backoff: Backoff,
     resign_after_failures: Option<u32>,
+    stuck_after: Option<Duration>,
     metrics: GateMetrics,
 }
 
@@ -157,6 +301,39 @@ impl GateBuilder {
         resign_after_failures: u32 => Some(resign_after_failures.max(1));
         /// Reports into these metrics (e.g. from [`GateMetrics::register`]); default: unregistered.
         metrics: GateMetrics;
+    }
+
+    /// Gives way when an operation of the work ([`LeaderContext::operation`]; each reconcile of
+    /// `spawn_controller`, each handler call of a `GatedWatch`) has been in flight for `limit`:
+    /// the gate logs why at WARN (term, operation, how long), counts a stop with reason `stuck`
+    /// (`tenure_ha_work_stops_total{reason="stuck"}`), and resigns as after
+    /// [`GateBuilder::resign_after_failures`]: the work is cancelled and drained as on a resign
+    /// (up to the drain timeout), the lock is released, another replica leads, and this one stays
+    /// a candidate whose next tenure starts with nothing in flight. Another replica leads at the
+    /// latest `limit` + the drain timeout (default: the renew deadline, below one lease) + one
+    /// release after the operation started.
+    ///
+    /// Only marked operations are timed: an idle work never gives way, and the elector's renews
+    /// are not measured, so a slow renew alone never makes a leader give way (G1).
+    ///
+    /// Default: off. Why no default: the right bound depends on the work (a reconcile that
+    /// provisions a cloud volume may take minutes, a label patch a second), and client-go and
+    /// controller-runtime set no such bound either; a bound too short for the slowest healthy
+    /// operation would move leadership around for nothing.
+    ///
+    /// Refused with [`GateError::StuckAfterTooShort`] when `limit` is zero or shorter than the
+    /// elector's renew period ([`Timing::retry_period`]), as `tenure elect --progress-timeout`
+    /// refuses a silence shorter than one renew interval.
+    pub fn stuck_after(mut self, limit: Duration) -> Result<Self, GateError> {
+        self.stuck_after = Some(check_stuck_after(limit, self.view.timing())?);
+        Ok(self)
+    }
+
+    /// Sets a bound already checked against the elector it will run on (`GatedWatch`).
+    #[cfg(feature = "kube")]
+    pub(crate) fn checked_stuck_after(mut self, limit: Option<Duration>) -> Self {
+        self.stuck_after = limit.or(self.stuck_after);
+        self
     }
 
     /// The delay before the first restart after a failure, and the cap of its doubling.
@@ -270,6 +447,8 @@ enum Ended {
     Returned(Result<Result<(), String>, JoinError>),
     TenureOver,
     Shutdown,
+    /// An operation has been in flight for `stuck_after`: what it is and how long.
+    Stuck(String, Duration),
 }
 
 impl Gate {
@@ -283,7 +462,8 @@ impl Gate {
     pub fn builder_on(view: ElectorView) -> GateBuilder {
         let drain_timeout = view.timing().renew_deadline;
         let backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-        GateBuilder { view, drain_timeout, backoff, resign_after_failures: None, metrics: GateMetrics::default() }
+        let metrics = GateMetrics::default();
+        GateBuilder { view, drain_timeout, backoff, resign_after_failures: None, stuck_after: None, metrics }
     }
 }
 
@@ -300,11 +480,7 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
             };
             match self.lead(tenure).await {
                 Next::Campaign => {}
-                Next::Resign => {
-                    if let Err(error) = view.resign().await {
-                        tracing::warn!(%error, "resigning after repeated failures did not complete");
-                    }
-                }
+                Next::Resign => step_down(view.clone(), StopReason::Failed).await,
                 Next::Stop => break,
             }
         }
@@ -317,21 +493,47 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
         let metrics = &config.metrics;
         let mut failures = 0u32;
         let mut attempt = 0u32;
+        // The operations of this tenure only: the next one starts with nothing in flight.
+        let in_flight = config.stuck_after.map(|_| Arc::new(InFlight::default()));
         loop {
             let cancel = CancellationToken::new();
             let timing = *config.view.timing();
-            let ctx = LeaderContext { tenure: tenure.clone(), cancel: cancel.clone(), timing, attempt };
+            let operations = Operations(in_flight.clone());
+            let ctx = LeaderContext { tenure: tenure.clone(), cancel: cancel.clone(), timing, attempt, operations };
             tracing::info!(term = tenure.term().0, attempt, "starting leader work");
             metrics.starts.inc();
             metrics.running.set(1);
             let started = Instant::now();
             let work = (self.work)(ctx).map(|result| result.map_err(|e| e.to_string()));
             let mut task = tokio::spawn(work);
+            let stuck = async {
+                match (&in_flight, config.stuck_after) {
+                    (Some(in_flight), Some(limit)) => in_flight.stuck(limit).await,
+                    _ => std::future::pending().await,
+                }
+            };
             let ended = tokio::select! {
                 biased;
                 result = &mut task => Ended::Returned(result),
                 _ = tenure.ended() => Ended::TenureOver,
                 _ = self.stop.cancelled() => Ended::Shutdown,
+                (what, age) = stuck => Ended::Stuck(what, age),
+            };
+            let (ended, gave_way) = match ended {
+                Ended::Stuck(what, age) if tenure.is_valid() => {
+                    self.give_way(tenure.term(), &what, age);
+                    // The resign ends the tenure at once; from here on the work stops as on a
+                    // resign (cancelled, drained, aborted, and then the lock is released).
+                    let ended = tokio::select! {
+                        _ = tenure.ended() => Ended::TenureOver,
+                        _ = self.stop.cancelled() => Ended::Shutdown,
+                    };
+                    (ended, true)
+                }
+                // Past its deadline on this clock (a paused process): the tenure's end is what
+                // happened, not a stuck operation.
+                Ended::Stuck(..) => (Ended::TenureOver, false),
+                ended => (ended, false),
             };
             let outcome = match ended {
                 Ended::Returned(result) if tenure.is_valid() => result,
@@ -346,7 +548,7 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
                     self.stopped(tenure.term(), reason, Duration::ZERO, false);
                     return self.wait_for_end(tenure).await;
                 }
-                Ended::TenureOver | Ended::Shutdown => {
+                Ended::TenureOver | Ended::Shutdown | Ended::Stuck(..) => {
                     cancel.cancel();
                     let reason = match ended {
                         Ended::Shutdown => StopReason::Shutdown,
@@ -356,7 +558,10 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
                     let term = tenure.term();
                     drop(tenure); // the work's guard is the one the elector waits for
                     let (drained, aborted) = self.drain(task, deadline, reason).await;
-                    self.stopped(term, reason, drained, aborted);
+                    // Counted once, as why the work stopped: the give-way, whichever way the
+                    // resign it started ended the tenure.
+                    let counted = if gave_way && reason != StopReason::Shutdown { StopReason::Stuck } else { reason };
+                    self.stopped(term, counted, drained, aborted);
                     return if reason == StopReason::Shutdown { Next::Stop } else { Next::Campaign };
                 }
             };
@@ -398,9 +603,25 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
         }
     }
 
+    /// An operation has been in flight for `stuck_after`: says why at WARN, and resigns in the
+    /// background (the resign completes only once the work's guards are gone, which the caller
+    /// sees to).
+    fn give_way(&self, term: Term, what: &str, age: Duration) {
+        let stuck_after = self.config.stuck_after.unwrap_or_default();
+        tracing::warn!(
+            term = term.0,
+            operation = what,
+            in_flight_ms = u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
+            stuck_after_ms = u64::try_from(stuck_after.as_millis()).unwrap_or(u64::MAX),
+            "giving way: an operation of the leader work has not returned within stuck_after; stopping the work and \
+             resigning so that another replica leads"
+        );
+        tokio::spawn(step_down(self.config.view.clone(), StopReason::Stuck));
+    }
+
     /// Counts a stop and logs it at INFO, the counterpart of "starting leader work": the term,
-    /// why (`lost`, `fenced`, `resigned`, `shutdown`, `failed`, `finished`), how long the work took
-    /// to stop and whether it had to be aborted (it outlived its drain deadline).
+    /// why (`lost`, `fenced`, `resigned`, `shutdown`, `failed`, `finished`, `stuck`), how long the
+    /// work took to stop and whether it had to be aborted (it outlived its drain deadline).
     fn stopped(&self, term: Term, reason: StopReason, drained: Duration, aborted: bool) {
         tracing::info!(
             term = term.0,
@@ -412,7 +633,9 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
         let metrics = &self.config.metrics;
         metrics.running.set(0);
         metrics.stops.get_or_create(&[("reason", reason.as_str())]).inc();
-        if !drained.is_zero() || matches!(reason, StopReason::Lost | StopReason::Fenced | StopReason::Resigned) {
+        if !drained.is_zero()
+            || matches!(reason, StopReason::Lost | StopReason::Fenced | StopReason::Resigned | StopReason::Stuck)
+        {
             metrics.drain_seconds.observe(drained.as_secs_f64());
         }
     }
@@ -492,6 +715,15 @@ impl<E: std::fmt::Display + Send + 'static> Runner<E> {
     }
 }
 
+/// Resigns so that another replica leads (after repeated failures, or a stuck operation): the one
+/// way the gate gives up leadership. The elector ends the tenure, waits for the work's guards (up
+/// to its drain timeout), releases the lock and campaigns again after one lease (L3).
+async fn step_down(view: ElectorView, why: StopReason) {
+    if let Err(error) = view.resign().await {
+        tracing::warn!(%error, why = why.as_str(), "resigning so that another replica leads did not complete");
+    }
+}
+
 /// One error message for a work's error or panic.
 fn flatten(result: Result<Result<(), String>, JoinError>) -> Result<(), String> {
     match result {
@@ -534,6 +766,14 @@ mod tests {
     }
 
     impl Lines {
+        /// Captures this thread's log lines until the returned guard is dropped.
+        fn capture() -> (Lines, tracing::subscriber::DefaultGuard) {
+            let lines = Lines::default();
+            let writer = lines.clone();
+            let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
+            (lines, tracing::subscriber::set_default(subscriber))
+        }
+
         /// Waits until `count` lines contain every one of `parts`.
         async fn until(&self, count: usize, parts: &[&str]) {
             let found = || {
@@ -555,10 +795,7 @@ mod tests {
 
     #[tokio::test]
     async fn leader_work_stopping_is_logged_at_info_with_its_term_and_reason() {
-        let lines = Lines::default();
-        let writer = lines.clone();
-        let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
-        let _logging = tracing::subscriber::set_default(subscriber);
+        let (lines, _logging) = Lines::capture();
         let store = MemoryStore::new();
         let elector = Elector::builder("replica-a", store.client("replica-a")).spawn().expect("an elector");
         let work = |ctx: LeaderContext| async move {
@@ -579,13 +816,43 @@ mod tests {
         elector.shutdown().await.expect("stopped");
     }
 
+    /// Issue 35 (G1): giving way says why at WARN, with the term, the operation and how long it
+    /// was in flight, and the stop it causes is counted as `stuck`.
+    #[tokio::test(start_paused = true)]
+    async fn giving_way_is_logged_at_warn_with_the_term_the_operation_and_how_long() {
+        let (lines, _logging) = Lines::capture();
+        let store = MemoryStore::new();
+        let elector = Elector::builder("replica-a", store.client("replica-a")).spawn().expect("an elector");
+        let work = |ctx: LeaderContext| async move {
+            let _sync = ctx.operation(format_args!("sync of term {}", ctx.term()));
+            std::future::pending::<()>().await;
+            Ok::<_, std::io::Error>(())
+        };
+        // Both within the log wait's 10 s (of virtual time).
+        let gate = Gate::builder(&elector)
+            .drain_timeout(Duration::from_secs(1))
+            .stuck_after(Duration::from_secs(5))
+            .expect("a valid bound")
+            .spawn(work);
+        let warning = ["WARN", "giving way", "term=1", "operation=\"sync of term 1\"", "in_flight_ms=5000"];
+        lines.until(1, &[&warning[..], &["stuck_after_ms=5000"]].concat()).await;
+        lines.until(1, &["INFO", "leader work stopped", "term=1", "reason=\"stuck\"", "aborted=true"]).await;
+        assert_eq!(gate.metrics().stops_for("stuck"), 1);
+        assert_eq!(gate.metrics().stops_for("resigned"), 0, "one stop, counted as the give-way");
+        gate.shutdown().await;
+        elector.shutdown().await.expect("stopped");
+    }
+
+    #[test]
+    fn operations_without_a_bound_are_not_tracked() {
+        let guard = Operations::default().start("anything");
+        assert!(guard.tracked.is_none());
+    }
+
     /// Issue 30: a lost tenure's work is aborted at once by design; that is no late work to warn of.
     #[tokio::test]
     async fn an_abort_at_once_after_a_loss_is_not_warned_of_as_a_work_that_did_not_stop() {
-        let lines = Lines::default();
-        let writer = lines.clone();
-        let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
-        let _logging = tracing::subscriber::set_default(subscriber);
+        let (lines, _logging) = Lines::capture();
         let store = MemoryStore::new();
         let elector = Elector::builder("replica-a", store.client("replica-a")).spawn().expect("an elector");
         // A handler in flight, deaf to the cancellation: it must be aborted.

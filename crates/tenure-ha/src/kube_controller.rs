@@ -31,6 +31,12 @@
 //! the way to skip work early, and the term stays the fencing token for stores outside
 //! Kubernetes. Keep the elector's own lock client ungated: it must write to become leader.
 //!
+//! **A reconcile that never returns (invariant G1).** With [`GateBuilder::stuck_after`] every
+//! reconcile is an operation of the gate: one still running after that bound makes the replica
+//! give way (logged at WARN with the object, counted in `tenure_ha_work_stops_total` with
+//! `reason="stuck"`): the controller is stopped as on a resign, the lock is released, and another
+//! replica leads. Off by default (see there why).
+//!
 //! A raw kube-runtime `watcher` needs nothing of its own: run it in a [`crate::Gate`] and end
 //! the stream with the context's cancellation.
 //!
@@ -129,6 +135,10 @@ impl GateBuilder {
     /// at once (its reconciles aborted). Reconcile errors and watch errors are logged; the
     /// controller's own retries (the error policy) handle them.
     ///
+    /// With [`GateBuilder::stuck_after`], each reconcile counts as an operation in flight from
+    /// its start until it returns (or is aborted): a reconcile still running after that bound
+    /// makes this replica give way to another (`Gate::builder(&elector).stuck_after(d)?`).
+    ///
     /// The reconciler's client is gated by the elector (see the module documentation), so a
     /// replica that no longer leads sends no write, whatever the reconcile still does:
     ///
@@ -196,10 +206,20 @@ impl GateBuilder {
             let context = Arc::new(Leading { tenure: leader.tenure().clone(), context: context.clone() });
             let (reconcile, error_policy) = (reconcile.clone(), error_policy.clone());
             let term = leader.term();
+            let operations = leader.operations();
             async move {
                 controller
                     .run(
-                        move |object, ctx| reconcile(object, ctx),
+                        move |object, ctx| {
+                            // In flight from now until the reconcile returns or is dropped.
+                            let operation = operations.start(Reconcile(&*object));
+                            let reconciling = reconcile(object, ctx);
+                            async move {
+                                let outcome = reconciling.await;
+                                drop(operation);
+                                outcome
+                            }
+                        },
                         move |object, error, ctx| error_policy(object, error, ctx),
                         context,
                     )
@@ -211,6 +231,20 @@ impl GateBuilder {
                 Ok::<_, std::convert::Infallible>(())
             }
         })
+    }
+}
+
+/// Names a reconcile in the log line of a give-way: `reconcile of <namespace>/<name>`.
+struct Reconcile<'a, K>(&'a K);
+
+impl<K: Resource> std::fmt::Display for Reconcile<'_, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let meta = self.0.meta();
+        let name = meta.name.as_deref().or(meta.generate_name.as_deref()).unwrap_or_default();
+        match meta.namespace.as_deref() {
+            Some(namespace) => write!(f, "reconcile of {namespace}/{name}"),
+            None => write!(f, "reconcile of {name}"),
+        }
     }
 }
 

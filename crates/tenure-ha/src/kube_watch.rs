@@ -43,6 +43,11 @@
 //! checkpoint's namespace), its events are skipped: not handed to the handler and not recorded,
 //! so a checkpoint write never causes the next one.
 //!
+//! **A handler that never returns** (invariant G1): with [`GatedWatch::stuck_after`], a handler
+//! call still running after that bound makes the replica give way to another (see
+//! [`GateBuilder::stuck_after`]); the change it was handling is not checkpointed, so the next
+//! leader handles it again.
+//!
 //! A kube-runtime `Controller` is gated by [`crate::kube_controller`]; this module is for
 //! controllers that must not miss a deletion across a leader change, which `Controller`'s
 //! always-relisting `watcher` cannot promise (kube-rs issue 1419).
@@ -68,7 +73,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::checkpoint::{CheckpointError, CheckpointObject, CheckpointStore, Checkpointer};
-use crate::gate::{Gate, GateBuilder, GateHandle, LeaderContext};
+use crate::gate::{check_stuck_after, Gate, GateBuilder, GateError, GateHandle, LeaderContext};
 use crate::gc::GcTrigger;
 
 /// Selectors, timeouts and reconnection back-off of the watch ([`GatedWatch::config`]),
@@ -243,6 +248,7 @@ pub struct GatedWatch<K: Resource> {
     gc: Option<GcTrigger>,
     metrics: WatchMetrics,
     retry: (Duration, Duration),
+    stuck_after: Option<Duration>,
     gate: Box<dyn FnOnce(GateBuilder) -> GateBuilder + Send>,
 }
 
@@ -262,6 +268,7 @@ where
             gc: None,
             metrics: WatchMetrics::default(),
             retry: RETRY_BACKOFF,
+            stuck_after: None,
             gate: Box::new(|builder| builder),
         }
     }
@@ -289,6 +296,20 @@ where
         gate: impl FnOnce(GateBuilder) -> GateBuilder + Send + 'static => Box::new(gate);
     }
 
+    /// Gives way when one call of the handler has not returned after `limit`: the replica logs
+    /// why, counts it (`tenure_ha_work_stops_total{reason="stuck"}` in the gate's metrics),
+    /// stops the watch as on a resign and releases the lock, so another replica leads and handles
+    /// the change again; this one stays a candidate. See [`GateBuilder::stuck_after`].
+    ///
+    /// Default: off, because the right bound depends on the handler (client-go and
+    /// controller-runtime set none either). Checked against `elector`, the elector the watch will
+    /// [`run`](GatedWatch::run) on (so that `run` itself cannot fail): refused with
+    /// [`GateError::StuckAfterTooShort`] when zero or shorter than its renew period.
+    pub fn stuck_after(mut self, limit: Duration, elector: &Elector) -> Result<Self, GateError> {
+        self.stuck_after = Some(check_stuck_after(limit, elector.timing())?);
+        Ok(self)
+    }
+
     /// Runs a garbage collection pass through `trigger` after every failed resume.
     #[must_use]
     pub fn gc_trigger(mut self, trigger: GcTrigger) -> Self {
@@ -308,8 +329,8 @@ where
     {
         let handler: Handler<K> =
             Arc::new(move |change, tenure| handler(change, tenure).map(|r| r.map_err(|e| e.to_string())).boxed());
-        let GatedWatch { api, resource, store, config, standby, gc, metrics, retry, gate } = self;
-        let builder = gate(Gate::builder(elector));
+        let GatedWatch { api, resource, store, config, standby, gc, metrics, retry, stuck_after, gate } = self;
+        let builder = gate(Gate::builder(elector).checked_stuck_after(stuck_after));
         let stop = CancellationToken::new();
         // The checkpoint's own object, when this watch can see it: its events are skipped.
         let own = store.object().filter(|object| object.is_in(api.resource_url()));
@@ -376,9 +397,12 @@ where
 {
     /// One call of the handler, counted, judged by whether the tenure outlived it. A handled
     /// change leaves the warm cache; anything else stays there for this replica's next tenure.
-    async fn attempt(&self, key: &str, change: &Queued<K>, tenure: &Tenure) -> Outcome {
+    async fn attempt(&self, key: &str, change: &Queued<K>, ctx: &LeaderContext) -> Outcome {
         self.metrics.reconciles.inc();
+        let tenure = ctx.tenure();
+        let operation = ctx.operation(format_args!("handler of {} {key}", self.resource));
         let result = (self.handler)(change.change.clone(), tenure.clone()).await;
+        drop(operation);
         #[cfg(test)]
         let deposed = !tenure.is_valid() && !crate::mutation::is(crate::mutation::Mutation::DeposedOkHandled);
         #[cfg(not(test))]
@@ -411,13 +435,13 @@ where
     /// Hands `change` to the handler, unless an earlier change of its object is still failing
     /// (then it waits behind it). A failure is kept for retry with the watermark `hold`: the
     /// version delivered before this change.
-    async fn offer(&self, retries: &mut Retries<K>, change: Queued<K>, hold: Option<String>, tenure: &Tenure) {
+    async fn offer(&self, retries: &mut Retries<K>, change: Queued<K>, hold: Option<String>, ctx: &LeaderContext) {
         let key = key(change.change.object());
         if retries.pending.contains_key(&key) {
             retries.enqueue(&key, change);
             return;
         }
-        if let Outcome::Failed(error) = self.attempt(&key, &change, tenure).await {
+        if let Outcome::Failed(error) = self.attempt(&key, &change, ctx).await {
             let delay = retries.failed(key.clone(), change, hold, Instant::now());
             self.warn_failed(&key, &error, 1, delay);
         }
@@ -434,7 +458,7 @@ where
             if attempts > 0 {
                 self.metrics.retries.inc();
             }
-            match self.attempt(&key, &change, ctx.tenure()).await {
+            match self.attempt(&key, &change, ctx).await {
                 Outcome::Deposed => return,
                 Outcome::Handled => {
                     if attempts > 0 {
@@ -532,8 +556,8 @@ where
                     // would cause the next.
                     continue;
                 }
-                ResumeEvent::Applied(o) => self.offer(&mut retries, Queued::applied(o), hold, ctx.tenure()).await,
-                ResumeEvent::Deleted(o) => self.offer(&mut retries, Queued::deleted(o, None), hold, ctx.tenure()).await,
+                ResumeEvent::Applied(o) => self.offer(&mut retries, Queued::applied(o), hold, &ctx).await,
+                ResumeEvent::Deleted(o) => self.offer(&mut retries, Queued::deleted(o, None), hold, &ctx).await,
                 ResumeEvent::Progress(_) => {}
                 ResumeEvent::Listed { objects, cause, .. } => {
                     if cause.resume_failed() {
@@ -556,7 +580,7 @@ where
                         if ctx.is_cancelled() {
                             break 'tenure;
                         }
-                        self.offer(&mut retries, Queued::applied(object), hold.clone(), ctx.tenure()).await;
+                        self.offer(&mut retries, Queued::applied(object), hold.clone(), &ctx).await;
                     }
                 }
             }
@@ -616,7 +640,7 @@ where
                     // checkpoint is not advanced past them for the next leader.
                     break 'tenure;
                 }
-                self.offer(&mut retries, change, hold.clone(), ctx.tenure()).await;
+                self.offer(&mut retries, change, hold.clone(), &ctx).await;
             }
             after = version.or(after);
             self.record(&checkpointer, &retries, after.map(|v| v.to_string()).as_deref());

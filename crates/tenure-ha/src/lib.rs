@@ -78,7 +78,7 @@ pub mod kube_shard_watch;
 pub mod kube_watch;
 pub mod metrics;
 
-pub use gate::{Gate, GateHandle, LeaderContext, StopReason};
+pub use gate::{Gate, GateError, GateHandle, LeaderContext, Operation, StopReason};
 
 /// What a [`kube_watch::GatedWatch`] user names, at the crate's root, so that a controller on a
 /// gated watch depends on `tenure-ha` (and `tenure` for the elector) alone: the watch and its

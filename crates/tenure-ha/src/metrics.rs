@@ -20,7 +20,8 @@ pub struct GateMetrics {
     pub running: Gauge,
     /// Starts of the work (first start of a tenure and restarts).
     pub starts: Counter,
-    /// Stops of the work by reason: lost, fenced, resigned, shutdown, failed, finished.
+    /// Stops of the work by reason: lost, fenced, resigned, shutdown, failed, finished, stuck (the
+    /// replica gave way because an operation outlived `GateBuilder::stuck_after`).
     pub stops: Family<ReasonLabel, Counter>,
     /// Seconds from telling the work to stop until it stopped (or was aborted).
     pub drain_seconds: Histogram,

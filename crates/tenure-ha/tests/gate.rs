@@ -362,3 +362,183 @@ async fn the_gate_does_not_keep_a_dropped_elector_alive() {
     assert!(journal.has("stopped 1"));
     assert_eq!(holder(&store), "");
 }
+
+// A leader whose work is stuck gives way (issue 35, invariant G1): an operation the work marked in
+// flight (`LeaderContext::operation`) that outlives `GateBuilder::stuck_after` makes the replica
+// resign so that another one leads; an idle work, operations that return in time and slow renews
+// never do; a bound below the renew period is refused.
+
+/// The bound of these tests, and client-go's renew period (the elector's default timing).
+const STUCK_AFTER: Duration = Duration::from_secs(30);
+const RENEW_PERIOD: Duration = Duration::from_secs(2);
+/// The issue's allowance over the allowed silence and one lease.
+const MARGIN: Duration = Duration::from_millis(100);
+
+/// A gate on `elector` that gives way after [`STUCK_AFTER`].
+fn giving_way(elector: &Elector) -> tenure_ha::gate::GateBuilder {
+    Gate::builder(elector).stuck_after(STUCK_AFTER).expect("a valid bound")
+}
+
+/// Whether `elector` stops leading within ten minutes of virtual time (it must not).
+async fn stops_leading_soon(elector: &Elector) -> bool {
+    timeout(Duration::from_secs(600), elector.subscribe().wait_for(|l| l.role != Role::Leader)).await.is_ok()
+}
+
+/// A [`watcher`] that, on its first tenure only, first starts an operation that never returns:
+/// its guard is held by a sub-task the gate cannot abort, which outlives the tenure (a leaked
+/// stuck call). Later tenures are idle.
+fn stuck_on_first_tenure(
+    journal: &Journal,
+) -> impl Fn(LeaderContext) -> futures::future::BoxFuture<'static, Result<(), Infallible>> {
+    let (journal, idle) = (journal.clone(), watcher(journal, Some(Duration::ZERO)));
+    move |ctx| {
+        if ctx.term() == Term(1) {
+            let operation = ctx.operation("a call without a timeout");
+            journal.log("operation started");
+            tokio::spawn(async move {
+                let _operation = operation;
+                std::future::pending::<()>().await;
+            });
+        }
+        idle(ctx)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_work_whose_operation_never_returns_gives_way_and_another_replica_leads() {
+    let store = MemoryStore::new();
+    let a = spawn(&store, "a");
+    until(&a, |l| l.role == Role::Leader).await;
+    let b = spawn(&store, "b");
+    until(&b, |l| l.leader.as_deref() == Some("a")).await;
+    let (journal_a, journal_b) = (Journal::new(), Journal::new());
+    // The operation is in flight inside the work itself, which never looks at its cancellation:
+    // the gate aborts it at its drain timeout (the renew deadline), then the lock is released.
+    let log = journal_a.clone();
+    let gate_a = giving_way(&a).spawn(move |ctx| {
+        let log = log.clone();
+        async move {
+            let _operation = ctx.operation("reconcile of default/web");
+            log.log(format!("operation started {}", ctx.term().0));
+            std::future::pending::<()>().await;
+            Ok::<_, Infallible>(())
+        }
+    });
+    let gate_b = giving_way(&b).spawn(watcher(&journal_b, Some(Duration::ZERO)));
+
+    let started = journal_a.when("operation started 1").await;
+    let b_started = journal_b.when("started 2").await;
+    assert_eq!(b_started - started, STUCK_AFTER + RENEW_DEADLINE, "stuck, then drained as on a resign");
+    assert!(b_started - started <= STUCK_AFTER + LEASE + MARGIN);
+    assert_eq!(a.leadership().leader.as_deref(), Some("b"));
+    assert_eq!(a.leadership().role, Role::Follower, "still a candidate (L3)");
+    assert_eq!(gate_a.metrics().stops_for("stuck"), 1);
+    assert_eq!(gate_a.metrics().running.get(), 0);
+    // b's work is idle: it keeps leading.
+    assert!(!stops_leading_soon(&b).await, "an idle leader gave way");
+    assert_eq!(gate_b.metrics().stops_for("stuck"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_giving_way_the_replica_campaigns_again_and_its_next_tenure_starts_with_nothing_in_flight() {
+    let (_store, a, journal) = one_replica();
+    let gate = giving_way(&a).spawn(stuck_on_first_tenure(&journal));
+    let started = journal.when("operation started").await;
+    let gave_way = until(&a, |l| l.role != Role::Leader).await;
+    assert_eq!(gave_way - started, STUCK_AFTER);
+    // Alone, it takes the lock back one lease after it resigned (the hold-off), under a new term.
+    journal.when("started 2").await;
+    assert_eq!(a.is_leader(), Some(Term(2)));
+    // The stuck call of term 1 is still in flight (its sub-task was never aborted), but it
+    // belongs to the tenure that gave way: no resign loop.
+    assert!(!stops_leading_soon(&a).await, "the new tenure gave way for the old tenure's operation");
+    assert_eq!(gate.metrics().stops_for("stuck"), 1);
+    let expected = ["operation started", "started 1", "cancelled 1", "stopped 1", "dropped 1", "started 2"];
+    assert_eq!(journal.entries(), expected);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_work_never_gives_way() {
+    let (_store, a, journal) = one_replica();
+    let gate = Gate::builder(&a)
+        .stuck_after(RENEW_PERIOD)
+        .expect("the shortest valid bound")
+        .spawn(watcher(&journal, Some(Duration::ZERO)));
+    journal.when("started 1").await;
+    assert!(!stops_leading_soon(&a).await, "an idle leader gave way");
+    assert_eq!(gate.metrics().stops_for("stuck"), 0);
+    assert_eq!(a.is_leader(), Some(Term(1)));
+}
+
+/// Back-to-back operations (one is always in flight) that each return in time, and store calls
+/// that each take 2 s (a renew reads and writes: 4 s, twice its period, within the 10 s renew
+/// deadline): the bound is per operation and measures only the work, so neither makes the leader
+/// give way.
+#[tokio::test(start_paused = true)]
+async fn operations_that_return_in_time_and_slow_renews_never_make_the_leader_give_way() {
+    let (store, a, journal) = one_replica();
+    let log = journal.clone();
+    let gate = giving_way(&a).spawn(move |ctx| {
+        let log = log.clone();
+        async move {
+            let mut done = 0u32;
+            while !ctx.is_cancelled() {
+                let _operation = ctx.operation("a slow but healthy reconcile");
+                tokio::time::sleep(STUCK_AFTER - Duration::from_secs(1)).await;
+                done += 1;
+                log.log(format!("operation {done} done"));
+            }
+            Ok::<_, Infallible>(())
+        }
+    });
+    journal.when("operation 1 done").await;
+    store.set_delay("a", Duration::from_secs(2));
+    assert!(!stops_leading_soon(&a).await, "a leader with healthy operations gave way");
+    assert!(journal.entries().len() >= 20, "the operations went on: {:?}", journal.entries());
+    assert_eq!(gate.metrics().stops_for("stuck"), 0);
+    assert_eq!(a.is_leader(), Some(Term(1)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_give_way_is_counted_in_the_stops_metric_with_reason_stuck() {
+    let (_store, a, journal) = one_replica();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = tenure_ha::metrics::GateMetrics::register(&mut registry);
+    let _gate = giving_way(&a).metrics(metrics.clone()).spawn(stuck_on_first_tenure(&journal));
+    journal.when("started 2").await;
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encoded");
+    assert!(text.contains("tenure_ha_work_stops_total{reason=\"stuck\"} 1"), "{text}");
+    assert!(!text.contains("reason=\"resigned\""), "the give-way is counted once, as stuck: {text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bound_below_the_renew_period_is_refused_when_it_is_given() {
+    let (store, a, _journal) = one_replica();
+    assert_eq!(a.timing().retry_period, RENEW_PERIOD);
+    for short in [Duration::ZERO, Duration::from_millis(1), RENEW_PERIOD - Duration::from_millis(1)] {
+        let refused = Gate::builder(&a).stuck_after(short).map(drop);
+        let expected = tenure_ha::GateError::StuckAfterTooShort { stuck_after: short, renew_period: RENEW_PERIOD };
+        assert_eq!(refused, Err(expected));
+    }
+    let error = Gate::builder(&a).stuck_after(Duration::ZERO).map(drop).unwrap_err().to_string();
+    assert!(error.contains("stuck_after (0ns) must be at least the elector's renew period (2s)"), "{error}");
+    assert!(Gate::builder(&a).stuck_after(RENEW_PERIOD).is_ok());
+
+    // An elector of other timing is checked against its own renew period.
+    let timing = tenure::Timing::new(Duration::from_secs(60), Duration::from_secs(40), Duration::from_secs(10));
+    let slow = Elector::builder("slow", store.client("slow")).timing(timing.unwrap()).spawn().expect("valid config");
+    assert!(Gate::builder(&slow).stuck_after(Duration::from_secs(5)).is_err());
+    assert!(Gate::builder(&slow).stuck_after(Duration::from_secs(10)).is_ok());
+}
+
+/// A bound past the end of the clock is no bound: no overflow, no give-way.
+#[tokio::test(start_paused = true)]
+async fn an_endless_bound_never_gives_way() {
+    let (_store, a, journal) = one_replica();
+    let gate =
+        Gate::builder(&a).stuck_after(Duration::MAX).expect("a valid bound").spawn(stuck_on_first_tenure(&journal));
+    journal.when("operation started").await;
+    assert!(!stops_leading_soon(&a).await);
+    assert_eq!(gate.metrics().stops_for("stuck"), 0);
+}
