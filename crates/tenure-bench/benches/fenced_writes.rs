@@ -24,9 +24,6 @@
 //! Settings: TENURE_BENCH_ROUNDS (fenced rounds per store, default 200),
 //! TENURE_BENCH_PLAIN_ROUNDS (default 200), TENURE_BENCH_STORES (default etcd,zk,file).
 
-#[path = "../../tenure-zk/tests/common/mod.rs"]
-mod zk_common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -40,7 +37,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tenure::locks::file::{FencedWriteError, FileLock};
 use tenure::{Elector, Term, Timing};
-use tenure_bench::etcd::EtcdServer;
 use tenure_bench::report::Report;
 use tenure_bench::scratch::ScratchDir;
 use tenure_bench::stats::Summary;
@@ -48,6 +44,8 @@ use tenure_bench::{env_usize, ms};
 use tenure_etcd::proto::etcdserverpb::kv_client::KvClient;
 use tenure_etcd::proto::etcdserverpb::{request_op, PutRequest, RequestOp, TxnRequest};
 use tenure_etcd::{EtcdElection, FencedTxnError};
+use tenure_testkit::etcd::{EtcdCluster, EtcdConfig};
+use tenure_testkit::zookeeper;
 use tenure_zk::{zk, FencedMultiError, ZkElection};
 
 const CHILD_ENV: &str = "TENURE_BENCH_FENCED_WRITES_CHILD";
@@ -130,14 +128,10 @@ fn main() {
         .collect();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
     let etcd = stores.contains(&Store::Etcd).then(|| {
-        runtime
-            .block_on(EtcdServer::start(|endpoint| async move {
-                EtcdElection::connect(&[endpoint], "ready").await.is_ok()
-            }))
-            .unwrap_or_else(|e| panic!("{e}"))
+        runtime.block_on(EtcdCluster::start_with(EtcdConfig::new(1))).unwrap_or_else(|e| panic!("{e}"))
     });
     let zk_servers = stores.contains(&Store::Zk).then(|| {
-        zk_common::server().expect("a ZooKeeper server (Debian: zookeeper, libcurator-recipes-java)").servers.clone()
+        zookeeper::server().expect("a ZooKeeper server (Debian: zookeeper, libcurator-recipes-java)").servers.clone()
     });
     let scratch = ScratchDir::new("fenced-writes").expect("a scratch directory");
     let started = Instant::now();
@@ -148,7 +142,7 @@ fn main() {
         for &store in &stores {
             for (mode, rounds) in [(Mode::Fenced, fenced_rounds), (Mode::Plain, plain_rounds)] {
                 let address = match store {
-                    Store::Etcd => etcd.as_ref().map(|e| e.endpoint().to_owned()).unwrap_or_default(),
+                    Store::Etcd => etcd.as_ref().map(|e| e.endpoint(0)).unwrap_or_default(),
                     Store::Zk => zk_servers.clone().unwrap_or_default(),
                     Store::File => scratch.path().join(format!("{}.lock", mode.name())).display().to_string(),
                 };
@@ -173,7 +167,7 @@ fn main() {
 
     let mut costs = Vec::new();
     if let Some(etcd) = &etcd {
-        costs.push(runtime.block_on(etcd_cost(etcd.endpoint(), cost_writes)));
+        costs.push(runtime.block_on(etcd_cost(&etcd.endpoint(0), cost_writes)));
     }
     if let Some(servers) = &zk_servers {
         costs.push(runtime.block_on(zk_cost(servers, cost_writes)));

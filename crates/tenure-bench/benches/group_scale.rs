@@ -34,7 +34,6 @@ use rand::RngExt;
 use serde_json::json;
 use tenure::{Term, Timing};
 use tenure_apiserver::{ApiServer, ApiServerConfig};
-use tenure_bench::etcd::EtcdServer;
 use tenure_bench::kube_client::kube_client;
 use tenure_bench::procfs::{cpu_time, Target};
 use tenure_bench::report::Report;
@@ -44,6 +43,7 @@ use tenure_etcd::EtcdGroupStore;
 use tenure_group::store::GroupStore;
 use tenure_group::{Assignment, Group, GroupConfig, Ownership, PartitionGuard};
 use tenure_kube::KubeGroupStore;
+use tenure_testkit::etcd::{EtcdCluster, EtcdConfig};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -61,7 +61,7 @@ fn timing() -> Timing {
 }
 
 enum Backend {
-    Etcd(EtcdServer),
+    Etcd(Box<EtcdCluster>),
     Kube(ApiServer),
 }
 
@@ -79,7 +79,7 @@ impl Backend {
     async fn store(&self, group: &str, identity: &str) -> (Arc<dyn GroupStore>, Requests) {
         match self {
             Backend::Etcd(server) => {
-                let store = EtcdGroupStore::connect(&[server.endpoint().to_owned()], group).await.expect("etcd");
+                let store = EtcdGroupStore::connect(&[server.endpoint(0)], group).await.expect("etcd");
                 let counter = store.clone();
                 (Arc::new(store), Arc::new(move || counter.requests_sent()))
             }
@@ -410,8 +410,8 @@ fn list(name: &str, default: &str) -> Vec<String> {
 async fn start(backend: &str) -> Backend {
     match backend {
         "etcd" => {
-            let ready = |endpoint: String| async move { EtcdGroupStore::connect(&[endpoint], "probe").await.is_ok() };
-            Backend::Etcd(EtcdServer::start(ready).await.unwrap_or_else(|e| panic!("{e}")))
+            let etcd = EtcdCluster::start_with(EtcdConfig::new(1)).await.unwrap_or_else(|e| panic!("{e}"));
+            Backend::Etcd(Box::new(etcd))
         }
         "kube" => Backend::Kube(ApiServer::start(ApiServerConfig::default()).await.expect("an API server")),
         other => panic!("GROUP_SCALE_BACKENDS: unknown backend {other:?} (etcd, kube)"),

@@ -9,7 +9,6 @@
 
 pub mod binary;
 pub mod cluster;
-pub mod etcd;
 pub mod http_get;
 pub mod kube_client;
 pub mod lock_watch;

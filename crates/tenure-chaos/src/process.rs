@@ -147,14 +147,6 @@ pub fn children(pid: i32) -> Vec<i32> {
     texts.flat_map(|text| text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()).collect::<Vec<_>>()).collect()
 }
 
-/// A free TCP port on 127.0.0.1 (the kernel's choice; it may be taken again before use, which
-/// the callers notice as a start failure).
-pub fn free_port() -> Result<u16, ChaosError> {
-    let listener =
-        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| ChaosError::Io(format!("no free port: {e}")))?;
-    listener.local_addr().map(|a| a.port()).map_err(|e| ChaosError::Io(e.to_string()))
-}
-
 /// Polls `probe` every few milliseconds until it is true or `limit` passed; false on timeout.
 pub fn wait_for(limit: Duration, mut probe: impl FnMut() -> bool) -> bool {
     let deadline = Deadline::after(limit);

@@ -13,12 +13,13 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use serde::Serialize;
+use tenure_testkit::process::free_port;
 
 use crate::checker::{check, tenures, CheckTiming, Tenure, Verdict};
 use crate::clock::{now, Deadline};
 use crate::history::{Answer, FaultSpan, Sample};
 use crate::observer::{Poller, Recorder, POLL_INTERVAL};
-use crate::process::{free_port, wait_for, Process};
+use crate::process::{wait_for, Process};
 use crate::proxy::Proxy;
 use crate::report::Row;
 use crate::stores::{Backend, Store};
@@ -281,7 +282,8 @@ impl Run<'_> {
     fn spawn(&mut self, index: usize) -> Result<(), ChaosError> {
         self.spawned += 1;
         if self.candidates[index].http.is_some() {
-            let address = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+            let port = free_port().map_err(|e| ChaosError::Io(format!("no free port: {e}")))?;
+            let address = SocketAddr::from(([127, 0, 0, 1], port));
             self.candidates[index].http = Some(address);
             if let Some(poller) = self.candidates[index].poller.as_ref() {
                 poller.set_address(address);

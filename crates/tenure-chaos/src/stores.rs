@@ -1,19 +1,21 @@
-//! The stores the candidates elect on, started as the project's integration tests start them:
-//! a lock file; `tenure apiserver` (in memory); a one-member etcd with its data directory; a
-//! ZooKeeper server with its data directory. All listen on 127.0.0.1 only.
+//! The stores the candidates elect on, started as the project's integration tests start them
+//! (etcd and ZooKeeper by tenure-testkit): a lock file; `tenure apiserver` (in memory); a
+//! one-member etcd with its data directory; a ZooKeeper server with its data directory. All
+//! listen on 127.0.0.1 only.
 //!
 //! Why one type for all: the scenarios inject the same faults on every backend; what differs is
 //! how a store starts, restarts and is named in a lock URL, which is what this module knows.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use serde::Serialize;
+use tenure_testkit::etcd::{etcd_installed, EtcdCluster, EtcdConfig};
+use tenure_testkit::process::log_tail;
+use tenure_testkit::zookeeper::{zookeeper_installed, ZkConfig, ZkServer};
 
-use crate::process::{free_port, wait_for, Process};
+use crate::process::{wait_for, Process};
 use crate::ChaosError;
 
 /// The backends the harness knows.
@@ -46,18 +48,17 @@ impl Backend {
     }
 }
 
-const JAVA_DIR: &str = "/usr/share/java";
-const ZK_JARS: [&str; 4] = ["zookeeper.jar", "zookeeper-jute.jar", "slf4j-api.jar", "slf4j-nop.jar"];
-
 /// A running store.
 pub struct Store {
     /// Which backend.
     pub backend: Backend,
     dir: PathBuf,
+    /// The API server's process.
     process: Option<Process>,
+    etcd: Option<EtcdCluster>,
+    zookeeper: Option<ZkServer>,
     /// `host:port` of the store's client endpoint (changes when the API server restarts).
     pub address: String,
-    port: u16,
     restarts: u32,
 }
 
@@ -65,35 +66,33 @@ impl Store {
     /// Starts the store with its files under `dir`; a clear error when its software is missing.
     pub fn start(backend: Backend, dir: &Path, tenure: &Path) -> Result<Store, ChaosError> {
         std::fs::create_dir_all(dir).map_err(|e| ChaosError::Io(format!("{}: {e}", dir.display())))?;
-        let mut store =
-            Store { backend, dir: dir.to_owned(), process: None, address: String::new(), port: 0, restarts: 0 };
+        let mut store = Store {
+            backend,
+            dir: dir.to_owned(),
+            process: None,
+            etcd: None,
+            zookeeper: None,
+            address: String::new(),
+            restarts: 0,
+        };
+        let (dir, give_up) = (Some(dir.to_owned()), crate::interrupted as fn() -> bool);
         match backend {
-            Backend::File | Backend::Apiserver => {}
+            Backend::File => {}
+            Backend::Apiserver => store.start_apiserver(tenure)?,
             Backend::Etcd => {
-                Command::new("etcd").arg("--version").output().map_err(|_| {
-                    ChaosError::Missing("etcd is not installed (Debian package etcd-server)".to_owned())
-                })?;
-                store.port = free_port()?;
+                etcd_installed().map_err(ChaosError::Missing)?;
+                let etcd = EtcdCluster::launch(&EtcdConfig { dir, give_up, ..EtcdConfig::new(1) });
+                store.address = store.etcd.insert(etcd.map_err(ChaosError::Start)?).endpoint(0);
             }
             Backend::Zookeeper => {
-                for jar in ZK_JARS {
-                    if !Path::new(JAVA_DIR).join(jar).exists() {
-                        return Err(ChaosError::Missing(format!(
-                            "{JAVA_DIR}/{jar} is missing (Debian packages libzookeeper-java, openjdk-17-jdk-headless)"
-                        )));
-                    }
-                }
-                store.port = free_port()?;
-                let config = format!(
-                    "tickTime=100\ndataDir={}\nclientPort={}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
-                     4lw.commands.whitelist=ruok,srvr\nminSessionTimeout=200\nmaxSessionTimeout=60000\nmaxClientCnxns=0\n",
-                    dir.join("data").display(),
-                    store.port
-                );
-                std::fs::write(dir.join("zoo.cfg"), config).map_err(|e| ChaosError::Io(e.to_string()))?;
+                zookeeper_installed().map_err(ChaosError::Missing)?;
+                // Sessions as long as the longest lease a scenario asks for.
+                let config =
+                    ZkConfig { max_session_timeout: Duration::from_secs(60), dir, give_up, ..ZkConfig::default() };
+                store.address =
+                    store.zookeeper.insert(ZkServer::start(&config).map_err(ChaosError::Start)?).servers.clone();
             }
         }
-        store.launch(tenure)?;
         Ok(store)
     }
 
@@ -120,104 +119,45 @@ impl Store {
         }
     }
 
-    fn launch(&mut self, tenure: &Path) -> Result<(), ChaosError> {
-        let log = self.dir.join("store.log");
-        match self.backend {
-            Backend::File => Ok(()),
-            Backend::Etcd => {
-                let client = format!("http://127.0.0.1:{}", self.port);
-                let peer = format!("http://127.0.0.1:{}", free_port()?);
-                let mut command = Command::new("etcd");
-                command
-                    .args(["--name", "chaos", "--data-dir"])
-                    .arg(self.dir.join("data"))
-                    .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-                    .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-                    .args(["--initial-cluster", &format!("chaos={peer}"), "--logger", "zap", "--log-level", "warn"]);
-                self.process = Some(Process::start("etcd", &mut command, &log)?);
-                self.address = format!("127.0.0.1:{}", self.port);
-                let port = self.port;
-                self.wait_ready(Duration::from_secs(30), move || http_ok(port, "/health", "\"health\":\"true\""))
-            }
-            Backend::Zookeeper => {
-                let classpath = ZK_JARS.iter().map(|j| format!("{JAVA_DIR}/{j}")).collect::<Vec<_>>().join(":");
-                let mut command = Command::new("java");
-                command
-                    .args(["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", &classpath])
-                    .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
-                    .arg(self.dir.join("zoo.cfg"));
-                self.process = Some(Process::start("zookeeper", &mut command, &log)?);
-                self.address = format!("127.0.0.1:{}", self.port);
-                let port = self.port;
-                self.wait_ready(Duration::from_secs(60), move || {
-                    four_letter_word(port, "ruok").is_some_and(|a| a.contains("imok"))
-                        && four_letter_word(port, "srvr").is_some_and(|a| a.contains("Mode:"))
-                })
-            }
-            Backend::Apiserver => {
-                let out = self.dir.join(format!("apiserver-{}.out", self.restarts));
-                let kubeconfig = self.dir.join("kubeconfig");
-                let mut command = Command::new(tenure);
-                command.args(["apiserver", "--listen", "127.0.0.1:0", "--kubeconfig"]).arg(&kubeconfig);
-                self.process = Some(Process::start("apiserver", &mut command, &out)?);
-                let mut url = None;
-                self.wait_ready(Duration::from_secs(20), || {
-                    url = std::fs::read_to_string(&out).ok().and_then(|text| {
-                        text.lines().find_map(|l| l.trim().strip_prefix("http://").map(str::to_owned))
-                    });
-                    url.is_some()
-                })?;
-                let url = url.unwrap_or_default();
+    fn start_apiserver(&mut self, tenure: &Path) -> Result<(), ChaosError> {
+        let out = self.dir.join(format!("apiserver-{}.out", self.restarts));
+        let kubeconfig = self.dir.join("kubeconfig");
+        let mut command = Command::new(tenure);
+        command.args(["apiserver", "--listen", "127.0.0.1:0", "--kubeconfig"]).arg(&kubeconfig);
+        let process = self.process.insert(Process::start("apiserver", &mut command, &out)?);
+        let (mut url, mut exited, limit) = (None, false, Duration::from_secs(20));
+        let up = wait_for(limit, || {
+            exited = !process.running();
+            url = std::fs::read_to_string(&out)
+                .ok()
+                .and_then(|text| text.lines().find_map(|l| l.trim().strip_prefix("http://").map(str::to_owned)));
+            exited || url.is_some()
+        });
+        match url {
+            Some(url) if up && !exited => {
                 self.address = url.trim_end_matches('/').to_owned();
                 Ok(())
             }
+            _ => Err(ChaosError::Start(format!("apiserver did not come up within {limit:?}:\n{}", log_tail(&out, 20)))),
         }
-    }
-
-    fn wait_ready(&mut self, limit: Duration, mut ready: impl FnMut() -> bool) -> Result<(), ChaosError> {
-        let mut exited = false;
-        let up = wait_for(limit, || {
-            exited = self.process.as_mut().is_some_and(|p| !p.running());
-            exited || ready()
-        });
-        if up && !exited {
-            return Ok(());
-        }
-        let log = std::fs::read_to_string(self.dir.join("store.log")).unwrap_or_default();
-        let tail: String =
-            log.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
-        Err(ChaosError::Start(format!("{} did not come up within {limit:?}; log tail:\n{tail}", self.backend.name())))
     }
 
     /// Kills the store (SIGKILL) and starts it again on its data; the API server loses all its
     /// objects and comes back on a new port. Returns when it serves again.
     pub fn restart(&mut self, tenure: &Path) -> Result<(), ChaosError> {
-        if let Some(mut process) = self.process.take() {
-            process.kill();
-        }
         self.restarts += 1;
-        self.launch(tenure)
+        match (self.backend, &mut self.etcd, &self.zookeeper) {
+            (Backend::Etcd, Some(etcd), _) => etcd.try_restart(0, crate::interrupted).map_err(ChaosError::Start),
+            (Backend::Zookeeper, _, Some(zookeeper)) => {
+                zookeeper.try_restart(crate::interrupted).map_err(ChaosError::Start)
+            }
+            (Backend::Apiserver, _, _) => {
+                if let Some(mut process) = self.process.take() {
+                    process.kill();
+                }
+                self.start_apiserver(tenure)
+            }
+            _ => Ok(()),
+        }
     }
-}
-
-/// `GET path` on 127.0.0.1:port answers 200 with a body containing `needle`.
-fn http_ok(port: u16, path: &str, needle: &str) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else { return false };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    if write!(stream, "GET {path} HTTP/1.1\r\nHost: chaos\r\nConnection: close\r\n\r\n").is_err() {
-        return false;
-    }
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
-    answer.starts_with("HTTP/1.1 200") && answer.contains(needle)
-}
-
-/// Sends a ZooKeeper four-letter word and returns the answer.
-fn four_letter_word(port: u16, word: &str) -> Option<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    stream.write_all(word.as_bytes()).ok()?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).ok()?;
-    Some(answer)
 }

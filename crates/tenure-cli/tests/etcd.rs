@@ -3,16 +3,12 @@
 
 mod common;
 
-// The etcd server harness of the tenure-etcd tests, shared rather than copied.
-#[path = "../../tenure-etcd/tests/common/mod.rs"]
-mod etcd_server;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use etcd_server::EtcdCluster;
+use tenure_testkit::etcd::EtcdCluster;
 
 /// The first leader `etcdctl elect -l` (observation mode, which streams until killed) prints.
 fn etcdctl_observed_leader(endpoint: &str, election: &str) -> Option<String> {

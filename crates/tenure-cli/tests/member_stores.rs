@@ -7,24 +7,17 @@
 //! every wait polls with a bounded deadline and checks at every poll that no partition is owned
 //! by two members.
 
-// Both server harnesses below include the shared test PKI helper as their own module.
-#![allow(clippy::duplicate_mod)]
-
 mod common;
 mod member_support;
-
-#[path = "../../tenure-etcd/tests/common/mod.rs"]
-mod etcd_server;
-#[path = "../../tenure-zk/tests/common/mod.rs"]
-mod zk_server;
 
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{file_url, wait_until, TempDir, Tenure, TENURE};
-use etcd_server::EtcdCluster;
 use member_support::{assert_single_owners, owned, owns, partitions, release_draining};
+use tenure_testkit::etcd::EtcdCluster;
+use tenure_testkit::zookeeper;
 
 const PARTITIONS: usize = 16;
 const LEASE: Duration = Duration::from_secs(2);
@@ -71,9 +64,7 @@ fn refused_member(url: &str) -> (i32, String) {
 }
 
 /// The scenario every store must pass, with members started by `start` (`id`).
-fn three_members_share_and_hand_over_on_freeze_leave_and_kill(
-    start: &dyn Fn(&str) -> (Tenure, String),
-) {
+fn three_members_share_and_hand_over_on_freeze_leave_and_kill(start: &dyn Fn(&str) -> (Tenure, String)) {
     let (_a_process, a) = start("a");
     let (mut b_process, b) = start("b");
     let (c_process, c) = start("c");
@@ -95,7 +86,8 @@ fn three_members_share_and_hand_over_on_freeze_leave_and_kill(
     assert!(!owned(&c).is_empty());
     c_process.signal(libc::SIGSTOP);
     let rest = [a.as_str(), b.as_str()];
-    wait_safely(&rest, Duration::from_secs(20), || split_evenly(&rest)).expect("the frozen member's partitions never moved");
+    wait_safely(&rest, Duration::from_secs(20), || split_evenly(&rest))
+        .expect("the frozen member's partitions never moved");
     let taken: BTreeMap<u32, u64> = rest
         .iter()
         .flat_map(|m| partitions(m).unwrap_or_default())
@@ -169,8 +161,8 @@ async fn members_on_etcd_share_answer_owns_and_hand_over_on_freeze_leave_and_kil
 
 #[test]
 fn members_on_zookeeper_share_answer_owns_and_hand_over_on_freeze_leave_and_kill() {
-    let Some(server) = zk_server::server() else { return };
-    let url = format!("zk://127.0.0.1:{}{}", server.port, zk_server::unique_path("cli-member"));
+    let Some(server) = zookeeper::server() else { return };
+    let url = format!("zk://127.0.0.1:{}{}", server.port, zookeeper::unique_path("cli-member"));
     three_members_share_and_hand_over_on_freeze_leave_and_kill(&|id| start_member(id, &url, &[]));
 }
 
@@ -224,9 +216,9 @@ async fn members_reach_an_etcd_with_tls_client_certificates_and_a_user() {
 /// password is refused with the reason.
 #[test]
 fn members_reach_a_zookeeper_with_a_digest_user_and_a_wrong_password_is_refused() {
-    let Some(server) = zk_server::server() else { return };
+    let Some(server) = zookeeper::server() else { return };
     let dir = TempDir::new("member-zk-digest");
-    let path = zk_server::unique_path("cli-member-digest");
+    let path = zookeeper::unique_path("cli-member-digest");
     let url = |password: &str| {
         let file = dir.join(&format!("pw-{password}"));
         std::fs::write(&file, format!("{password}\n")).expect("write the password file");
@@ -249,9 +241,9 @@ fn members_reach_a_zookeeper_with_a_digest_user_and_a_wrong_password_is_refused(
 #[cfg(feature = "zk-tls")]
 #[test]
 fn members_reach_a_zookeeper_over_tls() {
-    let Some((server, pki)) = zk_server::tls_server(false) else { return };
+    let Some((server, pki)) = zookeeper::tls_server(false) else { return };
     let url =
-        format!("zk://{}{}?cacert={}", server.servers, zk_server::unique_path("cli-member-tls"), pki.ca.display());
+        format!("zk://{}{}?cacert={}", server.servers, zookeeper::unique_path("cli-member-tls"), pki.ca.display());
     let (a_process, a) = start_member("a", &url, &[]);
     let (_b_process, b) = start_member("b", &url, &[]);
     let both = [a.as_str(), b.as_str()];

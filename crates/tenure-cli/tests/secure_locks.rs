@@ -4,14 +4,11 @@
 
 mod common;
 
-#[path = "../../tenure-etcd/tests/common/mod.rs"]
-mod etcd_server;
-
 use std::path::Path;
 use std::time::Duration;
 
 use common::{run_to_end, wait_for_leader};
-use etcd_server::EtcdCluster;
+use tenure_testkit::etcd::EtcdCluster;
 
 /// A lock URL for `election` on `cluster` as user `tenure` with the password in `password_file`.
 fn secure_url(cluster: &EtcdCluster, election: &str, password_file: &Path) -> String {

@@ -3,13 +3,11 @@
 
 mod common;
 
-#[path = "../../tenure-zk/tests/common/mod.rs"]
-mod zk_server;
-
 use std::path::Path;
 use std::time::Duration;
 
 use common::{run_to_end, wait_for_leader};
+use tenure_testkit::zookeeper;
 
 /// A directory of password files, removed when dropped.
 struct PasswordFiles(std::path::PathBuf);
@@ -36,8 +34,8 @@ impl Drop for PasswordFiles {
 
 #[test]
 fn elect_and_status_on_zookeeper_with_a_digest_user_and_a_wrong_password_refused() {
-    let Some(server) = zk_server::server() else { return };
-    let path = zk_server::unique_path("cli-digest");
+    let Some(server) = zookeeper::server() else { return };
+    let path = zookeeper::unique_path("cli-digest");
     let url = |pw: &Path| format!("zk://tenure@{}{path}?password-file={}", server.servers, pw.display());
     let files = PasswordFiles::new("digest");
     let right = url(&files.write("zk-pw", "s3cret"));
@@ -55,8 +53,8 @@ fn elect_and_status_on_zookeeper_with_a_digest_user_and_a_wrong_password_refused
 #[cfg(feature = "zk-tls")]
 #[test]
 fn elect_on_zookeeper_over_tls() {
-    let Some((server, pki)) = zk_server::tls_server(false) else { return };
-    let url = format!("zk://{}{}?cacert={}", server.servers, zk_server::unique_path("cli-tls"), pki.ca.display());
+    let Some((server, pki)) = zookeeper::tls_server(false) else { return };
+    let url = format!("zk://{}{}?cacert={}", server.servers, zookeeper::unique_path("cli-tls"), pki.ca.display());
     let (_one, one_http) = common::start_elect("one", "z", &url, "3s");
     wait_for_leader(&one_http, "one", Duration::from_secs(15), "the candidate leads over TLS");
     let other_ca = format!("zk://{}/x?cacert={}", server.servers, pki.other_ca.display());

@@ -3,16 +3,13 @@
 
 mod common;
 
-// The ZooKeeper server harness of the tenure-zk tests, shared rather than copied.
-#[path = "../../tenure-zk/tests/common/mod.rs"]
-mod zk_server;
-
 use common::run_to_end;
+use tenure_testkit::zookeeper;
 
 /// A `zk://` URL of the test server, on a path of its own for `test`.
 fn url(test: &str) -> Option<String> {
-    let server = zk_server::server()?;
-    Some(format!("zk://127.0.0.1:{}{}", server.port, zk_server::unique_path(test)))
+    let server = zookeeper::server()?;
+    Some(format!("zk://127.0.0.1:{}{}", server.port, zookeeper::unique_path(test)))
 }
 
 #[test]

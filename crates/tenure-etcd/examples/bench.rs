@@ -9,9 +9,6 @@
 //!
 //! Run: `cargo run --release -p tenure-etcd --example bench`.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -87,7 +84,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Ok(endpoints) = std::env::var("TENURE_ETCD_BENCH_CHILD") {
         return child(endpoints).await;
     }
-    let cluster = common::EtcdCluster::start(1).await.ok_or("etcd is not installed")?;
+    let cluster = tenure_testkit::etcd::EtcdCluster::start(1).await.ok_or("etcd is not installed")?;
     let endpoints = cluster.endpoints();
     println!("etcd on {}, TTL {:?}", endpoints.join(","), TTL);
 

@@ -1,11 +1,9 @@
 //! Credentials in an endpoint (`user:password@host:port`) never show in an error.
 
-mod common;
-
 use std::time::Duration;
 
-use common::EtcdCluster;
 use tenure_etcd::{EtcdElection, EtcdError};
+use tenure_testkit::etcd::EtcdCluster;
 use tokio::time::timeout;
 
 const PASSWORD: &str = "s3cret-Pa55";

@@ -1,13 +1,12 @@
 //! The etcd elector against real etcd servers.
 
-mod common;
-
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{monotonic_nanos, EtcdCluster};
 use tenure::{Elector, Leadership, Role};
 use tenure_etcd::EtcdElection;
+use tenure_testkit::clock::monotonic_ns;
+use tenure_testkit::etcd::EtcdCluster;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
@@ -202,7 +201,7 @@ async fn child_candidate() {
         // The self-fencing deadline as a CLOCK_MONOTONIC reading, whenever it moves.
         let deadline = elector
             .valid_until()
-            .map(|until| monotonic_nanos() + until.saturating_duration_since(Instant::now()).as_nanos());
+            .map(|until| monotonic_ns() + until.saturating_duration_since(Instant::now()).as_nanos());
         if deadline != last {
             match deadline {
                 Some(ns) => println!("CHILD deadline {ns}"),
@@ -319,9 +318,9 @@ async fn paused_leader_stops_leading_before_another_is_elected() {
     child.signal(nix::sys::signal::Signal::SIGSTOP);
     child.wait_stopped().await;
     // From now on the child starts no keep-alive: its deadline is at most this + TTL - margin.
-    let stopped_at = monotonic_nanos();
+    let stopped_at = monotonic_ns();
     follower.acquired().await.unwrap();
-    let elected_at = monotonic_nanos();
+    let elected_at = monotonic_ns();
     // The child is stopped: everything it printed is in the pipe.
     let fenced_at = child.drain_deadline().expect("the child reported a deadline");
     let latest_possible = stopped_at + (TTL - tenure_etcd::self_fencing_margin(TTL)).as_nanos();
@@ -530,11 +529,11 @@ async fn three_member_cluster_member_loss_raft_leader_loss_and_full_restart() {
 
 #[tokio::test]
 async fn followers_log_each_leader_they_observe_like_the_record_lock_elector() {
-    let lines = common::log_capture::capture();
+    let lines = tenure_testkit::log_capture::capture();
     let Some(cluster) = EtcdCluster::start(1).await else { return };
     let election = EtcdElection::connect(&cluster.endpoints(), "observed").await.unwrap();
     let (a, b) = (election.campaign("a", TTL).unwrap(), || election.campaign("b", TTL).unwrap());
-    common::log_capture::assert_each_observed_leader_is_logged(&lines, a, b).await;
+    tenure_testkit::log_capture::assert_each_observed_leader_is_logged(&lines, a, b).await;
 }
 
 #[tokio::test]

@@ -3,16 +3,14 @@
 //! writer in the same round trip, and a term no tenure has is a typed error. Interoperable with
 //! `etcdctl elect`: its leader's term fences the same way.
 
-mod common;
-
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::EtcdCluster;
 use tenure::{Role, Term};
 use tenure_etcd::proto::etcdserverpb::{compare, request_op, response_op, Compare, PutRequest, RangeRequest};
 use tenure_etcd::proto::etcdserverpb::{RequestOp, TxnRequest};
 use tenure_etcd::{EtcdElection, FencedTxnError};
+use tenure_testkit::etcd::EtcdCluster;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::time::timeout;
 

@@ -3,15 +3,13 @@
 //! deadline even while store calls hang (S1), and a tenure that ended never comes back: the same
 //! candidate leads again only with a greater term (S2).
 
-mod common;
-
 use std::time::Duration;
 
-use common::stall_proxy::{ended_despite_the_stall, leads_again_only_under_a_greater_term, next_renewal};
-use common::stall_proxy::{next_leader_waits_for_the_work, StallProxy};
-use common::EtcdCluster;
 use tenure::Term;
 use tenure_etcd::EtcdElection;
+use tenure_testkit::etcd::EtcdCluster;
+use tenure_testkit::stall_proxy::{ended_despite_the_stall, leads_again_only_under_a_greater_term, next_renewal};
+use tenure_testkit::stall_proxy::{next_leader_waits_for_the_work, StallProxy};
 use tokio::time::{timeout, Instant};
 
 /// TTL 3 s: deadline 2 s after the start of the last keep-alive, call timeout 1 s, keep-alive

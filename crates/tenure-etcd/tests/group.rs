@@ -1,14 +1,12 @@
 //! Groups on a real etcd server, held to the scenarios every group store must pass
 //! ([`tenure_group::conformance`]).
 
-mod common;
-
 use std::sync::Arc;
 
-use common::EtcdCluster;
 use tenure_etcd::EtcdGroupStore;
 use tenure_group::conformance::{self, Joined};
 use tenure_group::{Group, GroupConfig};
+use tenure_testkit::etcd::EtcdCluster;
 
 /// How the scenarios join a member: a store (and connection) of its own per member.
 fn joiner(

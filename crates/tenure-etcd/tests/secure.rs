@@ -1,13 +1,12 @@
 //! The etcd elector against real etcd servers that serve clients over TLS, demand client
 //! certificates, and have etcd's authentication enabled. Certificates are generated per test.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{certs, EtcdCluster};
 use tenure::{Elector, Role};
 use tenure_etcd::{EtcdElection, EtcdError, EtcdOptions, EtcdTls};
+use tenure_testkit::certs;
+use tenure_testkit::etcd::EtcdCluster;
 use tokio::time::timeout;
 
 const TTL: Duration = Duration::from_secs(2);

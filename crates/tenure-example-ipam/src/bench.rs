@@ -17,13 +17,13 @@ use kube::api::{DeleteParams, ListParams};
 use kube::Api;
 use tenure_apiserver::{ApiServer, ApiServerConfig};
 use tenure_etcd::{EtcdElection, EtcdGroupStore};
+use tenure_testkit::etcd::{EtcdCluster, EtcdConfig};
 use tokio::time::Instant;
 
 use crate::active_active::{GROUP, WATCHING_LINE};
 use crate::checker::active_active::settle;
 use crate::checker::{create_pod, kube_client, CheckerError, Harness, Scenario, SAMPLE_EVERY};
 use crate::controller::{annotated_ip, ELECTION, POOL_PREFIX};
-use crate::etcd_server::EtcdServer;
 use crate::pool::IpPool;
 
 /// The longest a round may take to handle its Pods.
@@ -99,18 +99,18 @@ pub fn medians(rounds: &[Round], replicas: usize) -> Option<(f64, f64)> {
 }
 
 async fn one_round(config: &BenchConfig, replicas: usize) -> Result<Round, CheckerError> {
-    let etcd = EtcdServer::start().await?;
+    let etcd = EtcdCluster::start_with(EtcdConfig::new(1)).await.map_err(CheckerError::EtcdServer)?;
     let apiserver = ApiServer::start(ApiServerConfig::default())
         .await
         .map_err(|e| CheckerError::Kube(format!("apiserver: {e}")))?;
     let pods: Api<Pod> = Api::namespaced(kube_client(&apiserver.url())?, "default");
     let pool = IpPool::new(
-        EtcdElection::connect(&[etcd.endpoint()], ELECTION).await?,
+        EtcdElection::connect(&[etcd.endpoint(0)], ELECTION).await?,
         POOL_PREFIX,
         std::net::Ipv4Addr::new(10, 0, 0, 0),
         1000,
     );
-    let logs = std::env::temp_dir().join(format!("tenure-ipam-bench-{}-{}", std::process::id(), etcd.endpoint()));
+    let logs = std::env::temp_dir().join(format!("tenure-ipam-bench-{}-{}", std::process::id(), etcd.endpoint(0)));
     std::fs::create_dir_all(&logs).map_err(|e| CheckerError::Process(format!("{}: {e}", logs.display())))?;
     let scenario = Scenario {
         pool_delay: config.pool_delay,
@@ -118,11 +118,11 @@ async fn one_round(config: &BenchConfig, replicas: usize) -> Result<Round, Check
         gc_period: Duration::from_secs(600),
         ..Scenario::active_active(config.controller.clone(), 0)
     };
-    let mut harness = Harness::new(logs.clone(), scenario, etcd.endpoint(), apiserver.url());
+    let mut harness = Harness::new(logs.clone(), scenario, etcd.endpoint(0), apiserver.url());
     for _ in 0..replicas {
         harness.spawn()?;
     }
-    let store = EtcdGroupStore::connect(&[etcd.endpoint()], GROUP).await?;
+    let store = EtcdGroupStore::connect(&[etcd.endpoint(0)], GROUP).await?;
     settle(&store, &mut harness, &[], "the start").await?;
     let identities: Vec<String> = harness.replicas.iter().map(|r| r.identity.clone()).collect();
     wait_until(

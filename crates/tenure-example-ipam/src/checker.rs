@@ -41,12 +41,12 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use tenure_apiserver::{ApiServer, ApiServerConfig};
 use tenure_etcd::EtcdElection;
+use tenure_testkit::etcd::{EtcdCluster, EtcdConfig};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::controller::{annotated_ip, Mode, CRASH_EXIT_CODE, CRASH_LABEL, ELECTION, POOL_PREFIX, RESUME_FAILED_LINE};
-use crate::etcd_server::{EtcdServer, EtcdServerError};
 use crate::pool::IpPool;
 use crate::witness::{self, Frozen};
 
@@ -235,8 +235,8 @@ impl Report {
 #[derive(Debug, thiserror::Error)]
 pub enum CheckerError {
     /// etcd did not start.
-    #[error(transparent)]
-    EtcdServer(#[from] EtcdServerError),
+    #[error("etcd did not start: {0}")]
+    EtcdServer(String),
     /// etcd failed.
     #[error("etcd: {0}")]
     Etcd(#[from] tenure_etcd::EtcdError),
@@ -263,23 +263,23 @@ pub(crate) struct Replica {
 /// Starts etcd, the API server and three controllers, runs the scenario, and reports.
 pub async fn run(scenario: &Scenario) -> Result<Report, CheckerError> {
     let started = Instant::now();
-    let etcd = EtcdServer::start().await?;
+    let etcd = EtcdCluster::start_with(EtcdConfig::new(1)).await.map_err(CheckerError::EtcdServer)?;
     let mut config = ApiServerConfig::default();
     if let Some(window) = scenario.event_window {
         config.event_window = window;
     }
     let apiserver = ApiServer::start(config).await.map_err(|e| CheckerError::Kube(format!("apiserver: {e}")))?;
-    let election = EtcdElection::connect(&[etcd.endpoint()], ELECTION).await?;
+    let election = EtcdElection::connect(&[etcd.endpoint(0)], ELECTION).await?;
     let pool = IpPool::new(election.clone(), POOL_PREFIX, POOL_BASE, POOL_SIZE);
     let client = kube_client(&apiserver.url())?;
     let pods: Api<Pod> = Api::namespaced(client, "default");
     let logs = std::env::temp_dir().join(format!(
         "tenure-ipam-logs-{}-{}",
         std::process::id(),
-        etcd.endpoint().replace([':', '.'], "-")
+        etcd.endpoint(0).replace([':', '.'], "-")
     ));
     std::fs::create_dir_all(&logs).map_err(|e| CheckerError::Process(format!("{}: {e}", logs.display())))?;
-    let mut harness = Harness::new(logs.clone(), scenario.clone(), etcd.endpoint(), apiserver.url());
+    let mut harness = Harness::new(logs.clone(), scenario.clone(), etcd.endpoint(0), apiserver.url());
     for _ in 0..3 {
         harness.spawn()?;
     }

@@ -18,6 +18,5 @@ pub mod active_active;
 pub mod bench;
 pub mod checker;
 pub mod controller;
-pub mod etcd_server;
 pub mod pool;
 pub mod witness;

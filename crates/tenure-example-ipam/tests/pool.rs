@@ -6,9 +6,8 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use tenure_etcd::EtcdElection;
-use common::etcd_or_skip;
-use tenure_example_ipam::etcd_server::EtcdServer;
 use tenure_example_ipam::pool::{IpPool, PoolError};
+use tenure_testkit::etcd::EtcdCluster;
 use tokio::time::timeout;
 
 const TTL: Duration = Duration::from_secs(2);
@@ -16,11 +15,8 @@ const BOUND: Duration = Duration::from_secs(20);
 
 #[tokio::test]
 async fn a_deposed_leader_can_neither_allocate_nor_release_and_the_new_one_gets_the_next_free_address() {
-    if !etcd_or_skip() {
-        return;
-    }
-    let etcd = EtcdServer::start().await.expect("etcd starts");
-    let election = EtcdElection::connect(&[etcd.endpoint()], "pool-test").await.expect("connected");
+    let Some(etcd) = EtcdCluster::start(1).await else { return };
+    let election = EtcdElection::connect(&[etcd.endpoint(0)], "pool-test").await.expect("connected");
     let election = election.with_drain_timeout(Duration::from_millis(100));
     let pool = IpPool::new(election.clone(), "pool-test-ips/", Ipv4Addr::new(10, 0, 0, 0), 2);
     let a = election.campaign("a", TTL).expect("campaign");
@@ -54,11 +50,8 @@ async fn a_deposed_leader_can_neither_allocate_nor_release_and_the_new_one_gets_
 async fn a_partition_write_under_an_older_term_is_refused_once_the_next_owner_opened_the_partition() {
     use tenure::Term;
     use tenure_example_ipam::pool::Fence;
-    if !etcd_or_skip() {
-        return;
-    }
-    let etcd = EtcdServer::start().await.expect("etcd starts");
-    let connection = EtcdElection::connect(&[etcd.endpoint()], "unused-election").await.expect("connected");
+    let Some(etcd) = EtcdCluster::start(1).await else { return };
+    let connection = EtcdElection::connect(&[etcd.endpoint(0)], "unused-election").await.expect("connected");
     let pool = IpPool::new(connection, "partitioned-ips/", Ipv4Addr::new(10, 0, 0, 0), 50);
     let old = Fence::Partition { partition: 3, term: Term(4) };
     let new = Fence::Partition { partition: 3, term: Term(5) };

@@ -2,9 +2,6 @@
 //! checkpoint and the user's own writes, and a deposed leader's late writes are refused by etcd.
 #![cfg(feature = "etcd")]
 
-#[path = "../../tenure-etcd/tests/common/mod.rs"]
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +10,7 @@ use tenure_etcd::proto::etcdserverpb::{request_op, PutRequest, RequestOp};
 use tenure_etcd::EtcdElection;
 use tenure_ha::checkpoint::etcd::EtcdCheckpointStore;
 use tenure_ha::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, Checkpointer};
+use tenure_testkit::etcd::EtcdCluster;
 use tokio::time::timeout;
 
 const TTL: Duration = Duration::from_secs(2);
@@ -30,7 +28,7 @@ fn put(key: &str, value: &str) -> RequestOp {
 
 #[tokio::test]
 async fn a_deposed_leader_can_write_neither_the_checkpoint_nor_a_fenced_resource() {
-    let Some(cluster) = common::EtcdCluster::start(1).await else { return };
+    let Some(cluster) = EtcdCluster::start(1).await else { return };
     let endpoints = cluster.endpoints();
     let connect = || EtcdElection::connect(&endpoints, "ip-allocator");
     let election_a = connect().await.expect("connected").with_drain_timeout(Duration::from_millis(100));

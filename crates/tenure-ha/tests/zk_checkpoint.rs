@@ -1,12 +1,8 @@
-//! Fenced checkpoints on a real ZooKeeper (feature `zk`, the server the tenure-zk tests start):
+//! Fenced checkpoints on a real ZooKeeper (feature `zk`, on tenure-testkit's server):
 //! a save is one multi-operation that checks the election node of the writer's term, so a
 //! deposed leader is refused by the server itself, even before the next leader has written; the
 //! next leader resumes from the last checkpoint; unusable documents read as absent.
 #![cfg(feature = "zk")]
-
-// The ZooKeeper server harness of the tenure-zk tests, shared rather than copied.
-#[path = "../../tenure-zk/tests/common/mod.rs"]
-mod zk_server;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +10,7 @@ use std::time::Duration;
 use tenure::{Elector, Tenure, Term};
 use tenure_ha::checkpoint::zk::ZkCheckpointStore;
 use tenure_ha::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, Checkpointer};
+use tenure_testkit::zookeeper::{server, unique_path, SESSION_TIMEOUT};
 use tenure_zk::{zk, ZkElection};
 use tokio::time::timeout;
 
@@ -21,9 +18,9 @@ const CONTROLLER: &str = "ip-allocator";
 const BOUND: Duration = Duration::from_secs(20);
 
 async fn election(test: &str) -> Option<ZkElection> {
-    let server = zk_server::server()?;
-    let path = zk_server::unique_path(test);
-    Some(ZkElection::connect(&server.servers, &path, zk_server::SESSION_TIMEOUT).await.expect("connect"))
+    let server = server()?;
+    let path = unique_path(test);
+    Some(ZkElection::connect(&server.servers, &path, SESSION_TIMEOUT).await.expect("connect"))
 }
 
 fn checkpoint_at(version: &str) -> Checkpoint {

@@ -3,16 +3,14 @@
 //! last replica is upgraded, a preferred holder is handed over to gracefully (drain, then release)
 //! within a round trip, and plain candidates never take a coordinated lease.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Cluster, PATIENCE};
 use tenure::{Elector, Term, Timing, WaitReason};
 use tenure_apiserver::ApiServerConfig;
 use tenure_kube::coordinated::{CandidateVersions, LeaseCandidacy};
 use tenure_kube::KubeLock;
+use tenure_testkit::kube::{Cluster, PATIENCE};
 use tokio::time::Instant;
 
 const LEASE: &str = "ctl";

@@ -2,17 +2,15 @@
 //! agreement, crash failover, graceful handover, compare-and-swap, deletion and hijacking of the
 //! lock object, request counts in steady state, client-go records, and Events.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
 use serde_json::{json, Value};
 use tenure::{LeaderElectionRecord, LockError, RecordLock, Term, Version, LEADER_ANNOTATION};
 use tenure_apiserver::Verb;
 use tenure_kube::UNKNOWN_LEADER;
+use tenure_testkit::kube::*;
 use tokio::time::Instant;
 
 /// A record as client-go writes it into an annotation or a Lease.

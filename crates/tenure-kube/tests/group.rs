@@ -1,16 +1,14 @@
 //! Groups on a real (in-process) Kubernetes API server, held to the scenarios every group store
 //! must pass ([`tenure_group::conformance`]).
 
-mod common;
-
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use common::Cluster;
 use tenure_group::conformance::{self, Joined};
 use tenure_group::{Group, GroupConfig};
 use tenure_kube::KubeGroupStore;
+use tenure_testkit::kube::Cluster;
 
 /// How the scenarios join a member: a client and store of its own per member.
 fn joiner(cluster: Arc<Cluster>) -> impl Fn(&str, &str, u32) -> Pin<Box<dyn Future<Output = Joined> + Send>> + Sync {

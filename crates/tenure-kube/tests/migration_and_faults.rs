@@ -1,13 +1,11 @@
 //! Safety under a rolling migration between lock kinds and under API server faults: at no sampled
 //! moment do two electors lead at once, and the election always recovers.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use tenure_apiserver::{FaultScope, InjectedFault, Verb};
 use tenure_kube::user_agent;
+use tenure_testkit::kube::*;
 use tokio::time::Instant;
 
 /// A rolling upgrade `old` → `multi` → `new`: each replica in turn is replaced by one of the next

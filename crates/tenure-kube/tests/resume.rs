@@ -3,11 +3,8 @@
 //! no longer keeps relists and says so; timeouts, dropped streams and cut connections lose and
 //! repeat nothing.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Cluster, PATIENCE};
 use futures::future::ready;
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -16,6 +13,7 @@ use serde_json::{json, Value};
 use tenure_apiserver::{ApiServerConfig, FaultScope, InjectedFault, Verb};
 use tenure_kube::resume::{Backoff, ResumableWatcher, ResumeConfig, ResumeEvent};
 use tenure_kube::{user_agent, ListCause};
+use tenure_testkit::kube::{Cluster, PATIENCE};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 

@@ -1,14 +1,12 @@
 //! Term-fenced compare-and-swap against the project's API server: once a term has written an
 //! object, a lower term's write never lands on it.
 
-mod common;
-
-use common::Cluster;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ObjectMeta, PostParams};
 use kube::Api;
 use tenure::Term;
 use tenure_kube::term_fenced::{self, TermFenceError, TERM_ANNOTATION};
+use tenure_testkit::kube::Cluster;
 
 fn allocations(ip: &str) -> impl FnMut(&mut ConfigMap) + '_ {
     move |object| {

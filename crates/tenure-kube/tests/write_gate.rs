@@ -3,11 +3,8 @@
 //! elector's lock and the group's store have theirs, ungated), so "no write was sent" is the
 //! server's word, not the client's.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Cluster, PATIENCE};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::Api;
@@ -19,6 +16,7 @@ use tenure_apiserver::Verb;
 use tenure_group::{conformance, Group, GroupConfig};
 use tenure_kube::write_gate::object_key;
 use tenure_kube::{user_agent, KubeGroupStore, RefusalReason, WriteGate, WriteGateMetrics, WriteRefused};
+use tenure_testkit::kube::{Cluster, PATIENCE};
 
 const WRITES: [Verb; 4] = [Verb::Create, Verb::Update, Verb::Patch, Verb::Delete];
 
@@ -67,7 +65,7 @@ async fn write(configmaps: &Api<ConfigMap>, round: usize, name: &str) -> Result<
 async fn a_deposed_leader_sends_no_write_and_its_write_in_flight_is_cancelled() {
     let cluster = Cluster::start().await;
     let elector = Elector::builder("leader-a", cluster.lock("leases", "gated", "leader-a").await)
-        .timing(common::timing())
+        .timing(tenure_testkit::kube::timing())
         .spawn()
         .unwrap();
     let mut registry = Registry::default();

@@ -4,13 +4,12 @@
 //!
 //! `cargo run --release -p tenure-zk --example zk_bench`
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
 use nix::sys::signal::Signal;
+use tenure_testkit::leadership::{one_agreed_leader, wait_until};
+use tenure_testkit::zk_candidates::{child_candidate_main, spawn_candidate, CHILD_ENV};
+use tenure_testkit::zookeeper::{four_letter_word, unique_path, ZkServer, SESSION_TIMEOUT};
 use tenure_zk::ZkElection;
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

@@ -209,11 +209,9 @@ async fn dropping_every_handle_shuts_down_and_hands_over_without_waiting_for_exp
     second.shutdown().await.expect("shutdown");
 }
 
-#[path = "../../tenure-etcd/tests/common/log_capture.rs"]
-mod log_capture;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_log_each_leader_they_observe_like_the_record_lock_elector() {
+    use tenure_testkit::log_capture;
     let lines = log_capture::capture();
     let path = unique_path("observed");
     let Some(election) = election(&path).await else { return };

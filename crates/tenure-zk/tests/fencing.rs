@@ -5,14 +5,12 @@
 //! session timeout the server grants, not the one asked for.
 
 mod common;
-#[path = "../../tenure-etcd/tests/common/stall_proxy.rs"]
-mod stall_proxy;
 
 use std::time::Duration;
 
 use common::*;
-use stall_proxy::{ended_despite_the_stall, leads_again_only_under_a_greater_term, next_renewal};
-use stall_proxy::{next_leader_waits_for_the_work, StallProxy};
+use tenure_testkit::stall_proxy::{ended_despite_the_stall, leads_again_only_under_a_greater_term, next_renewal};
+use tenure_testkit::stall_proxy::{next_leader_waits_for_the_work, StallProxy};
 use tenure_zk::ZkElection;
 use tokio::time::{timeout, Instant};
 

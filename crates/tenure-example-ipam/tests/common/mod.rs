@@ -5,28 +5,17 @@
 use std::path::PathBuf;
 
 use tenure_example_ipam::checker::{self, Report, Scenario};
-use tenure_example_ipam::etcd_server::etcd_installed;
+use tenure_testkit::etcd::etcd_available;
 
 /// The example's binary, as cargo built it for these tests.
 pub fn controller() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tenure-example-ipam"))
 }
 
-/// Whether etcd is installed; without it the test is skipped, except under `CI=true`, where a
-/// missing server is a failure.
-pub fn etcd_or_skip() -> bool {
-    if etcd_installed() {
-        return true;
-    }
-    assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "etcd is not installed and CI=true");
-    println!("skipped: etcd not installed");
-    false
-}
-
 /// Runs `scenario` to its end and prints its summary; `None` where etcd is missing (see
-/// [`etcd_or_skip`]).
+/// [`etcd_available`]).
 pub async fn run(scenario: Scenario) -> Option<Report> {
-    if !etcd_or_skip() {
+    if !etcd_available() {
         return None;
     }
     let report = checker::run(&scenario).await.expect("the run completes");

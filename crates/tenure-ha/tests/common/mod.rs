@@ -10,18 +10,25 @@ pub const PATIENCE: Duration = Duration::from_secs(30);
 
 pub mod shard;
 
-// The API server harness of the tenure-kube tests, shared rather than copied.
-#[path = "../../../tenure-kube/tests/common/mod.rs"]
-mod kube_harness;
+/// The project's API server on a free loopback port, and a kubeconfig for it: tenure-testkit's
+/// cluster, as a type of these tests' own, which each test extends with its helpers.
+pub struct TestServer(tenure_testkit::kube::Cluster);
 
-/// The project's API server on a free loopback port, and a kubeconfig for it.
-pub use kube_harness::Cluster as TestServer;
+impl TestServer {
+    pub async fn start() -> TestServer {
+        TestServer(tenure_testkit::kube::Cluster::start().await)
+    }
+
+    pub async fn start_with(config: tenure_apiserver::ApiServerConfig) -> TestServer {
+        TestServer(tenure_testkit::kube::Cluster::start_with(config).await)
+    }
+}
 
 impl std::ops::Deref for TestServer {
-    type Target = tenure_apiserver::ApiServer;
+    type Target = tenure_testkit::kube::Cluster;
 
-    fn deref(&self) -> &tenure_apiserver::ApiServer {
-        &self.server
+    fn deref(&self) -> &tenure_testkit::kube::Cluster {
+        &self.0
     }
 }
 

@@ -3,10 +3,8 @@
 //! and the kernel buffers, new connections are accepted but get no answer), close every open
 //! connection, and resume forwarding (held bytes then flow on, as after a network stall).
 //!
-//! Also the steps of the fencing tests that stall a leader's store.
-//!
-//! Shared by the etcd and ZooKeeper tests (the ZooKeeper tests include this file by path).
-#![allow(dead_code)]
+//! Also the steps of the fencing tests that stall a leader's store, which the etcd and ZooKeeper
+//! tests share.
 
 use std::time::Duration;
 

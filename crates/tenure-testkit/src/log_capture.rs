@@ -1,6 +1,5 @@
-//! Captures the tracing events of this test process, to check what an operator reads in the log.
-//! Shared by the etcd and ZooKeeper tests (the ZooKeeper tests include this file by path).
-#![allow(dead_code)]
+//! Captures the tracing events of this test process, to check what an operator reads in the log;
+//! the etcd and ZooKeeper tests check the same lines.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -16,13 +15,18 @@ use tracing_subscriber::Layer;
 /// One event as a log line would show it.
 #[derive(Debug, Clone)]
 pub struct Line {
+    /// Its level.
     pub level: Level,
+    /// Its target (the module that logged it).
     pub target: String,
+    /// Its message.
     pub message: String,
+    /// Its other fields, as text.
     pub fields: BTreeMap<String, String>,
 }
 
-type Lines = Arc<Mutex<Vec<Line>>>;
+/// Every line captured, in order.
+pub type Lines = Arc<Mutex<Vec<Line>>>;
 
 /// Starts capturing every event of this process (once; later calls share the capture) and
 /// returns the lines captured so far and from now on.

@@ -2,9 +2,6 @@
 //! certificate for `localhost` and 127.0.0.1, a client certificate, and a second, unrelated CA
 //! (to check that a server signed by another CA is refused). Generated at run time into a
 //! directory of the test's own: no key is ever committed.
-//!
-//! Shared by the etcd and ZooKeeper tests (`#[path]`-included), so there is one recipe.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 
@@ -13,14 +10,17 @@ use rcgen::{
 };
 
 /// The PEM files of one test PKI.
+#[derive(Debug, Clone)]
 pub struct TestPki {
     /// The CA that signed the server and client certificates.
     pub ca: PathBuf,
-    /// The server's certificate (names `localhost` and 127.0.0.1) and key (PKCS#8).
+    /// The server's certificate (names `localhost` and 127.0.0.1).
     pub server_cert: PathBuf,
+    /// The server's key (PKCS#8).
     pub server_key: PathBuf,
-    /// A client certificate with common name `tenure-client`, and its key.
+    /// A client certificate with common name `tenure-client`.
     pub client_cert: PathBuf,
+    /// The client certificate's key.
     pub client_key: PathBuf,
     /// Another CA, which signed nothing the servers present.
     pub other_ca: PathBuf,

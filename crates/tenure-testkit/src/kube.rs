@@ -1,7 +1,10 @@
-//! What the Kubernetes lock tests share: an in-memory API server, candidates that run like separate
-//! processes (each elector on a runtime of its own, so a crash is the runtime vanishing without a
-//! release), and a monitor that samples every elector's leadership at every change.
-#![allow(dead_code)]
+//! The Kubernetes test cluster: the project's in-memory API server with a kubeconfig for it,
+//! candidates that run like separate processes (each elector on a runtime of its own, so a crash is
+//! the runtime vanishing without a release), and a monitor that samples every elector's leadership
+//! at every change.
+//!
+//! Why here: the Kubernetes lock tests and the HA runtime's Kubernetes tests run on the same
+//! cluster (feature `kube`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,11 +56,13 @@ pub fn objects_of(kind: &str) -> Vec<&'static str> {
 
 /// An API server and a kubeconfig pointing at it.
 pub struct Cluster {
+    /// The API server, for faults, request counts and direct reads of the store.
     pub server: ApiServer,
     kubeconfig: PathBuf,
 }
 
 impl Cluster {
+    /// A cluster whose server runs with the default configuration.
     pub async fn start() -> Cluster {
         Cluster::start_with(ApiServerConfig::default()).await
     }
@@ -127,6 +132,14 @@ impl Cluster {
     }
 }
 
+impl std::ops::Deref for Cluster {
+    type Target = ApiServer;
+
+    fn deref(&self) -> &ApiServer {
+        &self.server
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.kubeconfig);
@@ -136,7 +149,9 @@ impl Drop for Cluster {
 /// One candidate, as if it were a process of its own: its elector, lock client and event task run
 /// on a runtime that [`Candidate::crash`] drops without letting anything finish.
 pub struct Candidate {
+    /// Its identity.
     pub identity: String,
+    /// Its lock, for direct calls.
     pub lock: KubeLock,
     elector: Option<Arc<Elector>>,
     events: Option<LeadershipEvents>,
@@ -145,6 +160,7 @@ pub struct Candidate {
 }
 
 impl Candidate {
+    /// Starts a candidate on the lock `config` describes, as `identity`.
     pub async fn start(config: KubeLockConfig, identity: &str) -> Candidate {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -184,6 +200,7 @@ impl Candidate {
         self.elector().is_leader()
     }
 
+    /// Its elector's counters.
     pub fn stats(&self) -> tenure::ElectorStats {
         self.elector().stats()
     }
@@ -278,6 +295,7 @@ impl Default for Monitor {
 }
 
 impl Monitor {
+    /// A monitor that watches nobody yet.
     pub fn new() -> Monitor {
         Monitor { state: Arc::default(), changes: Arc::new(watch::channel(0).0) }
     }
