@@ -63,3 +63,17 @@ async fn status_watch_on_etcd_prints_the_handover() {
     let url = format!("etcd://{}/cli-watch", cluster.endpoint(0));
     common::assert_watch_follows_a_handover("e", &url);
 }
+
+#[tokio::test]
+async fn tenure_write_on_etcd_puts_the_key_only_under_the_leaders_term() {
+    let Some(cluster) = EtcdCluster::start(1).await else { return };
+    let endpoint = cluster.endpoint(0);
+    let read = || {
+        let mut get = Command::new("etcdctl");
+        get.args(["--endpoints", &endpoint, "get", "/app/state", "--print-value-only"]).env("ETCDCTL_API", "3");
+        let output = get.output().ok()?;
+        output.status.success().then(|| output.stdout.strip_suffix(b"\n").unwrap_or(&output.stdout).to_vec())
+    };
+    let url = format!("etcd://{endpoint}/cli-write");
+    common::assert_write_is_fenced("w", &url, "/app/state", read);
+}

@@ -37,3 +37,18 @@ fn status_watch_on_zookeeper_prints_the_handover() {
     let Some(url) = url("cli-watch") else { return };
     common::assert_watch_follows_a_handover("z", &url);
 }
+
+#[test]
+fn tenure_write_on_zookeeper_sets_the_node_only_under_the_leaders_term() {
+    let Some(url) = url("cli-write") else { return };
+    let server = zookeeper::server().expect("the server of url()");
+    let node = zookeeper::unique_path("cli-write-state");
+    let read = || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+        runtime.block_on(async {
+            let client = tenure_zk::zk::Client::connect(&format!("127.0.0.1:{}", server.port)).await.ok()?;
+            client.get_data(&node).await.ok().map(|(data, _)| data)
+        })
+    };
+    common::assert_write_is_fenced("w", &url, &node, read);
+}

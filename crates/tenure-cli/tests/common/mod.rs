@@ -406,3 +406,18 @@ pub fn start_apiserver(kubeconfig: &Path) -> Tenure {
         .unwrap_or_else(|| panic!("the API server printed no URL; log:\n{}", server.log()));
     server
 }
+
+/// `tenure write` from a command that `tenure run` runs on `url`: the leader's write under its
+/// own term lands, one under the term before it is refused as deposed (exit 3) and changes
+/// nothing; `read` gives what the store holds at `target` afterwards.
+pub fn assert_write_is_fenced(election: &str, url: &str, target: &str, read: impl FnOnce() -> Option<Vec<u8>>) {
+    let write = format!("{TENURE} write --election {election} --lock \"$TENURE_LOCK\"");
+    let script = format!(
+        "printf leader | {write} {target} || exit 10; \
+         printf stale | {write} --term $((TENURE_TERM - 1)) {target}; test $? -eq 3 || exit 11"
+    );
+    let (code, _, stderr) = run_to_end(&["run", "--election", election, "--lock", url, "--ttl", "2s", "--", "sh", "-c", &script]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("deposed"), "{stderr}");
+    assert_eq!(read().as_deref(), Some(&b"leader"[..]));
+}
