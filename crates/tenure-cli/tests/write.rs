@@ -74,6 +74,6 @@ fn a_write_on_a_lock_that_cannot_fence_it_is_a_usage_error() {
     let target = dir.join("state.json");
     let (code, stderr) = write(&["--election", "e", "--lock", "memory:", "--term", "1", target.to_str().unwrap()], b"x");
     assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("needs a file lock"), "{stderr}");
+    assert!(stderr.contains("needs a file, etcd or ZooKeeper lock"), "{stderr}");
     assert!(!target.exists());
 }
