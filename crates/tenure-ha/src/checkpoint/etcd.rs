@@ -1,17 +1,15 @@
 //! Checkpoints in etcd, written only while the writer's tenure holds (feature `etcd`).
 //!
-//! The end-to-end fencing example: every save is one etcd transaction whose compares are
-//! "the election key of my term still exists" ([`tenure_etcd::leader_compare`]) and "the
-//! checkpoint is still the one I read"; a deposed leader (paused past its lease, its key expired)
-//! fails the first compare however late its write arrives, because a key that is created again
-//! gets a new create revision. Nothing but the server's own transaction decides.
-
-use std::sync::Mutex;
+//! The end-to-end fencing example: every save is a fenced transaction of the election
+//! ([`EtcdElection::fenced_txn`]: etcd applies it only while the election key of the term exists)
+//! whose own compare is "the checkpoint is still the one I read"; a deposed leader (paused past its
+//! lease, its key expired) is refused however late its write arrives, because a key that is created
+//! again gets a new create revision. Nothing but the server's own transaction decides.
 
 use async_trait::async_trait;
 use tenure::Term;
 use tenure_etcd::proto::etcdserverpb::{compare, request_op, Compare, PutRequest, RequestOp, TxnRequest};
-use tenure_etcd::{leader_compare, EtcdElection, EtcdError};
+use tenure_etcd::{EtcdElection, EtcdError, FencedTxnError};
 
 use super::{
     check_not_superseded, decode, encode, kept_changing, Checkpoint, CheckpointError, CheckpointStore, StoredCheckpoint,
@@ -36,33 +34,17 @@ pub struct EtcdCheckpointStore {
     election: EtcdElection,
     key: String,
     controller: String,
-    /// The election key of the last term that saved, found once per tenure.
-    leader_key: Mutex<Option<(Term, String)>>,
 }
 
 impl EtcdCheckpointStore {
     /// The checkpoint of `controller` at `key` (outside the election's prefix), guarded by the
     /// election `election` connects to.
     pub fn new(election: EtcdElection, key: impl Into<String>, controller: impl Into<String>) -> EtcdCheckpointStore {
-        EtcdCheckpointStore { election, key: key.into(), controller: controller.into(), leader_key: Mutex::new(None) }
+        EtcdCheckpointStore { election, key: key.into(), controller: controller.into() }
     }
 
     fn error(&self, error: EtcdError) -> CheckpointError {
         CheckpointError::Store { store: self.describe(), reason: error.to_string() }
-    }
-
-    /// The election key of `term`, from the cache or etcd; `None` once it is gone.
-    async fn leader_key(&self, term: Term) -> Result<Option<String>, CheckpointError> {
-        if let Some((cached, key)) = self.leader_key.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            if *cached == term {
-                return Ok(Some(key.clone()));
-            }
-        }
-        let key = self.election.leader_key(term).await.map_err(|e| self.error(e))?;
-        if let Some(key) = &key {
-            *self.leader_key.lock().unwrap_or_else(|e| e.into_inner()) = Some((term, key.clone()));
-        }
-        Ok(key)
     }
 }
 
@@ -77,7 +59,6 @@ impl CheckpointStore for EtcdCheckpointStore {
         let superseded = CheckpointError::Superseded { ours: term, newer: None };
         let document = encode(term, checkpoint);
         for _ in 0..SAVE_ATTEMPTS {
-            let Some(leader_key) = self.leader_key(term).await? else { return Err(superseded) };
             let stored = self.election.get(&self.key).await.map_err(|e| self.error(e))?;
             check_not_superseded(stored.as_ref().map(|kv| kv.value.as_slice()), term)?;
             let unchanged = match &stored {
@@ -86,13 +67,13 @@ impl CheckpointStore for EtcdCheckpointStore {
             };
             let put = PutRequest { key: self.key.as_bytes().to_vec(), value: document.clone(), ..Default::default() };
             let put = RequestOp { request: Some(request_op::Request::RequestPut(put)) };
-            let compare = vec![leader_compare(&leader_key, term), unchanged];
-            let request = TxnRequest { compare, success: vec![put], failure: Vec::new() };
-            if self.election.txn(request).await.map_err(|e| self.error(e))?.succeeded {
-                return Ok(());
+            let request = TxnRequest { compare: vec![unchanged], success: vec![put], failure: Vec::new() };
+            match self.election.fenced_txn(term, request).await {
+                Ok(answer) if answer.succeeded => return Ok(()),
+                Ok(_) => {} // the checkpoint changed since it was read: read again
+                Err(FencedTxnError::Deposed { .. } | FencedTxnError::BadTerm { .. }) => return Err(superseded),
+                Err(FencedTxnError::Etcd(error)) => return Err(self.error(error)),
             }
-            // Either the tenure ended (the next lookup finds no key) or the checkpoint changed.
-            *self.leader_key.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
         Err(kept_changing(self.describe()))
     }

@@ -1,20 +1,18 @@
 //! Checkpoints in a ZooKeeper node next to the election, written only while the writer's tenure
 //! holds (feature `zk`).
 //!
-//! Every save is one multi-operation: "the election node of my term still exists"
-//! ([`ZkElection::leader_node`], checked with `check_version(node, -1)`) and "set the checkpoint
-//! node's data if its version is still the one I read" (or "create it", when there was none). The
+//! Every save is one fenced multi-operation of the election ([`ZkElection::fenced_multi`]: "the
+//! election node of my term still exists") with "set the checkpoint node's data if its version is
+//! still the one I read" (or "create it", when there was none). The
 //! server applies both or neither, so a deposed leader (its session expired while it was paused,
 //! its node deleted) is refused however late its write arrives, even before the next leader has
 //! written anything; and the term stored in the document keeps C1 on top: a save is refused when
 //! the node holds a newer term. The ZooKeeper counterpart of the etcd store's guarded transaction.
 
-use std::sync::Mutex;
-
 use async_trait::async_trait;
 use tenure::Term;
 use tenure_zk::zk;
-use tenure_zk::{session_ended, ZkElection, ZkError};
+use tenure_zk::{session_ended, FencedMultiError, ZkElection, ZkError};
 
 use super::{
     check_not_superseded, decode, encode, kept_changing, Checkpoint, CheckpointError, CheckpointStore, StoredCheckpoint,
@@ -40,15 +38,13 @@ pub struct ZkCheckpointStore {
     election: ZkElection,
     path: String,
     controller: String,
-    /// The election node of the last term that saved, found once per tenure.
-    leader_node: Mutex<Option<(Term, String)>>,
 }
 
 impl ZkCheckpointStore {
     /// The checkpoint of `controller` in the node at `path` (an absolute path outside the
     /// election's, whose parent exists), guarded by the election `election` connects to.
     pub fn new(election: ZkElection, path: impl Into<String>, controller: impl Into<String>) -> ZkCheckpointStore {
-        ZkCheckpointStore { election, path: path.into(), controller: controller.into(), leader_node: Mutex::new(None) }
+        ZkCheckpointStore { election, path: path.into(), controller: controller.into() }
     }
 
     /// The checkpoint of `controller` in the node next to the election: `<election path>-checkpoint`
@@ -74,23 +70,6 @@ impl ZkCheckpointStore {
         CheckpointError::Store { store: self.describe(), reason: error.to_string() }
     }
 
-    /// The election node of `term`, from the cache or ZooKeeper; `None` once it is gone.
-    async fn leader_node(&self, term: Term) -> Result<Option<String>, CheckpointError> {
-        if let Some((cached, node)) = self.leader_node.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            if *cached == term {
-                return Ok(Some(node.clone()));
-            }
-        }
-        let node = match self.election.leader_node(term).await {
-            Ok(node) => node,
-            Err(error) => return Err(self.error(error).await),
-        };
-        if let Some(node) = &node {
-            *self.leader_node.lock().unwrap_or_else(|e| e.into_inner()) = Some((term, node.clone()));
-        }
-        Ok(node)
-    }
-
     /// The stored document and its version; `None` when the node does not exist.
     async fn read(&self) -> Result<Option<(Vec<u8>, i32)>, CheckpointError> {
         let client = self.election.client();
@@ -112,37 +91,25 @@ impl CheckpointStore for ZkCheckpointStore {
         let superseded = CheckpointError::Superseded { ours: term, newer: None };
         let document = encode(term, checkpoint);
         for _ in 0..SAVE_ATTEMPTS {
-            let Some(node) = self.leader_node(term).await? else { return Err(superseded) };
             let stored = self.read().await?;
             check_not_superseded(stored.as_ref().map(|(data, _)| data.as_slice()), term)?;
-            let client = self.election.client();
-            let mut multi = client.new_multi_writer();
-            let built = multi.add_check_version(&node, -1).and_then(|()| match &stored {
+            let create = zk::CreateMode::Persistent.with_acls(self.election.acls());
+            let write = |multi: &mut zk::MultiWriter<'_>| match &stored {
                 Some((_, version)) => multi.add_set_data(&self.path, &document, Some(*version)),
-                None => {
-                    let acls = self.election.acls();
-                    multi.add_create(&self.path, &document, &zk::CreateMode::Persistent.with_acls(acls))
-                }
-            });
-            if let Err(error) = built {
-                // Only an invalid path fails here: a configuration error, not a transient one.
-                return Err(CheckpointError::Store { store: self.describe(), reason: error.to_string() });
-            }
-            match multi.commit().await {
+                None => multi.add_create(&self.path, &document, &create),
+            };
+            match self.election.fenced_multi(term, write).await {
                 Ok(_) => return Ok(()),
-                // The election node of the term is gone: the tenure is over.
-                Err(zk::MultiWriteError::OperationFailed { index: 0, source: zk::Error::NoNode }) => {
-                    *self.leader_node.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                    return Err(superseded);
-                }
                 // The checkpoint node changed since it was read: read again.
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 1,
-                    source: zk::Error::BadVersion | zk::Error::NodeExists | zk::Error::NoNode,
+                Err(FencedMultiError::Operation {
+                    source: zk::Error::BadVersion | zk::Error::NodeExists | zk::Error::NoNode, ..
                 }) => {}
-                Err(
-                    zk::MultiWriteError::OperationFailed { source, .. } | zk::MultiWriteError::RequestFailed { source },
-                ) => return Err(self.error(ZkError::Request(source)).await),
+                Err(FencedMultiError::Deposed { .. } | FencedMultiError::BadTerm { .. }) => return Err(superseded),
+                // Only an invalid path fails here: a configuration error, not a transient one.
+                Err(FencedMultiError::Invalid(error) | FencedMultiError::Operation { source: error, .. }) => {
+                    return Err(CheckpointError::Store { store: self.describe(), reason: error.to_string() })
+                }
+                Err(FencedMultiError::Zk(error)) => return Err(self.error(error).await),
             }
         }
         Err(kept_changing(self.describe()))
