@@ -1,8 +1,9 @@
-//! One `GET` to a sidecar's HTTP server on a new connection, as a probe makes it.
+//! One `GET` (or `POST`) to a sidecar's HTTP server on a new connection, as a probe makes it.
 //!
 //! Why: the footprint benchmarks time answers from `tenure elect --http` and drive its steady
-//! state with the requests probes send; a blocking client of a dozen lines says exactly when the
-//! first byte came, which an HTTP client crate would hide behind its own pooling.
+//! state with the requests probes send, and the give_way benchmark's application proves its
+//! progress to its sidecar; a blocking client of a dozen lines says exactly when the first byte
+//! came, which an HTTP client crate would hide behind its own pooling.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -22,9 +23,20 @@ pub struct Answer {
 /// `GET path` on a new connection (`Connection: close`); `None` if nothing answered like HTTP
 /// within a second.
 pub fn get(address: SocketAddr, path: &str) -> Option<Answer> {
+    request(address, "GET", path)
+}
+
+/// `POST path` without a body on a new connection (`Connection: close`), as an application
+/// calls its sidecar (`/progress?term=T`); `None` if nothing answered like HTTP within a second.
+pub fn post(address: SocketAddr, path: &str) -> Option<Answer> {
+    request(address, "POST", path)
+}
+
+fn request(address: SocketAddr, method: &str, path: &str) -> Option<Answer> {
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(100)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
+    let length = if method == "GET" { "" } else { "Content-Length: 0\r\n" };
+    write!(stream, "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{length}Connection: close\r\n\r\n").ok()?;
     let mut response = Vec::new();
     let mut buffer = [0u8; 1024];
     let mut answered_at = None;

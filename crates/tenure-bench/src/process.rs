@@ -2,7 +2,7 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Child, ChildStdout, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
@@ -31,6 +31,11 @@ impl ChildGuard {
     /// The child's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The child's standard output, if it was piped and not taken yet (to read it on a thread).
+    pub fn take_stdout(&mut self) -> Option<ChildStdout> {
+        self.child.stdout.take()
     }
 
     /// The name given at spawn.
