@@ -304,6 +304,12 @@ impl EtcdCluster {
         assert!(enabled.contains("Authentication Enabled"), "auth enable said: {enabled}");
     }
 
+    /// The process id of member `index` (also its process group's), `None` while it is killed:
+    /// to freeze the member (SIGSTOP) and thaw it (SIGCONT), a store outage without a restart.
+    pub fn pid(&self, index: usize) -> Option<u32> {
+        self.members[index].process.as_ref().map(ServerProcess::pid)
+    }
+
     /// Kills member `index` with SIGKILL and waits until it is gone.
     pub fn kill(&mut self, index: usize) {
         self.members[index].process.take();

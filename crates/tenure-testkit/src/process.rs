@@ -144,6 +144,12 @@ impl ServerProcess {
         Ok(ServerProcess { pid: Pid::from_raw(pid as i32), exit })
     }
 
+    /// The server's process id, also the id of its process group (it leads one of its own):
+    /// what a harness signals to freeze the server (SIGSTOP) and thaw it (SIGCONT).
+    pub fn pid(&self) -> u32 {
+        self.pid.as_raw().unsigned_abs()
+    }
+
     /// Whether the server has exited.
     pub fn exited(&self) -> bool {
         self.exit.status.lock().unwrap_or_else(|e| e.into_inner()).is_some()

@@ -200,6 +200,12 @@ impl ZkServer {
         waited.map_err(|why| format!("ZooKeeper: {why}; its log ends:\n{}", log_tail(&log, 20)))
     }
 
+    /// The process id of the server's JVM (also its process group's), `None` while it is killed:
+    /// to freeze the server (SIGSTOP) and thaw it (SIGCONT), a store outage without a restart.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(ServerProcess::pid)
+    }
+
     /// Kills the server (SIGKILL) and waits until it is gone, its port closed.
     pub fn kill(&self) {
         self.process.lock().unwrap_or_else(|e| e.into_inner()).take();
