@@ -145,3 +145,16 @@ def url(store: str) -> Optional[str]:
 def why(store: str) -> str:
     """Why ``store`` could not start."""
     return _why.get(store, "")
+
+
+def fresh_url(store: str, timeout: float) -> str:
+    """A Tooz URL on ``store`` that no other test uses (a directory or prefix of its own), with
+    the session ``timeout``; skips the calling test when the store cannot run here."""
+    import unittest
+    import uuid
+
+    base = url(store)
+    if base is None:
+        raise unittest.SkipTest(f"{store} cannot run here: {why(store)}")
+    separator = "/" if store == "file" else "-"
+    return f"{base}{separator}{uuid.uuid4().hex[:8]}?timeout={timeout}"

@@ -5,6 +5,7 @@ tooz; each store as in test_tooz_names (stores.py)."""
 import os
 import subprocess
 import sys
+import time
 import unittest
 import urllib.parse
 import uuid
@@ -31,12 +32,8 @@ def _store_test(store: str) -> Any:
 
         @classmethod
         def setUpClass(cls) -> None:
-            base = stores.url(store)
-            if base is None:
-                raise unittest.SkipTest(f"{store} cannot run here: {stores.why(store)}")
-            cls.base = base
-            run = uuid.uuid4().hex[:8]
-            cls.url = f"{base}/{run}?timeout={TIMEOUT}" if store == "file" else f"{base}-{run}?timeout={TIMEOUT}"
+            cls.url = stores.fresh_url(store, TIMEOUT)
+            cls.base = stores.url(store) or ""
 
         def coordinator(self, member: bytes) -> Any:
             coordinator = tooz.coordination.get_coordinator(self.url, member)
@@ -68,6 +65,17 @@ def _store_test(store: str) -> Any:
             if found is not None:
                 self.assertEqual(found, content)
 
+        def keep_alive_until(self, coordinator: Any, done: Any) -> bool:
+            """Calls ``done`` until it is true (at most 3 sessions long), heartbeating
+            ``coordinator`` between calls so that its session outlives the wait."""
+            deadline = time.monotonic() + 3 * TIMEOUT
+            while time.monotonic() < deadline:
+                if done():
+                    return True
+                coordinator.heartbeat()
+                time.sleep(0.05)  # pacing the attempts, not waiting for an event
+            return False
+
         def test_a_lock_holder_that_lost_the_lock_cannot_write_under_its_term(self) -> None:
             a, b = self.coordinator(b"a"), self.coordinator(b"b")
             target, name = self.target(), b"state-lock"
@@ -82,7 +90,9 @@ def _store_test(store: str) -> Any:
             term_a = lock_a.term
             lock_a.release()
             lock_b = b.get_lock(name)
-            self.assertTrue(lock_b.acquire(blocking=True, timeout=3 * TIMEOUT))
+            # a keeps its session alive meanwhile: its write below must be refused by the store
+            # for its term, not for a session it let expire.
+            self.assertTrue(self.keep_alive_until(a, lambda: lock_b.acquire(blocking=False)))
             self.assertGreater(lock_b.term, term_a)
             lock_b.write_fenced(target, b"b1")
             with self.assertRaises(tenure.Deposed) as refused:
@@ -107,8 +117,9 @@ def _store_test(store: str) -> Any:
             term_a = a.leadership(group).term
             a.write_fenced_as_leader(group, term_a, target, b"a1")
             b.watch_elected_as_leader(group, elected.append)
+            self.assertEqual(b.run_watchers(), [])  # b campaigns (its candidacy is in the store) before a stands down
             a.stand_down_group_leader(group)
-            b.run_watchers(timeout=3 * TIMEOUT)
+            self.keep_alive_until(a, lambda: bool(b.run_watchers(timeout=0.2)) or b.leadership(group) is not None)
             self.assertEqual([e.member_id for e in elected], [b"a", b"b"])
             term_b = b.leadership(group).term
             b.write_fenced_as_leader(group, term_b, target, b"b1")

@@ -106,12 +106,7 @@ def _store_test(store: str) -> Any:
 
         @classmethod
         def setUpClass(cls) -> None:
-            base = stores.url(store)
-            if base is None:
-                raise unittest.SkipTest(f"{store} cannot run here: {stores.why(store)}")
-            cls.url = f"{base}-{uuid.uuid4().hex[:8]}?timeout={TIMEOUT}"
-            if store == "file":
-                cls.url = f"{base}/{uuid.uuid4().hex[:8]}?timeout={TIMEOUT}"
+            cls.url = stores.fresh_url(store, TIMEOUT)
 
         def coordinator(self, member: bytes) -> Any:
             coordinator = tooz.coordination.get_coordinator(self.url, member)
