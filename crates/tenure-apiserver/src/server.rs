@@ -85,10 +85,24 @@ pub struct ApiServer {
     coordinator: Option<JoinHandle<()>>,
 }
 
+/// How many connections may wait to be accepted: the kernel's own limit (`somaxconn`, 4096 since
+/// Linux 5.4), as a Go server such as kube-apiserver asks for. The standard library's 128 fills
+/// up while the server is frozen (clients that time out connect again), and a client whose
+/// connection attempt was dropped then retries only on its next SYN, seconds after the thaw.
+const ACCEPT_BACKLOG: u32 = 4096;
+
+/// A socket listening on `address` with [`ACCEPT_BACKLOG`].
+fn listen(address: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if address.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(ACCEPT_BACKLOG)
+}
+
 impl ApiServer {
     /// Binds and starts serving in the background (on the current Tokio runtime).
     pub async fn start(config: ApiServerConfig) -> std::io::Result<ApiServer> {
-        let listener = tokio::net::TcpListener::bind(config.listen).await?;
+        let listener = listen(config.listen)?;
         let address = listener.local_addr()?;
         let shared = Arc::new(Shared {
             store: Arc::new(Store::new(EventWindow {

@@ -453,7 +453,8 @@ impl ElectionCore for EtcdCampaign {
                 match result {
                     Err(error) => {
                         self.failed("granting a lease", &error);
-                        self.phase = Phase::Idle { at: now + self.backoff().delay(self.failures) };
+                        // Counted from the start of the grant: one that timed out waited already.
+                        self.phase = Phase::Idle { at: (started + self.backoff().delay(self.failures)).max(now) };
                     }
                     Ok((id, ttl)) => {
                         self.reached();

@@ -376,6 +376,7 @@ impl<S: GroupStore> GroupBuilder<S> {
             watch::channel(Assignment { partition_count: self.config.partition_count, ..Assignment::default() });
         let (commands, command_rx) = mpsc::unbounded_channel();
         let driver = Driver {
+            identity: self.identity.clone(),
             core,
             store: Arc::new(self.store),
             shared: shared.clone(),
@@ -515,6 +516,7 @@ enum Done {
 }
 
 struct Driver<S> {
+    identity: String,
     core: MemberCore,
     store: Arc<S>,
     shared: Arc<Shared>,
@@ -545,6 +547,10 @@ impl<S: GroupStore> Driver<S> {
         let mut inflight: FuturesUnordered<Completion> = FuturesUnordered::new();
         let mut reopen_watch_at: Option<Instant> = None;
         let store_name = self.store.describe();
+        // A store that keeps failing: one warning per streak and a summary a minute, as for an
+        // elector's lock, not one per retry.
+        let mut failures = tenure::FailureLog::of("group store");
+        let identity = self.identity.clone();
         loop {
             let now = Instant::now();
             let mono = self.mono(now);
@@ -589,23 +595,28 @@ impl<S: GroupStore> Driver<S> {
                     let mono = self.mono(Instant::now());
                     match done {
                         Done::Read(result) => {
-                            if let Err(error) = &result {
-                                tracing::warn!(store = %store_name, %error, "reading the group failed");
+                            match &result {
+                                Err(error) => failures.log_failed(&identity, &format!("reading the group in {store_name}"), error),
+                                Ok(_) => failures.log_reached(&identity),
                             }
                             self.core.on_read(mono, result);
                         }
                         Done::Write(key, result) => {
-                            if let Some(error) = result.as_ref().err().filter(|e| !e.is_conflict()) {
-                                tracing::warn!(store = %store_name, %key, %error, "writing to the group failed");
+                            match result.as_ref().err().filter(|e| !e.is_conflict()) {
+                                Some(error) => failures.log_failed(&identity, &format!("writing {key} to the group in {store_name}"), error),
+                                None => failures.log_reached(&identity),
                             }
                             self.core.on_write(mono, &key, result);
                         }
                         Done::Delete(key, result) => {
                             match &result {
                                 Err(StoreError::Rejected(error)) => tracing::warn!(store = %store_name, %key, %error, "the store cannot delete the records of departed members; they stay"),
-                                Err(error) if !error.is_conflict() => tracing::warn!(store = %store_name, %key, %error, "deleting a departed member's record failed"),
-                                Err(_) => {}
-                                Ok(()) => tracing::debug!(store = %store_name, %key, "deleted a departed member's record"),
+                                Err(error) if !error.is_conflict() => failures.log_failed(&identity, &format!("deleting the departed member's record {key} in {store_name}"), error),
+                                Err(_) => failures.log_reached(&identity),
+                                Ok(()) => {
+                                    failures.log_reached(&identity);
+                                    tracing::debug!(store = %store_name, %key, "deleted a departed member's record");
+                                }
                             }
                             self.core.on_delete(mono, &key, result);
                         }
@@ -616,7 +627,7 @@ impl<S: GroupStore> Driver<S> {
                         Some(Ok(change)) => self.core.on_store_change(self.mono(Instant::now()), change),
                         other => {
                             if let Some(Err(error)) = other {
-                                tracing::warn!(store = %store_name, %error, "the group watch failed; re-opening it");
+                                failures.log_failed(&identity, &format!("watching the group in {store_name}"), &error);
                             }
                             watch = None;
                             reopen_watch_at = Some(Instant::now() + self.timing.retry_period);

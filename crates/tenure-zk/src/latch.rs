@@ -25,7 +25,8 @@ use crate::ZkError;
 
 /// The first retry within a session, doubling up to a quarter of the session timeout.
 const FIRST_RETRY: Duration = Duration::from_millis(20);
-/// The first wait after a failed connection attempt, doubling up to the session timeout.
+/// The first wait after a failed connection attempt, doubling up to the session timeout or
+/// [`tenure::timing::OUTAGE_PROBE`], whichever is shorter.
 const FIRST_RECONNECT: Duration = Duration::from_millis(50);
 
 /// This candidate's node in the election.
@@ -306,8 +307,12 @@ impl ZkLatch {
             self.finish_release(now, after, Ok(()));
         }
         if !matches!(self.phase, Phase::Stopped(_)) {
-            // The spent node went with the session too.
-            self.spent = None;
+            // The session is over for us, not necessarily for the server: requests of it queued
+            // in a frozen server's sockets renew it when the server reads them as it thaws, and
+            // its node would then stand in the queue one more session timeout, in front of
+            // everybody. The next session deletes it (a node already gone counts as deleted).
+            let own = self.session().and_then(|s| s.own.take()).map(|own| own.name);
+            self.spent = self.spent.take().or(own);
             self.phase = Phase::Connecting { at: now, in_flight: false };
         }
     }
@@ -503,7 +508,8 @@ impl ElectionCore for ZkLatch {
                         self.connect_failures = self.connect_failures.saturating_add(1);
                         self.reports
                             .push_back(Report::Failed { what: "connecting to ZooKeeper", error: error.to_string() });
-                        let backoff = Backoff::new(FIRST_RECONNECT, self.session_timeout);
+                        let backoff =
+                            Backoff::new(FIRST_RECONNECT, self.session_timeout.min(tenure::timing::OUTAGE_PROBE));
                         self.phase =
                             Phase::Connecting { at: now + backoff.delay(self.connect_failures), in_flight: false };
                     }

@@ -151,7 +151,7 @@ enum WriteKind {
 
 #[derive(Debug, Clone)]
 enum Pending {
-    Read,
+    Read { started: MonotonicTime },
     Write { started: MonotonicTime, kind: WriteKind, record: LeaderElectionRecord },
 }
 
@@ -195,6 +195,11 @@ pub struct Candidate {
     tenure: Option<OwnTenure>,
     /// The term of the last tenure this candidate acquired; a record with it and our identity is ours.
     last_own_term: Option<Term>,
+    /// The last acquisition whose outcome is unknown (its call failed without a conflict, or was
+    /// abandoned): the store may still apply it, late, typically as it answers again after an
+    /// outage. Seen in the store, it is this candidate's, so it takes it over at once instead of
+    /// waiting out a lease nobody holds.
+    unconfirmed: Option<LeaderElectionRecord>,
     highest_term_seen: Term,
     pending: Option<Pending>,
     needs_read: bool,
@@ -228,7 +233,7 @@ impl Candidate {
     pub fn new(identity: impl Into<String>, timing: Timing, has_watch: bool, seed: u64) -> Self {
         Candidate {
             identity: identity.into(), timing, has_watch, rng: SmallRng::seed_from_u64(seed), mode: Mode::Campaigning,
-            observed: None, tenure: None, last_own_term: None, highest_term_seen: Term(0), pending: None,
+            observed: None, tenure: None, last_own_term: None, unconfirmed: None, highest_term_seen: Term(0), pending: None,
             needs_read: true, next_attempt: MonotonicTime::ZERO, hold_off_until: None, published_holder: None,
             events: VecDeque::new(), notified_while_pending: None, resync_after_pending: false,
             deleted_lease_until: None, consecutive_failures: 0, coordinated: false, granted: None, handover_asked: None,
@@ -393,7 +398,7 @@ impl Candidate {
             }
         }
         if self.needs_read || self.observed.is_none() {
-            self.pending = Some(Pending::Read);
+            self.pending = Some(Pending::Read { started: now });
             self.notified_while_pending = None;
             return Some(Action::Read);
         }
@@ -462,9 +467,13 @@ impl Candidate {
     pub fn on_read(&mut self, now: MonotonicTime, result: Result<Option<StoredRecord>, LockError>) {
         // A reply handled after the fencing deadline must not revive an ended tenure.
         self.fence(now);
-        if matches!(self.pending, Some(Pending::Read)) {
-            self.pending = None;
-        }
+        let started = match self.pending {
+            Some(Pending::Read { started }) => {
+                self.pending = None;
+                started
+            }
+            _ => now,
+        };
         let notified = self.notified_while_pending.take();
         if result.is_ok() {
             self.consecutive_failures = 0;
@@ -485,7 +494,7 @@ impl Candidate {
             Err(_) => {
                 self.consecutive_failures = self.consecutive_failures.saturating_add(1);
                 self.needs_read = true;
-                self.next_attempt = now + self.failure_backoff();
+                self.next_attempt = self.after_failure(started, now);
             }
         }
     }
@@ -505,6 +514,9 @@ impl Candidate {
         let version = match result {
             Ok(version) => version,
             Err(error) => {
+                if kind == WriteKind::Acquire && !error.is_conflict() {
+                    self.unconfirmed = Some(record);
+                }
                 self.needs_read = true;
                 self.next_attempt = if error.is_conflict() {
                     // News that arrived while the write was in flight (typically the release the
@@ -517,11 +529,12 @@ impl Candidate {
                         now
                     }
                 } else {
-                    now + self.failure_backoff()
+                    self.after_failure(started, now)
                 };
                 return;
             }
         };
+        self.unconfirmed = None;
         let notified_other = notified.is_some_and(|n| n.as_ref() != Some(&version));
         let term = Term::from_count(record.leader_transitions);
         self.observed =
@@ -593,7 +606,10 @@ impl Candidate {
     /// Forgets any in-flight action, as if its reply was lost (used when the driver gives up on a
     /// call that timed out).
     pub fn abandon_pending(&mut self, now: MonotonicTime) {
-        if self.pending.take().is_some() {
+        if let Some(pending) = self.pending.take() {
+            if let Pending::Write { kind: WriteKind::Acquire, record, .. } = pending {
+                self.unconfirmed = Some(record);
+            }
             self.needs_read = true;
             self.next_attempt = now;
         }
@@ -647,6 +663,7 @@ impl Candidate {
         if self.same_as_observed(&stored) {
             return;
         }
+        self.recognise_unconfirmed(stored.as_ref());
         let ours = self.is_own_tenure(stored.as_ref());
         if (self.tenure.is_some() || self.holds_lock()) && !ours {
             if !authoritative {
@@ -721,6 +738,25 @@ impl Candidate {
         if self.published_holder.as_ref() != Some(&current) {
             self.published_holder = Some(current.clone());
             self.events.push_back(Event::LeaderObserved { leader: current.0, term: current.1 });
+        }
+    }
+
+    /// Makes the record ours if it is the acquisition this candidate could not confirm: its
+    /// identity, term and lease, and its times to the second (the precision of the annotation
+    /// records). Only a duplicate of this identity writing the same term within the same second
+    /// could look alike, and two processes under one identity are already one leader to
+    /// everybody else.
+    fn recognise_unconfirmed(&mut self, stored: Option<&StoredRecord>) {
+        let (Some(sent), Some(Ok(seen))) = (&self.unconfirmed, stored.map(|s| &s.record)) else { return };
+        let second = |t: Option<DateTime<Utc>>| t.map(|t| t.timestamp());
+        let same = seen.holder_identity == sent.holder_identity
+            && seen.leader_transitions == sent.leader_transitions
+            && seen.lease_duration_seconds == sent.lease_duration_seconds
+            && second(seen.acquire_time) == second(sent.acquire_time)
+            && second(seen.renew_time) == second(sent.renew_time);
+        if same {
+            self.last_own_term = Some(Term::from_count(seen.leader_transitions));
+            self.unconfirmed = None;
         }
     }
 
@@ -837,14 +873,20 @@ impl Candidate {
         self.timing.retry_period.mul_f64(1.0 + spread)
     }
 
-    /// How long to wait after a failed call: a leader retries every retry period until its renew
-    /// deadline; anyone else backs off exponentially from one jittered retry period, up to
-    /// [`Timing::max_failure_backoff`], so a store that stays down is not hammered.
-    fn failure_backoff(&mut self) -> Duration {
-        if self.tenure.is_some() {
-            return self.timing.retry_period;
-        }
-        crate::Backoff::new(self.jittered_retry(), self.timing.max_failure_backoff()).delay(self.consecutive_failures)
+    /// When to call again after a call started at `started` failed at `now`: a leader retries
+    /// every retry period until its renew deadline; anyone else backs off exponentially from one
+    /// jittered retry period, up to [`Timing::max_failure_backoff`] less up to a fifth (so that
+    /// candidates started together do not probe in step). Counted from the start of the call:
+    /// a call that timed out has waited already (see [`Timing::max_failure_backoff`]).
+    fn after_failure(&mut self, started: MonotonicTime, now: MonotonicTime) -> MonotonicTime {
+        let wait = if self.tenure.is_some() {
+            self.timing.retry_period
+        } else {
+            let cap = self.timing.max_failure_backoff().mul_f64(1.0 - 0.2 * self.rng.random::<f64>());
+            let first = self.jittered_retry().min(cap);
+            crate::Backoff::new(first, cap).delay(self.consecutive_failures)
+        };
+        (started + wait).max(now)
     }
 }
 
@@ -978,16 +1020,18 @@ mod tests {
     }
 
     #[test]
-    fn a_follower_backs_off_exponentially_while_the_store_keeps_failing_up_to_half_a_lease() {
-        let timing = Timing::default();
+    fn a_follower_backs_off_exponentially_while_the_store_keeps_failing_up_to_the_outage_probe() {
+        // A short retry period shows the doubling; the cap is the outage probe, less up to a fifth.
+        let timing = Timing::new(Duration::from_secs(4), Duration::from_secs(2), Duration::from_millis(100)).unwrap();
         let mut c = Candidate::new("b", timing, true, 1);
         let delays = failing_reads(&mut c, T0, 8);
         let poll_max = timing.retry_period.mul_f64(1.0 + timing.jitter_factor);
         assert!(delays[0] >= timing.retry_period && delays[0] <= poll_max, "{delays:?}");
         assert!(delays[1] >= timing.retry_period * 2, "doubles: {delays:?}");
-        assert_eq!(timing.max_failure_backoff(), Duration::from_millis(7_500));
-        assert!(delays.iter().all(|d| *d <= timing.max_failure_backoff()), "{delays:?}");
-        assert_eq!(delays[7], timing.max_failure_backoff(), "capped: {delays:?}");
+        assert_eq!(timing.max_failure_backoff(), crate::timing::OUTAGE_PROBE);
+        let floor = crate::timing::OUTAGE_PROBE.mul_f64(0.8);
+        assert!(delays.iter().all(|d| *d <= crate::timing::OUTAGE_PROBE), "{delays:?}");
+        assert!(delays[6..].iter().all(|d| *d >= floor), "capped: {delays:?}");
 
         // One answer ends the streak: the next failure waits one retry period again.
         let now = T0 + Duration::from_secs(300);
@@ -998,6 +1042,52 @@ mod tests {
         c.needs_read = true;
         let again = failing_reads(&mut c, now, 1);
         assert!(again[0] <= poll_max, "{again:?}");
+
+        // With client-go's timing (2 s retry) a store that keeps refusing is asked within the
+        // outage probe, never at the same instants by two candidates.
+        let mut d = Candidate::new("d", Timing::default(), true, 2);
+        let delays = failing_reads(&mut d, T0, 6);
+        assert!(delays.iter().all(|d| *d <= crate::timing::OUTAGE_PROBE && *d >= floor), "{delays:?}");
+        let mut e = Candidate::new("e", Timing::default(), true, 3);
+        assert_ne!(delays, failing_reads(&mut e, T0, 6), "jittered");
+    }
+
+    #[test]
+    fn a_call_that_timed_out_is_followed_at_once() {
+        let mut c = Candidate::new("b", Timing::default(), true, 1);
+        assert_eq!(c.poll_action(T0, wall()), Some(Action::Read));
+        let timeout = Timing::default().call_timeout;
+        c.on_read(T0 + timeout, Err(LockError::Timeout(timeout)));
+        assert_eq!(c.next_wakeup(), Some(T0 + timeout), "the timeout was the wait");
+        assert_eq!(c.poll_action(T0 + timeout, wall()), Some(Action::Read));
+    }
+
+    #[test]
+    fn an_acquisition_applied_after_its_call_timed_out_is_taken_over_at_once() {
+        // The leader "a" is gone; "b" writes its takeover, the store freezes, the call times out.
+        let timing = Timing::default();
+        let mut c = after_first_read("b", held_by("a", "1", 4));
+        let expired = T0 + timing.lease_duration;
+        let Some(Action::Update { record, .. }) = c.poll_action(expired, wall()) else { panic!() };
+        assert_eq!(record.leader_transitions, 5);
+        let timed_out = expired + timing.call_timeout;
+        c.on_write(timed_out, Err(LockError::Timeout(timing.call_timeout)));
+        assert_eq!(c.is_leader(timed_out), None);
+
+        // The store thaws and applied the write: the next read shows it. Not somebody else's
+        // lease to wait out: b confirms it with a write at once, and leads.
+        let thawed = timed_out + Duration::from_secs(100);
+        assert_eq!(c.poll_action(thawed, wall()), Some(Action::Read));
+        c.on_read(thawed, Ok(Some(StoredRecord { version: Version("2".into()), record: Ok(record.clone()) })));
+        let Some(Action::Update { expected, record: confirmed }) = c.poll_action(thawed, wall()) else { panic!() };
+        assert_eq!(expected, Version("2".into()));
+        c.on_write(thawed, Ok(Version("3".into())));
+        assert_eq!(c.is_leader(thawed), Some(Term::from_count(confirmed.leader_transitions)));
+
+        // The same record written by another process under b's identity, without an own
+        // unconfirmed write: a restart, waited out.
+        let mut restarted = after_first_read("b", Some(StoredRecord { version: Version("2".into()), record: Ok(record) }));
+        assert_eq!(restarted.poll_action(T0, wall()), None);
     }
 
     #[test]

@@ -7,6 +7,11 @@ use std::time::Duration;
 /// client-go's `JitterFactor`: a polling candidate waits between `retry` and `(1 + 1.2) * retry`.
 pub const DEFAULT_JITTER_FACTOR: f64 = 1.2;
 
+/// The longest wait between two calls of a candidate to a store that keeps failing (see
+/// [`Timing::max_failure_backoff`]): a store that answers again is asked within this, so that a
+/// replica leads within a second of the end of an outage.
+pub const OUTAGE_PROBE: Duration = Duration::from_millis(900);
+
 /// The longest lease a configuration may have; a foreign record claiming more is honoured only
 /// this long, so a hostile or broken record cannot freeze an election indefinitely.
 pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
@@ -150,15 +155,17 @@ impl Timing {
 
     /// The longest a candidate that does not lead waits before calling a store again after
     /// calls kept failing: back-off doubles from one jittered retry period up to this cap, the
-    /// longer of the longest jittered poll and half a lease. Why half a lease: a store that comes
-    /// back is seen within half a lease, so a follower facing a dead leader's record takes over
-    /// at most half a lease later than it would have without back-off, while a store that stays
-    /// down (an unreadable file, an API server refusing connections) is asked a few times a
-    /// minute rather than every retry period. A leader never backs off: it retries every retry
-    /// period until its renew deadline.
+    /// longer of the longest jittered poll and half a lease, but never more than
+    /// [`OUTAGE_PROBE`]. Why that bound: after an outage the first candidate that asks the store
+    /// again gets the election going, so the probe interval is the recovery time (issue 35 asks
+    /// for the first reconcile within 1 s of the store answering). Every caller counts its wait
+    /// from the *start* of the failed call, so a call that timed out is followed at once and a
+    /// frozen store always has one call of each candidate waiting for it, answered as it thaws;
+    /// a store that refuses at once is asked about once a second. A leader never backs off: it
+    /// retries every retry period until its renew deadline.
     pub fn max_failure_backoff(&self) -> Duration {
         let poll = self.retry_period.mul_f64(1.0 + self.jitter_factor.max(0.0));
-        poll.max(self.lease_duration / 2)
+        poll.max(self.lease_duration / 2).min(OUTAGE_PROBE)
     }
 
     /// The lease as written into the record: whole seconds, rounded up so that followers never
