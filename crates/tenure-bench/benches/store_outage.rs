@@ -21,21 +21,22 @@
 //! leads after the outage (the same as before or the other), whether its elector's identity and
 //! the leader it publishes are its own (unchanged: no new process, no new name), and the terms.
 //!
-//! What makes a round slow (seen in its runs; this benchmark changes none of the electors' code):
-//! - every store: a replica whose calls kept failing waits out its failure back-off before the next
-//!   one: etcd's campaign and the record core (Kubernetes) up to `Timing::max_failure_backoff`
-//!   (1.1 s here), ZooKeeper's latch up to the session timeout (2 s) between connection attempts.
-//!   A call still in flight at the thaw is answered at once, so a round takes anywhere from a few
-//!   ms to the cap; `*_answered_ms` (thaw -> the first call the store answered) shows which.
-//! - ZooKeeper: requests of the old session queued in the frozen server's sockets (its last
-//!   heartbeat, reconnects carrying its id) can renew that session when the server reads them at
-//!   the thaw before its session tracker expires it: the old leader's ephemeral node lives one
-//!   more session timeout (2 s), and the new sessions' nodes queue behind it.
+//! What a round's time depends on:
+//! - every store: where each replica was in its wait at the thaw. A replica whose calls keep
+//!   failing calls again at most `tenure::timing::OUTAGE_PROBE` (0.9 s, jittered down to 0.72 s)
+//!   after the *start* of its last call, so a call that timed out is followed at once: a frozen
+//!   store always has a call of each replica waiting, answered as it thaws, unless the thaw falls
+//!   in the gap between a timeout and the next probe. `*_answered_ms` (thaw -> the first call
+//!   the store answered) shows which.
+//! - ZooKeeper: requests of the old session queued in the frozen server's sockets can renew that
+//!   session when the server reads them at the thaw; the next session of the same candidate
+//!   deletes that session's node, so it does not stand in the queue one more session timeout.
 //! - Kubernetes: a follower's takeover write, sent during the outage when the leader's lease ran
-//!   out on its clock, times out at the client but is applied at the thaw; the Lease then names a
-//!   term nobody knows it holds (a candidate counts only a confirmed acquisition as its own), so
-//!   every replica waits one lease (2 s) from then, and the term grows by 2.
-//!   TENURE_BENCH_TRACE_LEASE=1 shows the write landing.
+//!   out on its clock, times out at the client but may be applied at the thaw; the candidate
+//!   recognises its own write when it reads it and takes it over at once (with a new term).
+//!   TENURE_BENCH_TRACE_LEASE=1 shows the write landing. `tenure apiserver` accepts 4096 pending
+//!   connections: with 128, the connections abandoned during a 120 s outage filled the queue and
+//!   the next one waited for a SYN retransmission.
 //!
 //! One round per (store, outage length) by default: with 120 s outages a round costs minutes, so
 //! the numbers are single samples, not percentiles; the whole run takes about (5 + 30 + 120) s x 3
