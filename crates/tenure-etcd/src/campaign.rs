@@ -184,6 +184,10 @@ struct Queued {
     keys: Keys,
     loaded: bool,
     watching: bool,
+    /// A watch failed or was cancelled since the last resync started: it may be the one that
+    /// resync opened (the transport hands it over before the keys arrive), so the keys it loads
+    /// are not followed by a watch, and the next resync comes soon.
+    watch_lost: bool,
     /// When to load the keys again, while not watching.
     resync_at: MonotonicTime,
     /// A resync or claim in flight.
@@ -428,6 +432,7 @@ impl ElectionCore for EtcdCampaign {
             }
             Phase::Queued(s) if !s.calling && !s.watching && now >= s.resync_at => {
                 s.calling = true;
+                s.watch_lost = false;
                 Some(EtcdCall::Resync { session: self.session })
             }
             Phase::Queued(s)
@@ -485,7 +490,7 @@ impl ElectionCore for EtcdCampaign {
                         let key = format!("{}{:x}", self.prefix, lease.id);
                         tracing::debug!(identity = %self.identity, key = %key, revision = my_revision, "queued");
                         self.phase = Phase::Queued(Queued {
-                            key, lease, my_revision, keys: Keys::new(), loaded: false, watching: false, resync_at: now,
+                            key, lease, my_revision, keys: Keys::new(), loaded: false, watching: false, watch_lost: false, resync_at: now,
                             calling: false, leading: false, stepped_down: self.stepping_down,
                         });
                     }
@@ -533,7 +538,10 @@ impl ElectionCore for EtcdCampaign {
                     Ok(keys) => {
                         q.keys = keys;
                         q.loaded = true;
-                        q.watching = true;
+                        q.watching = !q.watch_lost;
+                        if q.watch_lost {
+                            q.resync_at = now + retry / 4;
+                        }
                         self.reached();
                     }
                     Err(error) => {
@@ -548,6 +556,7 @@ impl ElectionCore for EtcdCampaign {
                 if let Some(reason) = cancelled {
                     tracing::warn!(identity = %self.identity, %reason, "watch cancelled; reloading");
                     q.watching = false;
+                    q.watch_lost = true;
                     q.resync_at = now;
                 }
                 for (key, value) in changes {
@@ -561,6 +570,7 @@ impl ElectionCore for EtcdCampaign {
             EtcdInput::WatchFailed { session: s, error } if s == session => {
                 let Phase::Queued(q) = &mut self.phase else { return };
                 q.watching = false;
+                q.watch_lost = true;
                 q.resync_at = now + retry / 4;
                 self.failed("watching the election", &error);
             }
