@@ -8,9 +8,10 @@
 //! follower's VmRSS after 200 `GET /` and 30 s idle is over 5.6 MB. Only resident memory decides,
 //! never a time: the machines this runs on are shared and noisy. It measures the release binary as
 //! built (`<target-dir>/release/tenure`, the profile `cargo build --release` uses, or
-//! `TENURE_BIN`) and builds nothing itself. Not run by CI: CI builds in debug, and a release build
-//! would take it over its 15-minute budget; CI checks instead that the mechanism that keeps the
-//! idle code small still applies (`startup_pages`' test
+//! `TENURE_BIN`) and builds nothing itself. CI runs it on every change (`scripts/footprint`,
+//! beside the tests): a release build of `tenure-cli` as `cargo build --release` makes it, then
+//! this program with one start-up timing. CI also checks that the mechanism that keeps the idle
+//! code small still applies (`startup_pages`' test
 //! `after_releasing_the_executables_mappings_are_read_a_page_at_a_time`); that mechanism holds no
 //! list of names, so a toolchain or lock-file change cannot make it stale the way it made the
 //! symbol-ordering list this gate used to guard.
