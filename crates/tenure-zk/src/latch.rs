@@ -718,3 +718,57 @@ impl ElectionCore for ZkLatch {
         self.shown.clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SESSION: Duration = Duration::from_secs(2);
+
+    fn at(ms: u64) -> MonotonicTime {
+        MonotonicTime(Duration::from_millis(ms))
+    }
+
+    /// Opens session `id` at `now` and answers its first look: the own node `node`, first or not.
+    fn queued(latch: &mut ZkLatch, now: MonotonicTime, id: u64, node: &str, is_leader: bool) {
+        assert_eq!(latch.poll_call(now), Some(ZkCall::Connect));
+        latch.handle(now, ZkInput::Connected(Ok((id, SESSION, format!("guid-{id}")))));
+        assert!(matches!(latch.poll_call(now), Some(ZkCall::Observe { session, .. }) if session == id));
+        let own = OwnNode { name: node.into(), czxid: 7 };
+        let (leader_identity, leader_term) = if is_leader { ("a", Term(7)) } else { ("b", Term(3)) };
+        let look = Look::View { own, is_leader, leader_identity: leader_identity.into(), leader_term };
+        latch.handle(now, ZkInput::Observed { session: id, result: Ok(look) });
+    }
+
+    /// The server may revive a session the client gave up (its queued requests reach a thawing
+    /// server before the session tracker expires it): the next session deletes the old node
+    /// before it looks at the election, or that node would stand in the queue one more session
+    /// timeout.
+    #[test]
+    fn the_next_session_deletes_the_node_of_a_session_given_up() {
+        let mut latch = ZkLatch::new("a".into(), SESSION);
+        queued(&mut latch, at(0), 1, "n-0001", false);
+        latch.handle(at(100), ZkInput::State { session: 1, state: SessionState::Lost });
+        assert_eq!(latch.poll_call(at(100)), Some(ZkCall::Connect));
+        latch.handle(at(100), ZkInput::Connected(Ok((2, SESSION, "guid-2".into()))));
+        let Some(ZkCall::Delete { session: 2, node, .. }) = latch.poll_call(at(100)) else { panic!("no delete") };
+        assert_eq!(node, "n-0001");
+        latch.handle(at(110), ZkInput::Deleted { session: 2, node, result: Ok(()) });
+        assert!(matches!(latch.poll_call(at(110)), Some(ZkCall::Observe { session: 2, own: None, .. })));
+    }
+
+    /// A leader's node goes the same way, once its tenure's guards are dropped.
+    #[test]
+    fn a_lost_leaders_node_is_deleted_by_the_next_session_once_its_work_stopped() {
+        let mut latch = ZkLatch::new("a".into(), SESSION);
+        queued(&mut latch, at(0), 1, "n-0001", true);
+        assert!(latch.valid_until().is_some(), "leads");
+        latch.handle(at(100), ZkInput::State { session: 1, state: SessionState::Lost });
+        assert_eq!(latch.valid_until(), None, "the tenure ended with the session");
+        assert_eq!(latch.poll_call(at(100)), Some(ZkCall::Connect));
+        latch.handle(at(100), ZkInput::Connected(Ok((2, SESSION, "guid-2".into()))));
+        assert_eq!(latch.poll_call(at(100)), None, "the work still runs: nothing is deleted or looked at");
+        latch.guards_dropped(at(150));
+        assert!(matches!(latch.poll_call(at(150)), Some(ZkCall::Delete { session: 2, node, .. }) if node == "n-0001"));
+    }
+}
