@@ -200,6 +200,12 @@ pub struct Candidate {
     /// outage. Seen in the store, it is this candidate's, so it takes it over at once instead of
     /// waiting out a lease nobody holds.
     unconfirmed: Option<LeaderElectionRecord>,
+    /// The next acquisition confirms a late write recognised as ours. If it goes unanswered too,
+    /// it is not recognised again: a candidate whose writes keep landing after their calls time
+    /// out (a slow link) would otherwise rewrite the record under a new term every call timeout,
+    /// and everybody else would wait forever on a record that keeps changing. It waits out a
+    /// lease like the others instead.
+    confirming: bool,
     highest_term_seen: Term,
     pending: Option<Pending>,
     needs_read: bool,
@@ -233,7 +239,8 @@ impl Candidate {
     pub fn new(identity: impl Into<String>, timing: Timing, has_watch: bool, seed: u64) -> Self {
         Candidate {
             identity: identity.into(), timing, has_watch, rng: SmallRng::seed_from_u64(seed), mode: Mode::Campaigning,
-            observed: None, tenure: None, last_own_term: None, unconfirmed: None, highest_term_seen: Term(0), pending: None,
+            observed: None, tenure: None, last_own_term: None, unconfirmed: None, confirming: false,
+            highest_term_seen: Term(0), pending: None,
             needs_read: true, next_attempt: MonotonicTime::ZERO, hold_off_until: None, published_holder: None,
             events: VecDeque::new(), notified_while_pending: None, resync_after_pending: false,
             deleted_lease_until: None, consecutive_failures: 0, coordinated: false, granted: None, handover_asked: None,
@@ -507,6 +514,7 @@ impl Candidate {
             return;
         };
         let notified = self.notified_while_pending.take();
+        let confirming = std::mem::take(&mut self.confirming);
         self.consecutive_failures = match &result {
             Err(error) if !error.is_conflict() => self.consecutive_failures.saturating_add(1),
             _ => 0,
@@ -514,7 +522,7 @@ impl Candidate {
         let version = match result {
             Ok(version) => version,
             Err(error) => {
-                if kind == WriteKind::Acquire && !error.is_conflict() {
+                if kind == WriteKind::Acquire && !error.is_conflict() && !confirming {
                     self.unconfirmed = Some(record);
                 }
                 self.needs_read = true;
@@ -608,7 +616,9 @@ impl Candidate {
     pub fn abandon_pending(&mut self, now: MonotonicTime) {
         if let Some(pending) = self.pending.take() {
             if let Pending::Write { kind: WriteKind::Acquire, record, .. } = pending {
-                self.unconfirmed = Some(record);
+                if !std::mem::take(&mut self.confirming) {
+                    self.unconfirmed = Some(record);
+                }
             }
             self.needs_read = true;
             self.next_attempt = now;
@@ -757,6 +767,7 @@ impl Candidate {
         if same {
             self.last_own_term = Some(Term::from_count(seen.leader_transitions));
             self.unconfirmed = None;
+            self.confirming = true;
         }
     }
 
@@ -1083,6 +1094,31 @@ mod tests {
         assert_eq!(expected, Version("2".into()));
         c.on_write(thawed, Ok(Version("3".into())));
         assert_eq!(c.is_leader(thawed), Some(Term::from_count(confirmed.leader_transitions)));
+
+        // A slow link: b's confirmation also lands only after its call timed out. Not recognised
+        // again: b waits out a lease like everybody else instead of rewriting the record under a
+        // new term every call timeout (which would keep everybody else waiting forever).
+        let mut slow = after_first_read("b", held_by("a", "1", 4));
+        let Some(Action::Update { record: first, .. }) = slow.poll_action(expired, wall()) else { panic!() };
+        slow.on_write(timed_out, Err(LockError::Timeout(timing.call_timeout)));
+        assert_eq!(slow.poll_action(thawed, wall()), Some(Action::Read));
+        slow.on_read(thawed, Ok(Some(StoredRecord { version: Version("2".into()), record: Ok(first) })));
+        let Some(Action::Update { record: second, .. }) = slow.poll_action(thawed, wall()) else { panic!() };
+        let late = thawed + timing.call_timeout;
+        slow.on_write(late, Err(LockError::Timeout(timing.call_timeout)));
+        let mut now = late;
+        loop {
+            match slow.poll_action(now, wall()) {
+                Some(Action::Read) => {
+                    let stored = StoredRecord { version: Version("3".into()), record: Ok(second.clone()) };
+                    slow.on_read(now, Ok(Some(stored)));
+                }
+                Some(other) => panic!("b wrote again before a lease had passed: {other:?}"),
+                None => break,
+            }
+            now = slow.next_wakeup().unwrap().max(now);
+        }
+        assert!(slow.next_wakeup().unwrap() >= late + timing.lease_duration, "b waits out its own unconfirmed record");
 
         // The same record written by another process under b's identity, without an own
         // unconfirmed write: a restart, waited out.
