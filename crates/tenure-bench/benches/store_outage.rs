@@ -46,7 +46,10 @@
 //! Settings: TENURE_BENCH_OUTAGES (seconds, default "5,30,120"), TENURE_BENCH_ROUNDS (per store
 //! and outage length, default 1), TENURE_BENCH_TRACE_LEASE=1 (Kubernetes: print every change of
 //! the Lease a watch of this process sees, with the wall-clock time it arrived, to tell which
-//! write landed when), TENURE_BENCH_STORES (default
+//! write landed when), TENURE_BENCH_FAULT (`freeze`, the default, or `restart`: the store is
+//! killed with SIGKILL and started again on its ports and data after the outage, the clock
+//! starting when it serves again; etcd and ZooKeeper only, since `tenure apiserver` keeps its
+//! objects in memory), TENURE_BENCH_STORES (default
 //! "etcd,zookeeper,kube"), TENURE_BIN (the binary that serves `tenure apiserver`; see
 //! `tenure_binary`), RUST_LOG (e.g. `tenure=debug,tenure_etcd=debug`: what the electors do, on
 //! standard error, to explain a slow recovery).
@@ -86,6 +89,14 @@ const WORKING_BEFORE: Duration = Duration::from_secs(1);
 const PATIENCE: Duration = Duration::from_secs(60);
 /// The stop reasons of the gate's metric.
 const STOP_REASONS: [&str; 7] = ["lost", "fenced", "resigned", "shutdown", "failed", "finished", "stuck"];
+
+/// How the store goes away: frozen (SIGSTOP, then SIGCONT: requests queue in its sockets) or
+/// killed and started again on the same ports and data (connections refused meanwhile).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    Freeze,
+    Restart,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum StoreKind {
@@ -172,6 +183,29 @@ impl Server {
 
     fn thaw(&self) {
         self.signal(Signal::SIGCONT);
+    }
+
+    /// Takes the store away as `fault` says.
+    fn stop(&mut self, fault: Fault) {
+        match (fault, self) {
+            (Fault::Freeze, server) => server.freeze(),
+            (Fault::Restart, Server::Etcd(cluster)) => cluster.kill(0),
+            (Fault::Restart, Server::Zk(server)) => server.kill(),
+            (Fault::Restart, Server::Kube { .. }) => unreachable!("checked in main"),
+        }
+    }
+
+    /// Brings the store back; returns once it serves.
+    fn resume(&mut self, fault: Fault) {
+        match (fault, self) {
+            (Fault::Freeze, server) => server.thaw(),
+            (Fault::Restart, Server::Etcd(cluster)) => {
+                cluster.restart(0);
+                cluster.wait_ready(PATIENCE, || false).expect("etcd serves again");
+            }
+            (Fault::Restart, Server::Zk(server)) => server.restart(),
+            (Fault::Restart, Server::Kube { .. }) => unreachable!("checked in main"),
+        }
     }
 }
 
@@ -380,7 +414,8 @@ impl Working {
 }
 
 async fn outage_round(
-    server: &Server,
+    server: &mut Server,
+    fault: Fault,
     replicas: &[Replica; 2],
     events: &mut mpsc::UnboundedReceiver<Event>,
     working: &mut Working,
@@ -406,7 +441,7 @@ async fn outage_round(
     let frozen_at = Instant::now();
     // Wall-clock times on standard error, to line up with the electors' logs (RUST_LOG).
     eprintln!("  {} SIGSTOP", chrono::Utc::now().format("%H:%M:%S%.6f"));
-    server.freeze();
+    server.stop(fault);
     tokio::time::sleep(outage).await;
     let mut stopped_after = None;
     let mut started_while_frozen = 0;
@@ -432,8 +467,10 @@ async fn outage_round(
     // what it waited for after that (a holder's lease, a session).
     let failing: Vec<bool> = replicas.iter().map(|r| r.elector().stats().consecutive_lock_errors > 0).collect();
     let mut answered: [Option<f64>; 2] = [None; 2];
-    let thawed_at = Instant::now();
-    server.thaw();
+    // A frozen store answers from the SIGCONT on, a restarted one once it serves again.
+    let before = Instant::now();
+    server.resume(fault);
+    let thawed_at = if fault == Fault::Freeze { before } else { Instant::now() };
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let (next, term_after, at) = 'waiting: loop {
         let event = tokio::select! {
@@ -529,6 +566,16 @@ fn main() {
         })
         .collect();
     let rounds = env_usize("TENURE_BENCH_ROUNDS", 1);
+    let fault = match std::env::var("TENURE_BENCH_FAULT").as_deref() {
+        Err(_) | Ok("freeze") => Fault::Freeze,
+        Ok("restart") => Fault::Restart,
+        Ok(other) => panic!("TENURE_BENCH_FAULT: {other:?} is not freeze or restart"),
+    };
+    assert!(
+        fault == Fault::Freeze || !stores.contains(&StoreKind::Kube),
+        "TENURE_BENCH_FAULT=restart: etcd and zookeeper only (tenure apiserver keeps its objects in memory, so a restart \
+         is a deletion of the Lease, not an outage; a real API server keeps them in etcd)"
+    );
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("a runtime");
     let mut report = Report::new("store_outage");
@@ -536,7 +583,7 @@ fn main() {
     let started = Instant::now();
     runtime.block_on(async {
         for &kind in &stores {
-            let server = Server::start(kind).await;
+            let mut server = Server::start(kind).await;
             let (sink, mut events) = mpsc::unbounded_channel();
             let replicas = [Replica::start(&server, 0, sink.clone()).await, Replica::start(&server, 1, sink).await];
             let tracing = match &server {
@@ -549,9 +596,10 @@ fn main() {
             for &seconds in &outages {
                 let mut measured = Vec::with_capacity(rounds);
                 for round in 1..=rounds {
-                    eprintln!("store_outage: {} frozen for {seconds} s (round {round} of {rounds})", kind.name());
+                    let how = if fault == Fault::Freeze { "frozen" } else { "down (killed, then restarted)" };
+                    eprintln!("store_outage: {} {how} for {seconds} s (round {round} of {rounds})", kind.name());
                     let outage = Duration::from_secs(seconds);
-                    let round = outage_round(&server, &replicas, &mut events, &mut working, outage).await;
+                    let round = outage_round(&mut server, fault, &replicas, &mut events, &mut working, outage).await;
                     eprintln!(
                         "  {} -> {} (term {} -> {}): first reconcile {:.1} ms after the thaw (store answered: {:?} ms); the leader's work stopped {} after the freeze ({})",
                         round.leader_before,
@@ -565,7 +613,7 @@ fn main() {
                     );
                     measured.push(round);
                 }
-                record(&mut report, &mut details, kind, seconds, &measured);
+                record(&mut report, &mut details, kind, fault, seconds, &measured);
             }
             tracing.inspect(tokio::task::JoinHandle::abort);
             drop(replicas);
@@ -576,12 +624,17 @@ fn main() {
     report
         .extra("lease_ms", json!(ms(LEASE)))
         .extra("outages_s", json!(outages))
+        .extra("fault", json!(if fault == Fault::Freeze { "freeze" } else { "restart" }))
         .extra("rounds_per_case", json!(rounds))
         .extra("rounds", json!(details))
         .extra("seconds", json!(elapsed))
         .note(format!("{rounds} round(s) per store and outage length (TENURE_BENCH_ROUNDS; 120 s outages make more costly): the goal applies to the slowest, no percentiles"))
         .note("2 replicas in this process, each an elector (etcd: EtcdElection::campaign, TTL 2 s; ZooKeeper: ZkElection, session 2 s; Kubernetes: Lease lock + Elector, Timing::from_ttl(2 s)) and a tenure_ha::Gate")
-        .note("the store's process group is SIGSTOPped for the outage; first reconcile = from just before SIGCONT to the first work start on either replica")
+        .note(if fault == Fault::Freeze {
+            "the store's process group is SIGSTOPped for the outage; first reconcile = from just before SIGCONT to the first work start on either replica"
+        } else {
+            "the store is killed (SIGKILL) for the outage and started again on its ports and data; first reconcile = from when it serves again to the first work start on either replica"
+        })
         .note("stopped = from SIGSTOP to the leader's work stop (the gate's reason in `rounds`); running = both replicas' gates and electors still run (nothing exited)");
     report.print();
 }
@@ -589,8 +642,9 @@ fn main() {
 /// The rows of one store and outage length: the slowest first reconcile of its rounds (the goal
 /// applies to it), the slowest stop of the leader's work, whether every round paused rather than
 /// exited, and in how many rounds the same replica led again.
-fn record(report: &mut Report, details: &mut Vec<Value>, kind: StoreKind, seconds: u64, rounds: &[Round]) {
-    let (key, name) = (format!("{}_{seconds}s", kind.key()), kind.name());
+fn record(report: &mut Report, details: &mut Vec<Value>, kind: StoreKind, fault: Fault, seconds: u64, rounds: &[Round]) {
+    let restart = if fault == Fault::Restart { "_restart" } else { "" };
+    let (key, name) = (format!("{}{restart}_{seconds}s", kind.key()), kind.name());
     let max = |values: Vec<f64>| values.into_iter().fold(f64::NAN, f64::max);
     report.goal(
         &format!("{key}_first_reconcile_ms"),
@@ -641,6 +695,7 @@ fn record(report: &mut Report, details: &mut Vec<Value>, kind: StoreKind, second
     for round in rounds {
         details.push(json!({
             "store": name,
+            "fault": if fault == Fault::Freeze { "freeze" } else { "restart" },
             "outage_s": seconds,
             "first_reconcile_ms": round.first_reconcile_ms,
             "store_answered_ms": round.answered_ms,

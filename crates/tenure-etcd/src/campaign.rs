@@ -458,6 +458,11 @@ impl ElectionCore for EtcdCampaign {
                 match result {
                     Err(error) => {
                         self.failed("granting a lease", &error);
+                        // The next pass tries the stale leases again before its grant: their
+                        // revokes failed too while the store was away, and a restarted etcd
+                        // extends every lease it had (by its election timeout), so their keys
+                        // would stand before the new one for a TTL and more.
+                        self.revoke_queue = self.stale_leases.clone();
                         // Counted from the start of the grant: one that timed out waited already.
                         self.phase = Phase::Idle { at: (started + self.backoff().delay(self.failures)).max(now) };
                     }
