@@ -184,9 +184,10 @@ struct Queued {
     keys: Keys,
     loaded: bool,
     watching: bool,
-    /// A watch failed or was cancelled since the last resync started: it may be the one that
-    /// resync opened (the transport hands it over before the keys arrive), so the keys it loads
-    /// are not followed by a watch, and the next resync comes soon.
+    /// A watch failed or was cancelled, or delivered changes, since the last resync started: it
+    /// may be the one that resync opened (the transport hands it over before the keys arrive),
+    /// so the keys it loads are not followed by a watch (or miss those changes), and the next
+    /// resync comes soon.
     watch_lost: bool,
     /// When to load the keys again, while not watching.
     resync_at: MonotonicTime,
@@ -418,7 +419,7 @@ impl ElectionCore for EtcdCampaign {
             return Some(call);
         }
         let call = match &mut self.phase {
-            Phase::Idle { .. } | Phase::Stopping { deleting: false, .. }
+            Phase::Idle { .. } | Phase::Queued(_) | Phase::Stopping { deleting: false, .. }
                 if !self.revoking && self.drain_before_revoking.is_none() && !self.revoke_queue.is_empty() =>
             {
                 self.revoking = true;
@@ -458,16 +459,16 @@ impl ElectionCore for EtcdCampaign {
                 match result {
                     Err(error) => {
                         self.failed("granting a lease", &error);
-                        // The next pass tries the stale leases again before its grant: their
-                        // revokes failed too while the store was away, and a restarted etcd
-                        // extends every lease it had (by its election timeout), so their keys
-                        // would stand before the new one for a TTL and more.
-                        self.revoke_queue = self.stale_leases.clone();
                         // Counted from the start of the grant: one that timed out waited already.
                         self.phase = Phase::Idle { at: (started + self.backoff().delay(self.failures)).max(now) };
                     }
                     Ok((id, ttl)) => {
                         self.reached();
+                        // The store answers again: the stale leases whose revokes failed while it
+                        // did not are revoked beside the new session (a restarted etcd extends
+                        // every lease it had by its election timeout, so their keys would stand
+                        // before the new one for a TTL and more).
+                        self.revoke_queue = self.stale_leases.clone();
                         // The grant counts as the first keep-alive.
                         let margin = self_fencing_margin(ttl);
                         let lease = Lease { id, ttl, margin, valid_until: started + (ttl - margin) };
@@ -558,6 +559,12 @@ impl ElectionCore for EtcdCampaign {
             }
             EtcdInput::Watched { session: s, changes, cancelled } if s == session => {
                 let Phase::Queued(q) = &mut self.phase else { return };
+                if q.calling {
+                    // Changes that reach us before the keys of the resync in flight (its watch
+                    // is handed over first) would be overwritten by that older snapshot: a key
+                    // deleted now would stand before ours for good. Load again after it.
+                    q.watch_lost = true;
+                }
                 if let Some(reason) = cancelled {
                     tracing::warn!(identity = %self.identity, %reason, "watch cancelled; reloading");
                     q.watching = false;

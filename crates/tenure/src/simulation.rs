@@ -1048,6 +1048,9 @@ impl<M: Model> World<M> {
             if !self.procs[p].alive {
                 return Ok(());
             }
+            if let Some(event) = &event {
+                self.log(|| format!("(deferred) {event:?}"));
+            }
             self.step(m, *event.expect("not empty"))?;
         }
         if self.procs[p].alive {
