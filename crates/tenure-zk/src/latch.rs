@@ -463,7 +463,8 @@ impl ElectionCore for ZkLatch {
                 // The call timeout, cut short at the self-fencing deadline while leading, so that
                 // no call outlasts the tenure (S1).
                 let limit = if leading { s.call_timeout().min(limit_leading - now) } else { s.call_timeout() };
-                if let Some(node) = spent {
+                // A delete that failed waits for its retry (`retry_later`), even an instant failure.
+                if let Some(node) = spent.filter(|_| s.look_at.is_none_or(|at| now >= at)) {
                     s.deleting = true;
                     return Some(ZkCall::Delete { session: s.id, node, limit });
                 }
@@ -635,13 +636,15 @@ impl ElectionCore for ZkLatch {
         match &self.phase {
             Phase::Connecting { at, in_flight: false } => times.push(*at),
             // What `poll_call` would start once its time comes; a call in flight, a spent node
-            // (deleted first) or a release under way wake the core by other means.
+            // still held by its work or a release under way wake the core by other means.
             Phase::InSession(s) if s.idle() && !holding && self.spent.is_none() => {
                 times.extend(s.look_at);
                 if self.leading.is_some() {
                     times.push(s.next_heartbeat);
                 }
             }
+            // A spent node whose delete failed: its retry.
+            Phase::InSession(s) if s.idle() && !holding && self.guards_dropped => times.extend(s.look_at),
             _ => {}
         }
         times.into_iter().min()
@@ -755,6 +758,23 @@ mod tests {
         assert_eq!(node, "n-0001");
         latch.handle(at(110), ZkInput::Deleted { session: 2, node, result: Ok(()) });
         assert!(matches!(latch.poll_call(at(110)), Some(ZkCall::Observe { session: 2, own: None, .. })));
+    }
+
+    /// A delete that fails at once is retried after a pause, not in a loop.
+    #[test]
+    fn a_failed_delete_of_a_spent_node_waits_before_it_is_tried_again() {
+        let mut latch = ZkLatch::new("a".into(), SESSION);
+        queued(&mut latch, at(0), 1, "n-0001", false);
+        latch.handle(at(100), ZkInput::State { session: 1, state: SessionState::Lost });
+        assert_eq!(latch.poll_call(at(100)), Some(ZkCall::Connect));
+        latch.handle(at(100), ZkInput::Connected(Ok((2, SESSION, "guid-2".into()))));
+        let Some(ZkCall::Delete { node, .. }) = latch.poll_call(at(100)) else { panic!("no delete") };
+        let refused = Err(ZkError::Request(zk::Error::NoAuth));
+        latch.handle(at(100), ZkInput::Deleted { session: 2, node, result: refused });
+        assert_eq!(latch.poll_call(at(100)), None, "no delete again at once");
+        let retry = latch.poll_timeout().expect("a retry is due");
+        assert!(retry > at(100), "{retry:?}");
+        assert!(matches!(latch.poll_call(retry), Some(ZkCall::Delete { session: 2, .. })));
     }
 
     /// A leader's node goes the same way, once its tenure's guards are dropped.

@@ -524,6 +524,9 @@ impl Candidate {
             Err(error) => {
                 if kind == WriteKind::Acquire && !error.is_conflict() && !confirming {
                     self.unconfirmed = Some(record);
+                    // Its watch echo may have come before this reply: look at what was seen.
+                    let seen = self.observed.as_ref().and_then(|o| o.stored.clone());
+                    self.recognise_unconfirmed(seen.as_ref());
                 }
                 self.needs_read = true;
                 self.next_attempt = if error.is_conflict() {
@@ -759,7 +762,10 @@ impl Candidate {
     fn recognise_unconfirmed(&mut self, stored: Option<&StoredRecord>) {
         let (Some(sent), Some(Ok(seen))) = (&self.unconfirmed, stored.map(|s| &s.record)) else { return };
         let second = |t: Option<DateTime<Utc>>| t.map(|t| t.timestamp());
-        let same = seen.holder_identity == sent.holder_identity
+        // A coordinator that named another preferred holder since decides otherwise: not ours.
+        let preferred_elsewhere = seen.preferred_holder.as_deref().is_some_and(|p| p != self.identity);
+        let same = !preferred_elsewhere
+            && seen.holder_identity == sent.holder_identity
             && seen.leader_transitions == sent.leader_transitions
             && seen.lease_duration_seconds == sent.lease_duration_seconds
             && second(seen.acquire_time) == second(sent.acquire_time)
@@ -1061,6 +1067,33 @@ mod tests {
         assert!(delays.iter().all(|d| *d <= crate::timing::OUTAGE_PROBE && *d >= floor), "{delays:?}");
         let mut e = Candidate::new("e", Timing::default(), true, 3);
         assert_ne!(delays, failing_reads(&mut e, T0, 6), "jittered");
+    }
+
+    #[test]
+    fn an_own_takeover_whose_watch_echo_came_before_its_failed_reply_is_recognised() {
+        let timing = Timing::default();
+        let mut c = after_first_read("b", held_by("a", "1", 4));
+        let expired = T0 + timing.lease_duration;
+        let Some(Action::Update { record, .. }) = c.poll_action(expired, wall()) else { panic!() };
+        // The store applied it and the watch said so; then the reply failed.
+        c.on_change(expired, Some(StoredRecord { version: Version("2".into()), record: Ok(record) }));
+        let failed = expired + timing.call_timeout;
+        c.on_write(failed, Err(LockError::Timeout(timing.call_timeout)));
+        let mut now = failed;
+        let written = loop {
+            match c.poll_action(now, wall()) {
+                Some(Action::Read) => c.on_read(now, Ok(Some(StoredRecord {
+                    version: Version("2".into()),
+                    record: c.observed_record().cloned().map(Ok).unwrap(),
+                }))),
+                Some(Action::Update { expected, record }) => break (expected, record),
+                other => panic!("b confirms its own record at once, not {other:?}"),
+            }
+            now = c.next_wakeup().unwrap().max(now);
+            assert!(now < failed + timing.lease_duration, "b waited out its own record");
+        };
+        assert_eq!(written.0, Version("2".into()));
+        assert_eq!(written.1.holder_identity, "b");
     }
 
     #[test]
