@@ -371,16 +371,24 @@ impl Coordinator {
     pub async fn leave(&self, group: &str, member: &str) -> Answer<()> {
         self.require_group(group).await?;
         let not_joined = || Refusal::MemberNotJoined(group.to_owned(), member.to_owned());
-        let stored = self.read(group).await?.members.remove(member).filter(|s| s.value.state == MemberState::Alive);
-        let stored = stored.ok_or_else(not_joined)?;
-        if member == self.identity {
+        let own = member == self.identity;
+        if own {
             self.held().joined.remove(group);
         }
         let store = self.store(group).await?;
-        match self.within(store.delete(&Key::Member(member.to_owned()), stored.version)).await {
-            Ok(()) => Ok(()),
-            Err(StoreError::Conflict) => Err(not_joined()),
-            Err(error) => Err(unavailable("leave the group")(error)),
+        // This member's own renew may still be in flight and land between the read and the
+        // delete: then the record moved on, and the delete is tried again from it.
+        let mut attempts = if own { 3 } else { 1 };
+        loop {
+            attempts -= 1;
+            let stored = self.read(group).await?.members.remove(member).filter(|s| s.value.state == MemberState::Alive);
+            let stored = stored.ok_or_else(not_joined)?;
+            match self.within(store.delete(&Key::Member(member.to_owned()), stored.version)).await {
+                Ok(()) => return Ok(()),
+                Err(StoreError::Conflict) if attempts > 0 => continue,
+                Err(StoreError::Conflict) => return Err(not_joined()),
+                Err(error) => return Err(unavailable("leave the group")(error)),
+            }
         }
     }
 
