@@ -1,4 +1,5 @@
-//! Members of one group on one host through the file store: real files, flock, inotify, real time.
+//! Members of one group on one host through the file store: real files, the file lock's
+//! compare-and-swap, inotify, real time.
 //! Waits poll the members' state with a bounded deadline; no sleep is used to order events.
 
 use std::path::PathBuf;

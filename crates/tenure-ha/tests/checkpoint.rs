@@ -229,6 +229,29 @@ async fn the_file_store_rejects_an_older_term_from_another_handle() -> Result<()
     Ok(())
 }
 
+/// A path-only file store has no flock: a replica stopped (SIGSTOP, a frozen VM) in the middle of
+/// its save keeps no other replica from saving, and its save never lands after theirs.
+#[tokio::test]
+async fn a_save_stopped_in_the_middle_blocks_nobody_and_never_lands() {
+    let path = temp_path("checkpoint.json");
+    let store = FileCheckpointStore::open(&path, "pods-controller");
+    let mut checkpoint = Checkpoint::new("pods-controller");
+    checkpoint.resource_versions.insert("pods".into(), "20".into());
+    store.save(Term(1), &checkpoint).await.expect("saved");
+    // What the stopped replica left: its document, claimed as the file's next generation.
+    let dir = path.parent().expect("a directory");
+    let stopped = dir.join(format!(".checkpoint.json.tmp.{}.999999999", std::process::id()));
+    std::fs::write(&stopped, br#"{"generation":2,"term":1,"controller":"pods-controller"}"#).expect("written");
+    std::fs::hard_link(&stopped, dir.join(".checkpoint.json.claim.2")).expect("claimed");
+
+    checkpoint.resource_versions.insert("pods".into(), "30".into());
+    store.save(Term(2), &checkpoint).await.expect("saved past the stopped replica");
+    assert!(std::fs::rename(&stopped, &path).is_err(), "the stopped save landed");
+    let stored = store.load().await.expect("readable").expect("present");
+    assert_eq!((stored.term, stored.checkpoint.resource_version("pods")), (Term(2), Some("30")));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Next to its election's file lock, a save is fenced by the lock itself: it lands only while the
 /// lock shows the tenure of its term, so a deposed leader's save is refused by the store.
 #[tokio::test]

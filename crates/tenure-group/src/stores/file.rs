@@ -1,53 +1,53 @@
 //! A group kept in a directory: the members of a group on one host, with nothing to install.
 //!
-//! The approach of `tenure::locks::file`, for several records: one file per record in the group's
-//! directory (`table.json`, `member-<hex of identity>.json`), each one line of JSON
-//! `{"generation":N,"table":{..}}` or `{"generation":N,"member":{..}}`, so `cat` shows the group.
+//! One file per record in the group's directory (`table.json`, `member-<hex of identity>.json`),
+//! each one line of JSON `{"generation":N,"table":{..}}` or `{"generation":N,"member":{..}}`, so
+//! `cat` shows the group.
 //!
-//! - **Writes** take an exclusive `flock` on `<dir>/.lock` (never renamed or deleted), read the
-//!   record's generation, compare it with the expected version, write the new document to a
-//!   temporary file in the directory and rename it over the record: every write is atomic, and an
-//!   error always means it did not happen. The version of a record is its generation (+1 per
-//!   write). A **delete** (of a departed member's record) removes the file under the same flock
-//!   and remembers the highest generation ever deleted in the `.lock` file; a create starts above
-//!   it, so a version never names two contents, even across a deletion.
+//! - **Writes** are the file lock's compare-and-swap ([`ClaimedFile`]), one file per record: no
+//!   writer holds anything another must wait for, so a member stopped in the middle of a write
+//!   (SIGSTOP, a frozen VM) keeps nobody from writing, and its write can never land after a
+//!   newer one. Writes to different records never meet. Every write is atomic (a rename), and
+//!   an error always means it did not happen. The version of a record is its generation.
+//! - **Deletes** (of a departed member's record) replace the record with a tombstone
+//!   (`{"generation":N,"deleted":true}`) by the same compare-and-swap. Reads skip tombstones; a
+//!   member that joins again with the same identity writes over its tombstone, so the generation
+//!   goes on and a version never names two contents. Tombstones stay: removing a file cannot be
+//!   made conditional on what it holds, and a removal that came late (its process stopped) would
+//!   delete a record written after it. A tombstone is one line per departed identity.
 //! - **Reads** take no lock: the table first, then every member file (a member writes its record
 //!   before it claims anything, so every owner named in the table is found).
-//! - **Changes** come from inotify on the directory (a rename onto a record, a close after
-//!   writing one in place, a deletion); each burst of events is one notification.
+//! - **Changes** come from inotify on the directory (a rename onto a record, its creation, a close
+//!   after writing one in place, a deletion); each burst of events is one notification.
 //! - **No fsync**: the group coordinates live processes; after a power loss everyone starts afresh
 //!   and waits out the leases it sees.
 //!
-//! A record file that does not parse is left out of the snapshot with a warning (a member record)
-//! or makes the read fail with `StoreError::Rejected` (the table): nobody claims anything until it
-//! is repaired, and members keep renewing.
+//! A member file that does not parse is left out of the snapshot with a warning, and its member
+//! replaces it when it joins. A table that does not parse makes the read fail with
+//! `StoreError::Rejected`: nobody claims anything until it is repaired, and members keep renewing.
 
-use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
+use std::collections::HashMap;
+use std::fs::{self, DirBuilder};
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use futures::StreamExt;
 use inotify::{Inotify, WatchMask};
 use serde::{Deserialize, Serialize};
+use tenure::locks::file::{ClaimedDocument, ClaimedFile};
 
 use crate::record::{MemberRecord, PartitionTable};
 use crate::store::{ChangeStream, GroupStore, Key, Snapshot, StoreError, Stored, Value, Version};
 
-/// How long a write waits for another process's write to finish.
-const LOCK_WAIT: Duration = Duration::from_secs(2);
-/// Pause between two attempts to take the flock.
-const LOCK_RETRY: Duration = Duration::from_millis(1);
 /// Documents larger than this are not parsed (a table of 16 384 partitions is about 1 MiB).
 const MAX_DOCUMENT_BYTES: u64 = 4 * 1024 * 1024;
+/// How many times a create from a tombstone reads again after another write came first.
+const CREATE_ATTEMPTS: usize = 4;
 const TABLE_FILE: &str = "table.json";
 const MEMBER_PREFIX: &str = "member-";
-const SIDECAR: &str = ".lock";
 
 /// Why a [`FileGroupStore`] could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -62,22 +62,38 @@ pub enum FileStoreError {
     },
 }
 
+/// What a record's file holds beside its generation, as written.
 #[derive(Serialize)]
-struct DocumentOut<'a> {
-    generation: u64,
+struct FieldsOut<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     table: Option<&'a PartitionTable>,
     #[serde(skip_serializing_if = "Option::is_none")]
     member: Option<&'a MemberRecord>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    deleted: bool,
 }
 
+/// A record's file as read.
 #[derive(Deserialize)]
-struct DocumentIn {
+struct FieldsIn {
     generation: u64,
     #[serde(default)]
     table: Option<PartitionTable>,
     #[serde(default)]
     member: Option<MemberRecord>,
+    #[serde(default)]
+    deleted: bool,
+}
+
+/// A record's file as a writer sees it.
+enum State {
+    /// No record: no file (`None`), or a tombstone or a member file that does not parse, which a
+    /// create replaces from its version.
+    Absent(Option<tenure::Version>),
+    /// A record at `generation`.
+    Live { generation: u64, version: tenure::Version },
+    /// A table that does not parse: only an operator may replace it.
+    Corrupt,
 }
 
 /// A group stored in a directory, shared by processes on one host.
@@ -93,6 +109,8 @@ struct DocumentIn {
 #[derive(Debug, Clone)]
 pub struct FileGroupStore {
     dir: Arc<PathBuf>,
+    /// The records' files by name, opened once: each handle paces its own cleanup.
+    files: Arc<Mutex<HashMap<String, ClaimedFile>>>,
 }
 
 impl FileGroupStore {
@@ -102,7 +120,7 @@ impl FileGroupStore {
         let directory_error = |error| FileStoreError::Directory { path: dir.to_owned(), error };
         DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(directory_error)?;
         let dir = std::path::absolute(dir).map_err(directory_error)?;
-        Ok(FileGroupStore { dir: Arc::new(dir) })
+        Ok(FileGroupStore { dir: Arc::new(dir), files: Arc::default() })
     }
 
     /// The group's directory.
@@ -110,14 +128,31 @@ impl FileGroupStore {
         &self.dir
     }
 
-    async fn blocking<T: Send + 'static>(
-        &self,
-        work: impl FnOnce(&Path) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || work(&dir))
-            .await
-            .map_err(|error| StoreError::Unavailable(format!("file store worker failed: {error}")))?
+    /// The file of the record named `name`.
+    fn file(&self, name: &str) -> Result<ClaimedFile, StoreError> {
+        let mut files = self.files.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(file) = files.get(name) {
+            return Ok(file.clone());
+        }
+        let file = ClaimedFile::open(self.dir.join(name))
+            .map_err(|error| StoreError::Unavailable(error.to_string()))?
+            .with_max_bytes(MAX_DOCUMENT_BYTES);
+        files.insert(name.to_owned(), file.clone());
+        Ok(file)
+    }
+
+    /// The state of `key`'s record, for a write.
+    async fn state(&self, key: &Key, file: &ClaimedFile) -> Result<State, StoreError> {
+        let Some(document) = file.read().await? else { return Ok(State::Absent(None)) };
+        let table = *key == Key::Table;
+        Ok(match parse(&document) {
+            Ok(fields) if fields.deleted => State::Absent(Some(document.version)),
+            Ok(fields) if if table { fields.table.is_some() } else { fields.member.is_some() } => {
+                State::Live { generation: fields.generation, version: document.version }
+            }
+            _ if table => State::Corrupt,
+            _ => State::Absent(Some(document.version)),
+        })
     }
 }
 
@@ -128,37 +163,25 @@ fn file_name(key: &Key) -> String {
     }
 }
 
-fn io_error(action: &str, path: &Path, error: io::Error) -> StoreError {
-    StoreError::Unavailable(format!("cannot {action} {}: {error}", path.display()))
+fn parse(document: &ClaimedDocument) -> Result<FieldsIn, String> {
+    let content = document.content.as_ref()?;
+    serde_json::from_slice(content).map_err(|error| error.to_string())
 }
 
-/// Reads one record file; `None` when it does not exist.
-fn read_document(path: &Path) -> Result<Option<Result<DocumentIn, String>>, StoreError> {
-    let file = match File::open(path) {
-        Ok(file) => file,
-        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(error) => return Err(io_error("open", path, error)),
-    };
-    let mut content = Vec::new();
-    io::Read::read_to_end(&mut io::Read::take(file, MAX_DOCUMENT_BYTES + 1), &mut content)
-        .map_err(|error| io_error("read", path, error))?;
-    if content.len() as u64 > MAX_DOCUMENT_BYTES {
-        return Ok(Some(Err(format!("larger than {MAX_DOCUMENT_BYTES} bytes"))));
-    }
-    Ok(Some(serde_json::from_slice::<DocumentIn>(&content).map_err(|error| error.to_string())))
-}
-
-fn read_all(dir: &Path) -> Result<Snapshot, StoreError> {
+fn read_all(store: &FileGroupStore) -> Result<Snapshot, StoreError> {
     let mut snapshot = Snapshot::default();
+    let dir = store.dir.as_path();
     let table_path = dir.join(TABLE_FILE);
-    match read_document(&table_path)? {
-        None => {}
-        Some(Ok(DocumentIn { generation, table: Some(table), .. })) => {
-            snapshot.table = Some(Stored { version: Version(generation), value: table });
-        }
-        Some(Ok(_)) => return Err(StoreError::Rejected(format!("corrupt record {}: no table", table_path.display()))),
-        Some(Err(reason)) => {
-            return Err(StoreError::Rejected(format!("corrupt record {}: {reason}", table_path.display())))
+    if let Some(document) = store.file(TABLE_FILE)?.read_now()? {
+        match parse(&document) {
+            Ok(FieldsIn { deleted: true, .. }) => {}
+            Ok(FieldsIn { generation, table: Some(table), .. }) => {
+                snapshot.table = Some(Stored { version: Version(generation), value: table });
+            }
+            Ok(_) => return Err(StoreError::Rejected(format!("corrupt record {}: no table", table_path.display()))),
+            Err(reason) => {
+                return Err(StoreError::Rejected(format!("corrupt record {}: {reason}", table_path.display())))
+            }
         }
     }
     let entries = fs::read_dir(dir).map_err(|error| io_error("list", dir, error))?;
@@ -170,17 +193,18 @@ fn read_all(dir: &Path) -> Result<Snapshot, StoreError> {
             continue;
         }
         let path = entry.path();
-        match read_document(&path)? {
-            None => {}
-            Some(Ok(DocumentIn { generation, member: Some(member), .. }))
+        let Some(document) = store.file(name)?.read_now()? else { continue };
+        match parse(&document) {
+            Ok(FieldsIn { deleted: true, .. }) => {}
+            Ok(FieldsIn { generation, member: Some(member), .. })
                 if file_name(&Key::Member(member.identity.clone())) == name =>
             {
                 snapshot
                     .members
                     .insert(member.identity.clone(), Stored { version: Version(generation), value: member });
             }
-            Some(Ok(_)) => tracing::warn!(path = %path.display(), "ignoring a member file that names another member"),
-            Some(Err(reason)) => {
+            Ok(_) => tracing::warn!(path = %path.display(), "ignoring a member file that names another member"),
+            Err(reason) => {
                 tracing::warn!(path = %path.display(), %reason, "ignoring a member file that does not parse")
             }
         }
@@ -188,99 +212,8 @@ fn read_all(dir: &Path) -> Result<Snapshot, StoreError> {
     Ok(snapshot)
 }
 
-/// Takes the group's flock, polling for at most [`LOCK_WAIT`].
-fn lock(dir: &Path) -> Result<File, StoreError> {
-    let path = dir.join(SIDECAR);
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|error| io_error("open", &path, error))?;
-    let deadline = Instant::now() + LOCK_WAIT;
-    loop {
-        // SAFETY: flock only takes a descriptor, which `file` keeps open for the whole call.
-        let result = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if result == 0 {
-            return Ok(file);
-        }
-        let error = io::Error::last_os_error();
-        match error.raw_os_error() {
-            Some(libc::EWOULDBLOCK) | Some(libc::EINTR) => {}
-            _ => return Err(io_error("flock", &path, error)),
-        }
-        if Instant::now() >= deadline {
-            return Err(StoreError::Unavailable(format!("{} was held for more than {LOCK_WAIT:?}", path.display())));
-        }
-        std::thread::sleep(LOCK_RETRY);
-    }
-}
-
-/// The highest generation of a deleted record, kept in the flocked `.lock` file (0: none).
-fn deleted_high_water(flock: &File) -> u64 {
-    let mut text = String::new();
-    let _ = io::Read::read_to_string(&mut &*flock, &mut text);
-    text.trim().parse().unwrap_or(0)
-}
-
-fn delete_record(dir: &Path, key: &Key, expected: Version) -> Result<(), StoreError> {
-    let flock = lock(dir)?;
-    let path = dir.join(file_name(key));
-    match read_document(&path)? {
-        Some(Ok(document)) if document.generation == expected.0 => {}
-        _ => return Err(StoreError::Conflict),
-    }
-    let high_water = deleted_high_water(&flock).max(expected.0);
-    let sidecar = dir.join(SIDECAR);
-    let remember = flock.set_len(0).and_then(|()| {
-        let mut file = &flock;
-        io::Seek::seek(&mut file, io::SeekFrom::Start(0))?;
-        file.write_all(high_water.to_string().as_bytes())
-    });
-    remember.map_err(|error| io_error("write", &sidecar, error))?;
-    fs::remove_file(&path).map_err(|error| io_error("delete", &path, error))
-}
-
-fn write_record(dir: &Path, key: &Key, expected: Option<Version>, value: &Value) -> Result<Version, StoreError> {
-    static TEMP_FILES: AtomicU64 = AtomicU64::new(0);
-    let flock = lock(dir)?;
-    let path = dir.join(file_name(key));
-    let current = match read_document(&path)? {
-        None => None,
-        Some(Ok(document)) => Some(document.generation),
-        // Content that does not parse can only be replaced by a create-less write: conflict.
-        Some(Err(_)) => Some(0),
-    };
-    let generation = match (expected, current) {
-        (None, Some(_)) => return Err(StoreError::AlreadyExists),
-        (None, None) => deleted_high_water(&flock) + 1,
-        (Some(_), None) => return Err(StoreError::Conflict),
-        (Some(expected), Some(current)) if expected.0 != current => return Err(StoreError::Conflict),
-        (Some(_), Some(current)) => current + 1,
-    };
-    let document = match value {
-        Value::Table(table) => DocumentOut { generation, table: Some(table), member: None },
-        Value::Member(member) => DocumentOut { generation, table: None, member: Some(member) },
-    };
-    let mut content = serde_json::to_vec(&document)
-        .map_err(|error| StoreError::Unavailable(format!("cannot encode {key}: {error}")))?;
-    content.push(b'\n');
-    let temp = dir.join(format!(".tmp.{}.{}", std::process::id(), TEMP_FILES.fetch_add(1, Ordering::Relaxed)));
-    let result = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .open(&temp)
-        .and_then(|mut file| file.write_all(&content))
-        .and_then(|()| fs::rename(&temp, &path));
-    if let Err(error) = result {
-        let _ = fs::remove_file(&temp);
-        return Err(io_error("write", &path, error));
-    }
-    Ok(Version(generation))
+fn io_error(action: &str, path: &Path, error: io::Error) -> StoreError {
+    StoreError::Unavailable(format!("cannot {action} {}: {error}", path.display()))
 }
 
 #[async_trait]
@@ -290,24 +223,55 @@ impl GroupStore for FileGroupStore {
     }
 
     async fn read(&self) -> Result<Snapshot, StoreError> {
-        self.blocking(read_all).await
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || read_all(&store))
+            .await
+            .map_err(|error| StoreError::Unavailable(format!("file store worker failed: {error}")))?
     }
 
     async fn write(&self, key: &Key, expected: Option<Version>, value: &Value) -> Result<Version, StoreError> {
-        let (key, value) = (key.clone(), value.clone());
-        self.blocking(move |dir| write_record(dir, &key, expected, &value)).await
+        let file = self.file(&file_name(key))?;
+        let fields = match value {
+            Value::Table(table) => FieldsOut { table: Some(table), member: None, deleted: false },
+            Value::Member(member) => FieldsOut { table: None, member: Some(member), deleted: false },
+        };
+        for _ in 0..CREATE_ATTEMPTS {
+            let base = match (expected, self.state(key, &file).await?) {
+                (None, State::Absent(base)) => base,
+                (None, _) => return Err(StoreError::AlreadyExists),
+                (Some(expected), State::Live { generation, version }) if generation == expected.0 => Some(version),
+                (Some(_), _) => return Err(StoreError::Conflict),
+            };
+            match file.write(base.as_ref(), &fields).await {
+                Ok(written) => return Ok(Version(written.generation.unwrap_or_default())),
+                // A create from no record found one written meanwhile: look at what it is.
+                Err(error) if expected.is_none() && error.is_conflict() => continue,
+                Err(error) => return Err(error),
+            }
+        }
+        Err(StoreError::AlreadyExists)
     }
 
     async fn delete(&self, key: &Key, expected: Version) -> Result<(), StoreError> {
-        let key = key.clone();
-        self.blocking(move |dir| delete_record(dir, &key, expected)).await
+        let file = self.file(&file_name(key))?;
+        match self.state(key, &file).await? {
+            State::Live { generation, version } if generation == expected.0 => {
+                let tombstone = FieldsOut { table: None, member: None, deleted: true };
+                file.write(Some(&version), &tombstone).await.map(drop)
+            }
+            _ => Err(StoreError::Conflict),
+        }
     }
 
     fn watch(&self) -> Option<ChangeStream> {
         let dir = self.dir.clone();
         let events = (|| {
             let inotify = Inotify::init()?;
-            let mask = WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE | WatchMask::DELETE | WatchMask::ONLYDIR;
+            let mask = WatchMask::MOVED_TO
+                | WatchMask::CREATE
+                | WatchMask::CLOSE_WRITE
+                | WatchMask::DELETE
+                | WatchMask::ONLYDIR;
             inotify.watches().add(dir.as_path(), mask)?;
             inotify.into_event_stream([0u8; 4096])
         })();
@@ -316,7 +280,7 @@ impl GroupStore for FileGroupStore {
                 match event {
                     Ok(event) => {
                         let name = event.name.as_ref().and_then(|n| n.to_str()).unwrap_or("");
-                        // Our own sidecar and temporary files are no change.
+                        // Claims and temporary files are no change.
                         (!name.starts_with('.')).then_some(Ok(()))
                     }
                     Err(error) => Some(Err(StoreError::Unavailable(format!("inotify: {error}")))),
@@ -331,6 +295,7 @@ impl GroupStore for FileGroupStore {
 mod tests {
     use super::*;
     use crate::record::MemberState;
+    use std::time::Duration;
 
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("tenure-group-file-{}-{name}", std::process::id()));
@@ -380,6 +345,69 @@ mod tests {
         let again = store.write(&key, None, &Value::Member(member("a"))).await.unwrap();
         assert!(again > v2, "recreated at {again}, deleted at {v2}");
         assert_eq!(store.write(&key, Some(v2), &Value::Member(member("a"))).await, Err(StoreError::Conflict));
+        fs::remove_dir_all(store.dir()).unwrap();
+    }
+
+    /// What a member stopped (SIGSTOP, a frozen VM) between its claim and its rename leaves: its
+    /// document in a temporary file, hard-linked as the claim of the record's next generation.
+    fn stopped_writer(dir: &Path, key: &Key, generation: u64, document: &str) -> PathBuf {
+        let name = file_name(key);
+        let temp = dir.join(format!(".{name}.tmp.{}.999999999", std::process::id()));
+        fs::write(&temp, document).unwrap();
+        fs::hard_link(&temp, dir.join(format!(".{name}.claim.{generation}"))).unwrap();
+        temp
+    }
+
+    #[tokio::test]
+    async fn a_member_stopped_in_the_middle_of_a_write_blocks_nobody_and_its_write_never_lands() {
+        let store = FileGroupStore::open(scratch("stopped")).unwrap();
+        let key = Key::Member("a".into());
+        let v1 = store.write(&key, None, &Value::Member(member("a"))).await.unwrap();
+        let table = store.write(&Key::Table, None, &Value::Table(PartitionTable::new(8))).await.unwrap();
+        let stale = r#"{"generation":2,"member":{"identity":"a","incarnation":9}}"#;
+        let stale = stopped_writer(store.dir(), &key, v1.0 + 1, stale);
+
+        // The others' writes never meet it; the member's own next write takes its claim over.
+        store.write(&Key::Table, Some(table), &Value::Table(PartitionTable::new(8))).await.unwrap();
+        store.write(&Key::Member("b".into()), None, &Value::Member(member("b"))).await.unwrap();
+        let renewed = MemberRecord { renewals: 1, ..member("a") };
+        let v2 = store.write(&key, Some(v1), &Value::Member(renewed.clone())).await.unwrap();
+
+        // The stopped member resumes: its rename fails, the record stays.
+        assert_eq!(fs::rename(&stale, store.dir().join(file_name(&key))).unwrap_err().kind(), io::ErrorKind::NotFound);
+        let snapshot = store.read().await.unwrap();
+        assert_eq!(snapshot.members["a"].version, v2);
+        assert_eq!(snapshot.members["a"].value, renewed);
+        assert_eq!(snapshot.members.len(), 2);
+        fs::remove_dir_all(store.dir()).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_deleted_record_is_a_tombstone_that_its_member_writes_over_when_it_joins_again() {
+        let store = FileGroupStore::open(scratch("tombstone")).unwrap();
+        let key = Key::Member("a".into());
+        let v1 = store.write(&key, None, &Value::Member(member("a"))).await.unwrap();
+        store.delete(&key, v1).await.unwrap();
+        let path = store.dir().join(file_name(&key));
+        assert_eq!(fs::read_to_string(&path).unwrap(), format!("{{\"generation\":{},\"deleted\":true}}\n", v1.0 + 1));
+        assert!(store.read().await.unwrap().members.is_empty());
+        let tombstone = Version(v1.0 + 1);
+        assert_eq!(store.write(&key, Some(tombstone), &Value::Member(member("a"))).await, Err(StoreError::Conflict));
+        assert_eq!(store.delete(&key, tombstone).await, Err(StoreError::Conflict));
+        let again = store.write(&key, None, &Value::Member(member("a"))).await.unwrap();
+        assert_eq!(again, Version(v1.0 + 2));
+        assert_eq!(store.read().await.unwrap().members["a"].version, again);
+        fs::remove_dir_all(store.dir()).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_member_file_that_does_not_parse_is_replaced_when_its_member_joins() {
+        let store = FileGroupStore::open(scratch("garbage")).unwrap();
+        let key = Key::Member("a".into());
+        fs::write(store.dir().join(file_name(&key)), "{\"generation\":4,\"member\":").unwrap();
+        assert!(store.read().await.unwrap().members.is_empty());
+        let version = store.write(&key, None, &Value::Member(member("a"))).await.unwrap();
+        assert_eq!(store.read().await.unwrap().members["a"].version, version);
         fs::remove_dir_all(store.dir()).unwrap();
     }
 

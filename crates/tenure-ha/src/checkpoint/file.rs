@@ -4,33 +4,32 @@
 //! the lock itself ([`FileLock::write_fenced`]): it reads the stored term, refuses if it is newer
 //! than the writer's, and replaces the file only while the lock still shows the writer's tenure,
 //! in the lock's own compare-and-swap. A deposed leader's save never lands, even one held (a GC
-//! pause, SIGSTOP) after its check, and no lock is held that a frozen writer could keep.
+//! pause, SIGSTOP) after its check.
 //!
 //! A store opened on a path alone ([`FileCheckpointStore::open`]) has no election to be fenced
-//! by: a save takes an exclusive `flock` on a sidecar file (`<file>.lock`) around the same
-//! comparison and write. Either way the file is replaced by a rename: readers see the old or the
-//! new document, never a torn one.
+//! by: a save is a compare-and-swap of the file itself ([`ClaimedFile`], the file lock's
+//! protocol) from the state whose term it checked, so no older term lands after a newer one.
+//! Either way no writer holds anything a stopped writer could keep from the others, and the file
+//! is replaced by a rename: readers see the old or the new document, never a torn one. As with
+//! the lock, no `fsync`: after a power loss a checkpoint may be older or unreadable, and the
+//! controller then resumes from further back or relists; it never skips an event.
 
-use std::fs::{self, File, OpenOptions, TryLockError};
-use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
-use tenure::locks::file::{FencedWriteError, FileLock};
+use tenure::locks::file::{ClaimedFile, FencedWriteError, FileLock};
 use tenure::Term;
 
-use super::{check_not_superseded, decode, encode, Checkpoint, CheckpointError, CheckpointStore, StoredCheckpoint};
+use super::{
+    check_not_superseded, decode, encode, kept_changing, Checkpoint, CheckpointError, CheckpointStore, Document,
+    StoredCheckpoint,
+};
 
-/// How long a save waits for another writer's flock before it fails (a holder that long is
-/// stopped or stuck on its disk).
-const LOCK_WAIT: Duration = Duration::from_secs(2);
-/// Pause between two attempts to take the flock.
-const LOCK_RETRY: Duration = Duration::from_millis(1);
 /// Documents larger than this are not read (a checkpoint is a few resourceVersions).
 const MAX_DOCUMENT_BYTES: u64 = 1024 * 1024;
+/// How many times a save reads again after another save landed between its read and its write.
+const SAVE_ATTEMPTS: usize = 8;
 
 /// Checkpoints of one controller in a JSON file.
 ///
@@ -46,7 +45,8 @@ const MAX_DOCUMENT_BYTES: u64 = 1024 * 1024;
 pub struct FileCheckpointStore {
     controller: String,
     path: Arc<PathBuf>,
-    temp_counter: Arc<AtomicU64>,
+    /// The file, opened at the first load or save (opening creates its directory).
+    file: Arc<OnceLock<ClaimedFile>>,
     /// The election's lock that fences saves, when the store is next to it.
     fence: Option<FileLock>,
 }
@@ -55,7 +55,7 @@ impl FileCheckpointStore {
     /// The store in the file `path` (created by the first save).
     pub fn open(path: impl Into<PathBuf>, controller: impl Into<String>) -> FileCheckpointStore {
         let (controller, path) = (controller.into(), Arc::new(path.into()));
-        FileCheckpointStore { controller, path, temp_counter: Arc::default(), fence: None }
+        FileCheckpointStore { controller, path, file: Arc::default(), fence: None }
     }
 
     /// The store next to `lock`'s file: `<lock file>.checkpoint`, in the same (private) directory,
@@ -77,95 +77,50 @@ impl FileCheckpointStore {
         CheckpointError::Store { store: self.describe(), reason: format!("{action}: {error}") }
     }
 
-    fn save_blocking(&self, term: Term, document: Vec<u8>) -> Result<(), CheckpointError> {
-        let path = self.path.as_path();
-        if let Some(dir) = path.parent() {
-            fs::create_dir_all(dir).map_err(|e| self.error("create directory", e))?;
+    fn file(&self) -> Result<&ClaimedFile, CheckpointError> {
+        if let Some(file) = self.file.get() {
+            return Ok(file);
         }
-        let mut sidecar = path.as_os_str().to_owned();
-        sidecar.push(".lock");
-        let sidecar = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(PathBuf::from(sidecar))
-            .map_err(|e| self.error("open the lock file", e))?;
-        // Released when `sidecar` is closed, at the end of the save.
-        lock_exclusive(&sidecar, LOCK_WAIT).map_err(|e| self.error("flock", e))?;
-        let stored = read_document(path).map_err(|e| self.error("read", e))?;
-        check_not_superseded(stored.as_deref(), term)?;
-        let counter = self.temp_counter.fetch_add(1, Ordering::Relaxed);
-        let mut temp = path.as_os_str().to_owned();
-        temp.push(format!(".tmp.{}.{counter}", std::process::id()));
-        let temp = PathBuf::from(temp);
-        let written = File::create(&temp)
-            .and_then(|mut file| file.write_all(&document).and_then(|()| file.sync_all()))
-            .and_then(|()| fs::rename(&temp, path));
-        if let Err(error) = written {
-            let _ = fs::remove_file(&temp);
-            return Err(self.error("write", error));
-        }
-        Ok(())
+        let file = ClaimedFile::open(self.path.as_path()).map_err(|e| self.error("open", e))?;
+        Ok(self.file.get_or_init(|| file.with_max_bytes(MAX_DOCUMENT_BYTES)))
     }
-}
 
-/// The stored bytes, `None` if there is no file; oversized files read as garbage (empty).
-fn read_document(path: &Path) -> io::Result<Option<Vec<u8>>> {
-    match fs::metadata(path) {
-        Ok(meta) if meta.len() > MAX_DOCUMENT_BYTES => Ok(Some(Vec::new())),
-        Ok(_) => fs::read(path).map(Some),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(error) => Err(error),
-    }
-}
-
-/// Takes an exclusive flock of `file` (`File::try_lock` is `flock` on Unix), polling for at most
-/// `wait`; closing the file releases it.
-fn lock_exclusive(file: &File, wait: Duration) -> io::Result<()> {
-    let deadline = Instant::now() + wait;
-    loop {
-        match file.try_lock() {
-            Ok(()) => return Ok(()),
-            Err(TryLockError::Error(error)) if error.kind() != io::ErrorKind::Interrupted => return Err(error),
-            Err(_) => {}
-        }
-        if Instant::now() >= deadline {
-            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("another writer held it for {wait:?}")));
-        }
-        std::thread::sleep(LOCK_RETRY);
+    /// The stored document's bytes (empty when unreadable: it reads as garbage) and its version.
+    async fn stored(&self) -> Result<Option<(Vec<u8>, tenure::Version)>, CheckpointError> {
+        let document = self.file()?.read().await.map_err(|e| self.error("read", e))?;
+        Ok(document.map(|document| (document.content.unwrap_or_default(), document.version)))
     }
 }
 
 #[async_trait]
 impl CheckpointStore for FileCheckpointStore {
     async fn load(&self) -> Result<Option<StoredCheckpoint>, CheckpointError> {
-        let path = self.path.clone();
-        let bytes = tokio::task::spawn_blocking(move || read_document(&path))
-            .await
-            .map_err(|e| self.error("read", e))?
-            .map_err(|e| self.error("read", e))?;
         let source = self.path.display().to_string();
-        Ok(bytes.and_then(|b| decode(&b, &self.controller, &source)))
+        Ok(self.stored().await?.and_then(|(bytes, _)| decode(&bytes, &self.controller, &source)))
     }
 
     async fn save(&self, term: Term, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
-        let document = encode(term, checkpoint);
         if let Some(lock) = &self.fence {
-            let path = self.path.clone();
-            let stored = tokio::task::spawn_blocking(move || read_document(&path))
-                .await
-                .map_err(|e| self.error("read", e))?
-                .map_err(|e| self.error("read", e))?;
-            check_not_superseded(stored.as_deref(), term)?;
-            return match lock.write_fenced(term, self.path.as_path(), document).await {
+            let stored = self.stored().await?;
+            check_not_superseded(stored.as_ref().map(|(bytes, _)| bytes.as_slice()), term)?;
+            return match lock.write_fenced(term, self.path.as_path(), encode(term, checkpoint)).await {
                 Ok(()) => Ok(()),
                 Err(FencedWriteError::Deposed { .. }) => Err(CheckpointError::Superseded { ours: term, newer: None }),
                 Err(FencedWriteError::Lock(error)) => Err(self.error("write", error)),
             };
         }
-        let store = self.clone();
-        tokio::task::spawn_blocking(move || store.save_blocking(term, document))
-            .await
-            .map_err(|e| self.error("write", e))?
+        let document = Document { term, checkpoint: std::borrow::Cow::Borrowed(checkpoint) };
+        for _ in 0..SAVE_ATTEMPTS {
+            let stored = self.stored().await?;
+            check_not_superseded(stored.as_ref().map(|(bytes, _)| bytes.as_slice()), term)?;
+            match self.file()?.write(stored.as_ref().map(|(_, version)| version), &document).await {
+                Ok(_) => return Ok(()),
+                // Another save landed since the read: check its term.
+                Err(error) if error.is_conflict() => continue,
+                Err(error) => return Err(self.error("write", error)),
+            }
+        }
+        Err(kept_changing(self.describe()))
     }
 
     fn controller(&self) -> &str {

@@ -242,7 +242,6 @@ pub fn check_not_superseded(stored: Option<&[u8]>, ours: Term) -> Result<(), Che
 
 /// The error of a save whose compare-and-swap kept failing because the stored checkpoint changed
 /// between its read and its write (only the leader's own concurrent saves can do that).
-#[cfg(any(feature = "etcd", feature = "zk"))]
 fn kept_changing(store: String) -> CheckpointError {
     CheckpointError::Store { store, reason: "the checkpoint kept changing under the save".into() }
 }
