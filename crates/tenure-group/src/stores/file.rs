@@ -21,6 +21,9 @@
 //!   after writing one in place, a deletion); each burst of events is one notification.
 //! - **No fsync**: the group coordinates live processes; after a power loss everyone starts afresh
 //!   and waits out the leases it sees.
+//! - **Upgrading** from a release that wrote under a `flock` on `<dir>/.lock`: those writers and
+//!   these do not exclude each other; stop every member of the group first (or let the group start
+//!   afresh in a new directory). The `.lock` file is no longer used and may be removed.
 //!
 //! A member file that does not parse is left out of the snapshot with a warning, and its member
 //! replaces it when it joins. A table that does not parse makes the read fail with

@@ -13,6 +13,9 @@
 //! is replaced by a rename: readers see the old or the new document, never a torn one. As with
 //! the lock, no `fsync`: after a power loss a checkpoint may be older or unreadable, and the
 //! controller then resumes from further back or relists; it never skips an event.
+//!
+//! Upgrading a path-only store from a release that saved under a `flock` on `<file>.lock`: stop
+//! its writers first (the two kinds do not exclude each other); the `.lock` file may then go.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
