@@ -239,6 +239,17 @@ async fn leftover_temporary_files_are_ignored_by_readers_and_removed_by_writers(
     assert_eq!(names, [".election.json.claim.2", "election.json", "other.json"]);
 }
 
+#[tokio::test]
+async fn a_lock_renewed_often_leaves_no_trail_of_claims() {
+    let (scratch, _path, lock) = scratch_lock("trail");
+    let mut version = lock.create(&record("a", 0)).await.unwrap();
+    for renew in 1..=50 {
+        version = lock.update(&version, &record("a", renew)).await.unwrap();
+    }
+    let names: Vec<_> = scratch.names().into_iter().collect();
+    assert_eq!(names, [".election.json.claim.51", "election.json"]);
+}
+
 /// What a writer stopped (SIGSTOP, a frozen VM) between its claim and its rename leaves: its new
 /// document in a temporary file, hard-linked as the claim of the next generation.
 fn stopped_writer(scratch: &Scratch, generation: u64, document: &str) -> PathBuf {

@@ -467,6 +467,11 @@ fn write(
         }
         if tidy {
             remove_leftovers(paths, generation);
+        } else if let Some(previous) = continued {
+            // The claim of the generation just replaced is below the file's now: its state is
+            // gone, so it can never land. Removed at once, one per write, so that a file written
+            // often leaves no trail of claims between two cleanups.
+            let _ = fs::remove_file(paths.claim(previous));
         }
         return Ok(written(generation, content));
     }

@@ -122,7 +122,8 @@
 //!   write, every `create` and every 128th write, the writer removes temporary files of processes
 //!   of its own PID namespace that no longer exist, any older than a minute (a writer of another
 //!   namespace is looked up by age only: its pid would name another process here), and claims of
-//!   generations below the file's. Readers never look at them.
+//!   generations below the file's. In between, each write removes the claim of the generation
+//!   it replaced. Readers never look at them.
 //! - **Anything else at the path** (a directory, a FIFO, a file over 64 KiB) reads as a malformed
 //!   record too, without hanging or reading without bound.
 //!
