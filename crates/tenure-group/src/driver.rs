@@ -316,6 +316,7 @@ impl Ownership {
 
 /// Builds and joins a [`Group`].
 #[derive(Debug)]
+#[must_use = "a member joins its group only when `join` is called"]
 pub struct GroupBuilder<S> {
     identity: String,
     store: S,
@@ -325,28 +326,24 @@ pub struct GroupBuilder<S> {
 
 impl<S: GroupStore> GroupBuilder<S> {
     /// The whole configuration at once.
-    #[must_use]
     pub fn config(mut self, config: GroupConfig) -> Self {
         self.config = config;
         self
     }
 
     /// The partition count (default [`crate::assignment::DEFAULT_PARTITION_COUNT`]).
-    #[must_use]
     pub fn partition_count(mut self, count: u32) -> Self {
         self.config.partition_count = count;
         self
     }
 
     /// This member's relative share (default 1).
-    #[must_use]
     pub fn weight(mut self, weight: u32) -> Self {
         self.config.weight = weight;
         self
     }
 
     /// Lease, renew deadline and retry period (default client-go's 15/10/2 s).
-    #[must_use]
     pub fn timing(mut self, timing: Timing) -> Self {
         self.config.timing = timing;
         self
@@ -355,7 +352,6 @@ impl<S: GroupStore> GroupBuilder<S> {
     /// How long a revoked partition waits for its guards before it is released anyway (default:
     /// the renew deadline). Work still running then was told by its guard that it lost the
     /// partition.
-    #[must_use]
     pub fn drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
         self

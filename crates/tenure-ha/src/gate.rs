@@ -281,6 +281,7 @@ type Work<E> = Arc<dyn Fn(LeaderContext) -> futures::future::BoxFuture<'static, 
 
 /// Builds a [`Gate`]; see [`Gate::builder`].
 #[derive(Debug, Clone)]
+#[must_use = "a gate runs nothing until it is built"]
 pub struct GateBuilder {
     view: ElectorView,
     drain_timeout: Duration,
@@ -338,7 +339,6 @@ impl GateBuilder {
 
     /// The delay before the first restart after a failure, and the cap of its doubling.
     /// Default: 1 s and 60 s.
-    #[must_use]
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.backoff = Backoff::new(initial, max);
         self

@@ -100,6 +100,7 @@ pub struct PassReport {
 }
 
 /// Builds a [`GarbageCollector`].
+#[must_use = "a garbage collector collects nothing until it is built"]
 pub struct GcBuilder {
     resources: Arc<dyn ExternalResources>,
     referenced: ReferencedFn,
