@@ -890,6 +890,32 @@ mod tests {
         dir
     }
 
+    #[tokio::test]
+    async fn a_claimed_file_is_replaced_by_compare_and_swap_and_refuses_a_body_it_cannot_keep() {
+        let dir = scratch("claimed");
+        let file = ClaimedFile::open(dir.join("state.json")).unwrap();
+        assert_eq!(file.read().await.unwrap(), None);
+        let first = file.write(None, &serde_json::json!({"step": 1})).await.unwrap();
+        assert_eq!(first.content.as_deref().unwrap(), b"{\"generation\":1,\"step\":1}\n");
+        assert_eq!(file.read().await.unwrap().as_ref(), Some(&first));
+        assert_eq!(file.write(None, &serde_json::json!({"step": 1})).await, Err(LockError::AlreadyExists));
+        let second = file.write(Some(&first.version), &serde_json::json!({})).await.unwrap();
+        assert_eq!((second.generation, second.content.as_deref().unwrap()), (Some(2), &b"{\"generation\":2}\n"[..]));
+        assert_eq!(file.write(Some(&first.version), &serde_json::json!({})).await, Err(LockError::Conflict));
+        for body in [serde_json::json!([1, 2]), serde_json::json!("text"), serde_json::json!({"generation": 9})] {
+            let refused = file.write(Some(&second.version), &body).await;
+            assert!(matches!(&refused, Err(LockError::Rejected(reason)) if reason.contains("state.json")), "{refused:?}");
+        }
+        // A field that only mentions the word is kept.
+        file.write(Some(&second.version), &serde_json::json!({"note": {"generation": 1}})).await.unwrap();
+        // Content over the limit reads as no document, and is still replaced by compare-and-swap.
+        let small = ClaimedFile::open(dir.join("state.json")).unwrap().with_max_bytes(8);
+        let large = small.read().await.unwrap().unwrap();
+        assert!(large.content.is_err() && large.generation.is_none(), "{large:?}");
+        small.write(Some(&large.version), &serde_json::json!({})).await.unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn permission_and_read_only_errors_are_rejections_and_others_unavailability() {
         let path = Path::new("/some/dir/x.json");
