@@ -285,3 +285,36 @@ async fn next_to_a_file_lock_a_save_lands_only_while_the_lock_shows_its_tenure()
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// Next to a file lock, a leader whose lock file is deleted under it (an operator's `rm`, a
+/// cleanup job) leads again at once under a new term: its saves under that term land, and a
+/// save still carrying the old term is refused by the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_leads_again_at_once_saves_under_its_new_term_only() {
+    let lock_path = temp_path("election.json");
+    let lock = tenure::locks::file::FileLock::open(&lock_path).expect("opened");
+    let store = FileCheckpointStore::next_to(&lock, "pods-controller");
+    let timing = tenure::Timing::from_ttl(Duration::from_secs(2)).expect("a valid timing");
+    let elector = Elector::builder("a", lock).timing(timing).spawn().expect("valid config");
+    let first = timeout(PERIOD * 5, elector.acquired()).await.expect("leads in time").expect("leads");
+    let mut checkpoint = Checkpoint::new("pods-controller");
+    checkpoint.resource_versions.insert("pods".into(), "10".into());
+    store.save(first.term(), &checkpoint).await.expect("saved while leading");
+
+    std::fs::remove_file(&lock_path).expect("lock file deleted");
+    timeout(PERIOD * 5, first.ended()).await.expect("the first tenure ends");
+    let second = timeout(PERIOD * 5, elector.acquired()).await.expect("leads again in time").expect("leads");
+    assert!(second.term() > first.term(), "{} after {}", second.term(), first.term());
+
+    checkpoint.resource_versions.insert("pods".into(), "20".into());
+    let stale = store.save(first.term(), &checkpoint).await;
+    assert!(matches!(stale, Err(CheckpointError::Superseded { .. })), "{stale:?}");
+    store.save(second.term(), &checkpoint).await.expect("saved under the new term");
+    let stored = store.load().await.expect("readable").expect("present");
+    assert_eq!((stored.term, stored.checkpoint.resource_version("pods")), (second.term(), Some("20")));
+    drop((first, second));
+    elector.shutdown().await.expect("shut down");
+    if let Some(dir) = lock_path.parent() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
