@@ -880,11 +880,12 @@ pub(super) fn io_error(action: &str, path: &Path, error: io::Error) -> LockError
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("tenure-claim-unit-{}-{name}", std::process::id()));
+    /// A new, empty directory for one test.
+    pub(in crate::locks::file) fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tenure-file-unit-{}-{name}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         dir

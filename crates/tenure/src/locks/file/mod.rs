@@ -348,7 +348,7 @@ impl RecordLock for FileLock {
     }
 
     async fn get(&self) -> Result<Option<StoredRecord>, LockError> {
-        Ok(self.file.read().await?.map(stored_record))
+        Ok(self.file.read().await?.as_ref().map(stored_record))
     }
 
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Version, LockError> {
@@ -384,19 +384,18 @@ struct RecordIn {
 }
 
 /// The record a document holds; content that is none keeps its version and reads as malformed.
-fn stored_record(document: ClaimedDocument) -> StoredRecord {
-    let record = match (&document.content, document.generation) {
-        (Err(reason), _) => Err(RecordError::Malformed(reason.clone())),
-        (Ok(content), Some(_)) => match serde_json::from_slice::<RecordIn>(content) {
-            Ok(field) => LeaderElectionRecord::from_json(&field.record.to_string()),
-            Err(error) => Err(RecordError::Malformed(format!("not a tenure file lock document: {error}"))),
+fn stored_record(document: &ClaimedDocument) -> StoredRecord {
+    let not_ours =
+        |reason: &dyn std::fmt::Display| RecordError::Malformed(format!("not a tenure file lock document: {reason}"));
+    let record = match &document.content {
+        Err(reason) => Err(RecordError::Malformed(reason.clone())),
+        Ok(content) => match (document.generation, serde_json::from_slice::<RecordIn>(content)) {
+            (Some(_), Ok(field)) => LeaderElectionRecord::from_json(&field.record.to_string()),
+            (None, Ok(_)) => Err(not_ours(&"no generation")),
+            (_, Err(error)) => Err(not_ours(&error)),
         },
-        (Ok(content), None) => Err(RecordError::Malformed(match serde_json::from_slice::<serde_json::Value>(content) {
-            Ok(_) => "not a tenure file lock document: no generation".to_owned(),
-            Err(error) => format!("not a tenure file lock document: {error}"),
-        })),
     };
-    StoredRecord { version: document.version, record }
+    StoredRecord { version: document.version.clone(), record }
 }
 
 /// [`FileLock::write_fenced`] on a blocking thread.
@@ -419,7 +418,7 @@ fn write_fenced(
             return Err(cancelled_error(paths).into());
         }
         let current = read_document(paths)?;
-        let record = current.clone().map(stored_record);
+        let record = current.as_ref().map(stored_record);
         let shows = match record.as_ref().map(|stored| &stored.record) {
             Some(Ok(record)) if !record.holder_identity.is_empty() && Term::from_count(record.leader_transitions) == term => None,
             Some(Ok(record)) if record.holder_identity.is_empty() => Some(format!("no holder, term {}", record.leader_transitions)),
@@ -531,7 +530,7 @@ impl Watch {
             let paths = self.paths.clone();
             let read = tokio::task::spawn_blocking(move || read_document(&paths)).await;
             let stored = match read {
-                Ok(Ok(document)) => document.map(stored_record),
+                Ok(Ok(document)) => document.as_ref().map(stored_record),
                 Ok(Err(error)) => return Some(Err(error)),
                 Err(error) => {
                     let message = format!("file lock {}: worker thread failed: {error}", self.paths.path.display());
@@ -667,12 +666,7 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("tenure-file-unit-{}-{name}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        dir
-    }
+    use super::claim::tests::scratch;
 
     #[test]
     fn default_path_prefers_a_usable_runtime_dir() {
