@@ -117,6 +117,9 @@ fn assert_sigkill_of_tenure_kills_the_tree(label: &str, extra: &[&str]) -> Strin
     wait_until(Duration::from_secs(10), || ready.exists().then_some(())).expect("the command tree started");
     let pids: Vec<i32> = std::fs::read_to_string(&pids).unwrap().lines().map(|l| l.parse().unwrap()).collect();
     assert_eq!(pids.len(), 4);
+    // The command can be up before tenure has heard from its supervisor and logged how it
+    // contains the tree, which the callers check.
+    runner.wait_for_log("leading; started the command", Duration::from_secs(10));
     runner.signal(libc::SIGKILL);
     runner.wait_exit(Duration::from_secs(5)).expect("tenure died");
     let gone = wait_until(Duration::from_secs(3), || pids.iter().all(|&pid| !is_alive(pid)).then_some(()));
