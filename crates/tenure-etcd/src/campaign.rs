@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use tenure::backoff::Backoff;
 use tenure::shell::{ElectionCore, Report};
-use tenure::{AfterRelease, ElectorError, Event, Leadership, MonotonicTime, Role, StopReason, Term, Timing};
+use tenure::{AfterRelease, ElectorError, Event, Leadership, MonotonicTime, Role, Stage, StopReason, Term, Timing};
 
 use crate::{self_fencing_margin, EtcdError};
 
@@ -194,8 +194,9 @@ struct Queued {
     /// A resync or claim in flight.
     calling: bool,
     leading: bool,
-    /// Stepped down (resign or shutdown): never claims again in this session.
-    stepped_down: bool,
+    /// This session's tenure was stepped down from (a resign or shutdown): it never claims again
+    /// (a new tenure needs a new key, S2), and the release deletes its key.
+    resigned: bool,
 }
 
 #[derive(Debug)]
@@ -225,17 +226,6 @@ enum Released {
     KeyDeleted { deleted: bool, lease: i64 },
 }
 
-/// Where a resign is.
-#[derive(Debug, Clone, PartialEq)]
-enum Resign {
-    /// Stepped down from leading: the key stays (and its lease is kept alive) until the release.
-    Holding,
-    /// Deleting the key of the tenure stepped down from.
-    Deleting,
-    /// Done, with this result.
-    Done(Result<(), ElectorError>),
-}
-
 /// The campaign of one identity in one election: a [`tenure::ElectionCore`].
 #[derive(Debug)]
 pub struct EtcdCampaign {
@@ -259,9 +249,8 @@ pub struct EtcdCampaign {
     drain_before_revoking: Option<MonotonicTime>,
     /// Calls failed in a row, for the back-off before a new session.
     failures: u32,
-    resign: Option<Resign>,
-    /// Stepped down and not released yet: a session started meanwhile never claims either.
-    stepping_down: bool,
+    /// How the last resign's release ended, once it has (a shutdown's is in [`Phase::Stopped`]).
+    released: Option<Result<(), ElectorError>>,
     /// The leader (identity, term) last reported, so that each change is reported once.
     observed: Option<Option<(String, i64)>>,
     reports: VecDeque<Report>,
@@ -274,7 +263,7 @@ impl EtcdCampaign {
         EtcdCampaign {
             identity, prefix, timing, session: 0, phase: Phase::Idle { at: MonotonicTime::ZERO }, stale_leases: vec![],
             revoke_queue: vec![], revoking: false, queued_calls: VecDeque::new(), keeping_alive: false,
-            drain_before_revoking: None, failures: 0, resign: None, stepping_down: false, observed: None,
+            drain_before_revoking: None, failures: 0, released: None, observed: None,
             reports: VecDeque::new(),
         }
     }
@@ -311,6 +300,10 @@ impl EtcdCampaign {
     fn lost(&mut self, now: MonotonicTime, why: &str, reason: StopReason) {
         let Phase::Queued(s) = &mut self.phase else { return };
         let lease = s.lease;
+        if s.resigned {
+            // Nothing left to release: the session (and its key) is gone.
+            self.released = Some(Ok(()));
+        }
         if std::mem::take(&mut s.leading) {
             // The server keeps the lease for at least a TTL after the last keep-alive: the
             // self-fencing deadline + the margin.
@@ -319,10 +312,6 @@ impl EtcdCampaign {
             self.reports.push_back(Report::Event(Event::StoppedLeading { term, reason }));
         }
         tracing::warn!(identity = %self.identity, lease = format!("{:x}", lease.id), "{why}: the session is lost");
-        if matches!(self.resign, Some(Resign::Holding | Resign::Deleting)) {
-            // Nothing left to release: the session (and its key) is gone.
-            self.resign = Some(Resign::Done(Ok(())));
-        }
         self.end_session(now, Some(lease.id));
     }
 
@@ -339,7 +328,7 @@ impl EtcdCampaign {
 
     fn view(&self) -> Leadership {
         let Phase::Queued(s) = &self.phase else { return Leadership::unknown() };
-        if matches!(self.resign, Some(Resign::Holding | Resign::Deleting)) {
+        if s.resigned {
             let (leader, term) = (Some(self.identity.clone()), Some(Term::from_count(s.my_revision)));
             return Leadership { leader, term, role: Role::Releasing };
         }
@@ -387,6 +376,12 @@ impl Queued {
         self.keys.iter().min_by_key(|(_, (revision, _))| *revision).map(|(k, (r, v))| (k.as_str(), *r, v.as_str()))
     }
 
+    /// True when this session may claim (or start) a tenure in `stage`: not leading already, not
+    /// stepped down from one, and no stop under way.
+    fn may_claim(&self, stage: Stage) -> bool {
+        !self.leading && !self.resigned && !stage.is_stepping_down()
+    }
+
     /// The key with the greatest create revision below ours: the one this candidate waits for.
     fn predecessor(&self) -> Option<&str> {
         self.keys
@@ -409,7 +404,7 @@ impl ElectionCore for EtcdCampaign {
         self.timing.renew_deadline
     }
 
-    fn poll_call(&mut self, now: MonotonicTime) -> Option<EtcdCall> {
+    fn poll_call(&mut self, now: MonotonicTime, stage: Stage) -> Option<EtcdCall> {
         self.check_session(now);
         if self.drain_before_revoking.is_some_and(|until| now >= until) {
             tracing::warn!(identity = %self.identity, "the lost tenure's guards were still held when its lease could have expired; revoking it");
@@ -437,7 +432,7 @@ impl ElectionCore for EtcdCampaign {
                 Some(EtcdCall::Resync { session: self.session })
             }
             Phase::Queued(s)
-                if !s.calling && s.loaded && !s.leading && !s.stepped_down && s.predecessor().is_none() =>
+                if !s.calling && s.loaded && s.may_claim(stage) && s.predecessor().is_none() =>
             {
                 // First in the queue: claim, once the key is confirmed to still be ours.
                 s.calling = true;
@@ -450,7 +445,7 @@ impl ElectionCore for EtcdCampaign {
         call
     }
 
-    fn handle(&mut self, now: MonotonicTime, input: EtcdInput) {
+    fn handle(&mut self, now: MonotonicTime, stage: Stage, input: EtcdInput) {
         let session = self.session;
         let retry = self.timing.retry_period;
         match input {
@@ -497,7 +492,7 @@ impl ElectionCore for EtcdCampaign {
                         tracing::debug!(identity = %self.identity, key = %key, revision = my_revision, "queued");
                         self.phase = Phase::Queued(Queued {
                             key, lease, my_revision, keys: Keys::new(), loaded: false, watching: false, watch_lost: false, resync_at: now,
-                            calling: false, leading: false, stepped_down: self.stepping_down,
+                            calling: false, leading: false, resigned: false,
                         });
                     }
                 }
@@ -599,7 +594,7 @@ impl ElectionCore for EtcdCampaign {
                         self.lost(now, "own key gone before the claim", StopReason::LockLost);
                     }
                     // A deadline passed meanwhile ends the session instead: no tenure then.
-                    Ok(_) if !q.leading && !q.stepped_down && now < q.lease.valid_until => {
+                    Ok(_) if q.may_claim(stage) && now < q.lease.valid_until => {
                         q.leading = true;
                         let term = Term::from_count(q.my_revision);
                         tracing::debug!(identity = %self.identity, key = %q.key, "claimed");
@@ -619,13 +614,11 @@ impl ElectionCore for EtcdCampaign {
                     if let Released::KeyDeleted { deleted, .. } = released {
                         *deleted = ok;
                     }
-                } else if self.resign == Some(Resign::Deleting) {
-                    self.resign = Some(Resign::Done(if ok { Ok(()) } else { Err(ElectorError::ReleaseTimedOut) }));
-                    if let Phase::Queued(q) = &self.phase {
-                        let lease = q.lease.id;
-                        // Released: a new session, at the back of the queue.
-                        self.end_session(now, Some(lease));
-                    }
+                } else if let Phase::Queued(Queued { resigned: true, lease, .. }) = &self.phase {
+                    self.released = Some(if ok { Ok(()) } else { Err(ElectorError::ReleaseTimedOut) });
+                    // Released: a new session, at the back of the queue.
+                    let lease = lease.id;
+                    self.end_session(now, Some(lease));
                 }
             }
             EtcdInput::Revoked { lease, result } => {
@@ -647,7 +640,7 @@ impl ElectionCore for EtcdCampaign {
         self.observe();
     }
 
-    fn poll_timeout(&self) -> Option<MonotonicTime> {
+    fn poll_timeout(&self, _stage: Stage) -> Option<MonotonicTime> {
         let phase = match &self.phase {
             // A revoke in flight, or a drain, comes first: its answer (or deadline) wakes us.
             Phase::Idle { at } if !self.revoking && self.drain_before_revoking.is_none() => Some(*at),
@@ -663,39 +656,28 @@ impl ElectionCore for EtcdCampaign {
     }
 
     fn step_down(&mut self, _now: MonotonicTime) {
-        self.resign = None;
-        self.stepping_down = true;
         if let Phase::Queued(q) = &mut self.phase {
-            // No claim until the release says whether to campaign on.
-            q.stepped_down = true;
             if std::mem::take(&mut q.leading) {
                 let term = Term::from_count(q.my_revision);
                 self.reports.push_back(Report::Event(Event::StoppedLeading { term, reason: StopReason::SteppedDown }));
                 // Keep the key (and renew its lease) while the tenure's work stops.
-                self.resign = Some(Resign::Holding);
+                q.resigned = true;
             }
         }
         self.observe();
     }
 
     fn release(&mut self, now: MonotonicTime, after: AfterRelease) {
-        self.stepping_down = false;
+        self.released = None;
         match after {
-            AfterRelease::Campaign => match (&mut self.phase, &self.resign) {
-                (Phase::Queued(q), Some(Resign::Holding)) => {
+            AfterRelease::Campaign => match &self.phase {
+                Phase::Queued(q) if q.resigned => {
                     self.queued_calls.push_back(EtcdCall::Delete { session: self.session, key: q.key.clone() });
-                    self.resign = Some(Resign::Deleting);
                 }
                 // Nothing was led: nothing to release, campaign on.
-                (phase, _) => {
-                    if let Phase::Queued(q) = phase {
-                        q.stepped_down = false;
-                    }
-                    self.resign = Some(Resign::Done(Ok(())));
-                }
+                _ => self.released = Some(Ok(())),
             },
             AfterRelease::Stop => {
-                self.resign = None;
                 let (key, released, lease) = match &self.phase {
                     Phase::Queued(q) => {
                         let lease = q.lease.id;
@@ -716,11 +698,10 @@ impl ElectionCore for EtcdCampaign {
         self.observe();
     }
 
-    fn release_result(&self, after: AfterRelease) -> Option<Result<(), ElectorError>> {
-        match (after, &self.phase, &self.resign) {
-            (AfterRelease::Stop, Phase::Stopped(result), _) => Some(result.clone()),
-            (AfterRelease::Campaign, _, Some(Resign::Done(result))) => Some(result.clone()),
-            _ => None,
+    fn release_result(&self) -> Option<Result<(), ElectorError>> {
+        match &self.phase {
+            Phase::Stopped(result) => Some(result.clone()),
+            _ => self.released.clone(),
         }
     }
 
@@ -745,7 +726,7 @@ impl ElectionCore for EtcdCampaign {
         }
     }
 
-    fn leadership(&self, _now: MonotonicTime) -> Leadership {
+    fn leadership(&self, _now: MonotonicTime, _stage: Stage) -> Leadership {
         self.view()
     }
 }

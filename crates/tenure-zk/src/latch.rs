@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tenure::backoff::Backoff;
 use tenure::shell::{ElectionCore, Report};
-use tenure::{AfterRelease, ElectorError, Event, Leadership, MonotonicTime, Role, StopReason, Term};
+use tenure::{AfterRelease, ElectorError, Event, Leadership, MonotonicTime, Role, Stage, StopReason, Term};
 use zookeeper_client as zk;
 
 use crate::ZkError;
@@ -201,17 +201,6 @@ enum Phase {
     Stopped(Result<(), ElectorError>),
 }
 
-/// Where a release is.
-#[derive(Debug, Clone, PartialEq)]
-enum Release {
-    /// Stepped down: nothing is looked at or deleted until the release.
-    Holding,
-    /// Deleting the own node, then campaign again or stop.
-    Deleting(AfterRelease),
-    /// Done.
-    Done(AfterRelease, Result<(), ElectorError>),
-}
-
 /// The campaign of one identity on one election path: a [`tenure::ElectionCore`].
 #[derive(Debug)]
 pub struct ZkLatch {
@@ -230,9 +219,12 @@ pub struct ZkLatch {
     spent_drain_until: MonotonicTime,
     guards_dropped: bool,
     connect_failures: u32,
-    release: Option<Release>,
-    /// The step-down ended a tenure: a resign releases its node (whatever is shown meanwhile).
-    stepped_from_leading: bool,
+    /// The own node a stop holds and its release deletes: the node of the tenure a step-down
+    /// ended (it stays while the tenure's work stops, so nobody else leads, and is never led on
+    /// again, S2), or on a shutdown the own node in any case.
+    releasing_node: Option<String>,
+    /// How the last resign's release ended, once it has (a shutdown's is in [`Phase::Stopped`]).
+    released: Option<Result<(), ElectorError>>,
     shown: Leadership,
     observed: Option<Option<(String, Term)>>,
     queued: VecDeque<ZkCall>,
@@ -245,8 +237,8 @@ impl ZkLatch {
         ZkLatch {
             identity, session_timeout, phase: Phase::Connecting { at: MonotonicTime::ZERO, in_flight: false },
             leading: None, valid_until: MonotonicTime::ZERO, led_node: None, spent: None,
-            spent_drain_until: MonotonicTime::ZERO, guards_dropped: true, connect_failures: 0, release: None,
-            stepped_from_leading: false,
+            spent_drain_until: MonotonicTime::ZERO, guards_dropped: true, connect_failures: 0, releasing_node: None,
+            released: None,
             shown: Leadership::unknown(), observed: None, queued: VecDeque::new(), reports: VecDeque::new(),
         }
     }
@@ -299,12 +291,15 @@ impl ZkLatch {
     }
 
     /// The session is gone: campaign again in a new one.
-    fn session_lost(&mut self, now: MonotonicTime) {
+    fn session_lost(&mut self, now: MonotonicTime, stage: Stage) {
         self.stop_leading("session expired or closed", StopReason::LockLost);
         self.show(Leadership::unknown());
-        // Whatever was to be deleted went with the session.
-        if let Some(Release::Deleting(after)) = self.release {
-            self.finish_release(now, after, Ok(()));
+        // Whatever was to be deleted went with the session (and a node it held is deleted by
+        // the next session, below, before this candidate leads again).
+        if self.releasing_node.take().is_some() {
+            if let Some(after) = release_after(stage) {
+                self.finish_release(now, after, Ok(()));
+            }
         }
         if !matches!(self.phase, Phase::Stopped(_)) {
             // The session is over for us, not necessarily for the server: requests of it queued
@@ -326,7 +321,7 @@ impl ZkLatch {
     }
 
     /// Starts, extends or ends the tenure as a look says, and publishes it.
-    fn apply(&mut self, now: MonotonicTime, started: MonotonicTime, look: Look) {
+    fn apply(&mut self, now: MonotonicTime, stage: Stage, started: MonotonicTime, look: Look) {
         let (own, is_leader, leader_identity, leader_term) = match look {
             Look::View { own, is_leader, leader_identity, leader_term } => {
                 (own, is_leader, leader_identity, leader_term)
@@ -352,8 +347,7 @@ impl ZkLatch {
         let valid_until = started + margin;
         // A node whose tenure ended is never led on again (S2): it is deleted first. A look
         // answered after the connection was lost proves nothing about the session.
-        let releasing = matches!(self.release, Some(Release::Holding | Release::Deleting(_)));
-        let may_lead = connected && self.spent.is_none() && !releasing;
+        let may_lead = connected && self.spent.is_none() && !self.holding(stage);
         let role = if is_leader && !may_lead && self.leading.is_none() {
             Role::Follower
         } else if is_leader && now >= valid_until {
@@ -400,21 +394,39 @@ impl ZkLatch {
         }
     }
 
+    /// True while a stop holds the own node: nothing is looked at, led on or deleted but the
+    /// release's node (a release that outlived its stop's deadline still holds it).
+    fn holding(&self, stage: Stage) -> bool {
+        stage.is_stepping_down() || self.releasing_node.is_some()
+    }
+
     fn finish_release(&mut self, now: MonotonicTime, after: AfterRelease, result: Result<(), ElectorError>) {
+        self.releasing_node = None;
         if after == AfterRelease::Stop || self.shown.role == Role::Releasing {
             self.show(Leadership::unknown());
         }
         match after {
             AfterRelease::Campaign => {
-                self.release = Some(Release::Done(after, result));
+                self.released = Some(result);
                 self.look_now(now);
             }
             AfterRelease::Stop => {
-                self.release = None;
                 self.queued.push_back(ZkCall::Close);
                 self.phase = Phase::Stopped(result);
             }
         }
+    }
+}
+
+/// What a release under way in `stage` does once its node is deleted: `None` while draining
+/// (the release has not started). A release that outlived its stop (the stage moved on at the
+/// stop's deadline) still finishes as that stop would have.
+fn release_after(stage: Stage) -> Option<AfterRelease> {
+    match stage {
+        Stage::Draining(_) => None,
+        Stage::Releasing(after) => Some(after),
+        Stage::Stopped => Some(AfterRelease::Stop),
+        Stage::Campaigning => Some(AfterRelease::Campaign),
     }
 }
 
@@ -440,7 +452,7 @@ impl ElectionCore for ZkLatch {
         self.session_timeout * 2 / 3
     }
 
-    fn poll_call(&mut self, now: MonotonicTime) -> Option<ZkCall> {
+    fn poll_call(&mut self, now: MonotonicTime, stage: Stage) -> Option<ZkCall> {
         if let Some(call) = self.queued.pop_front() {
             return Some(call);
         }
@@ -449,7 +461,7 @@ impl ElectionCore for ZkLatch {
             tracing::warn!(identity = %self.identity, "the ended tenure's guards were still held when its session could have expired; deleting its node");
             self.guards_dropped = true;
         }
-        let holding = matches!(self.release, Some(Release::Holding | Release::Deleting(_)));
+        let holding = self.holding(stage);
         let spent = self.spent.clone().filter(|_| self.guards_dropped && !holding);
         let leading = self.leading.is_some();
         let has_spent = self.spent.is_some();
@@ -488,7 +500,7 @@ impl ElectionCore for ZkLatch {
         }
     }
 
-    fn handle(&mut self, now: MonotonicTime, input: ZkInput) {
+    fn handle(&mut self, now: MonotonicTime, stage: Stage, input: ZkInput) {
         let current = self.session().map(|s| s.id);
         match input {
             ZkInput::Connected(result) => {
@@ -533,13 +545,13 @@ impl ElectionCore for ZkLatch {
                         s.connected = false;
                     }
                 }
-                SessionState::Lost => self.session_lost(now),
+                SessionState::Lost => self.session_lost(now, stage),
             },
             ZkInput::Observed { session, result } if Some(session) == current => {
                 let Some(started) = self.session().and_then(|s| s.looking.take()) else { return };
                 match result {
-                    Ok(look) => self.apply(now, started, look),
-                    Err(error) if is_session_lost(&error) => self.session_lost(now),
+                    Ok(look) => self.apply(now, stage, started, look),
+                    Err(error) if is_session_lost(&error) => self.session_lost(now, stage),
                     Err(error) => {
                         tracing::debug!(identity = %self.identity, %error, "looking at the election failed; retrying");
                         self.retry_later(now);
@@ -574,7 +586,7 @@ impl ElectionCore for ZkLatch {
                         self.reports.push_back(Report::Reached);
                         self.look_now(now);
                     }
-                    Err(error) if is_session_lost(&error) => self.session_lost(now),
+                    Err(error) if is_session_lost(&error) => self.session_lost(now, stage),
                     Err(error) => {
                         tracing::debug!(identity = %self.identity, %error, "heartbeat failed");
                         // Try again soon: the fencing deadline decides when we stop.
@@ -590,7 +602,7 @@ impl ElectionCore for ZkLatch {
                 }
                 let gone = result.is_ok();
                 match &result {
-                    Err(error) if is_session_lost(error) => return self.session_lost(now),
+                    Err(error) if is_session_lost(error) => return self.session_lost(now, stage),
                     Err(error) => {
                         tracing::debug!(identity = %self.identity, %error, node = %node, "deleting a node failed")
                     }
@@ -604,7 +616,8 @@ impl ElectionCore for ZkLatch {
                         self.spent = None;
                     }
                 }
-                if let Some(Release::Deleting(after)) = self.release {
+                let release = release_after(stage).filter(|_| self.releasing_node.as_deref() == Some(node.as_str()));
+                if let Some(after) = release {
                     if !gone {
                         tracing::warn!(identity = %self.identity, "could not delete own node; it goes with the session");
                         // Never lead on it again (S2): it is deleted before the next look.
@@ -624,7 +637,7 @@ impl ElectionCore for ZkLatch {
         }
     }
 
-    fn poll_timeout(&self) -> Option<MonotonicTime> {
+    fn poll_timeout(&self, stage: Stage) -> Option<MonotonicTime> {
         let mut times = vec![];
         if self.leading.is_some() {
             times.push(self.valid_until);
@@ -632,7 +645,7 @@ impl ElectionCore for ZkLatch {
         if self.spent.is_some() && !self.guards_dropped {
             times.push(self.spent_drain_until);
         }
-        let holding = matches!(self.release, Some(Release::Holding | Release::Deleting(_)));
+        let holding = self.holding(stage);
         match &self.phase {
             Phase::Connecting { at, in_flight: false } => times.push(*at),
             // What `poll_call` would start once its time comes; a call in flight, a spent node
@@ -655,48 +668,49 @@ impl ElectionCore for ZkLatch {
     }
 
     fn step_down(&mut self, _now: MonotonicTime) {
-        self.release = Some(Release::Holding);
-        self.stepped_from_leading = self.leading.is_some();
         if let Some(term) = self.leading {
             self.stop_leading("stepped down", StopReason::SteppedDown);
             // The own node stays until the release: nobody else leads while the work stops.
-            self.spent = None;
+            self.releasing_node = self.spent.take();
             self.guards_dropped = true;
             self.show(Leadership { leader: Some(self.identity.clone()), term: Some(term), role: Role::Releasing });
         }
     }
 
     fn release(&mut self, now: MonotonicTime, after: AfterRelease) {
-        let stepped_from_leading = std::mem::take(&mut self.stepped_from_leading);
+        self.released = None;
         let (own, connected) = match &self.phase {
-            Phase::InSession(s) => (s.own.clone(), s.connected),
+            Phase::InSession(s) => (s.own.as_ref().map(|own| own.name.clone()), s.connected),
             _ => (None, false),
         };
         // A resign releases only a node it led on; a shutdown deletes its node in any case.
-        match own.filter(|_| after == AfterRelease::Stop || stepped_from_leading) {
-            Some(own) if !connected && after == AfterRelease::Campaign => {
+        let node = match after {
+            AfterRelease::Campaign => self.releasing_node.take(),
+            AfterRelease::Stop => own,
+        };
+        match node {
+            Some(node) if !connected && after == AfterRelease::Campaign => {
                 // Cut off: the node goes before this candidate leads again (never the same term).
-                self.spent = Some(own.name);
+                self.spent = Some(node);
                 self.guards_dropped = true;
                 self.finish_release(now, after, Ok(()));
             }
-            Some(own) if connected => {
-                self.release = Some(Release::Deleting(after));
+            Some(node) if connected => {
+                self.releasing_node = Some(node.clone());
                 let Some(s) = self.session() else { return };
                 let limit = s.call_timeout();
                 let id = s.id;
                 s.deleting = true;
-                self.queued.push_back(ZkCall::Delete { session: id, node: own.name, limit });
+                self.queued.push_back(ZkCall::Delete { session: id, node, limit });
             }
             _ => self.finish_release(now, after, Ok(())),
         }
     }
 
-    fn release_result(&self, after: AfterRelease) -> Option<Result<(), ElectorError>> {
-        match (&self.phase, &self.release) {
-            (Phase::Stopped(result), _) if after == AfterRelease::Stop => Some(result.clone()),
-            (_, Some(Release::Done(done, result))) if *done == after => Some(result.clone()),
-            _ => None,
+    fn release_result(&self) -> Option<Result<(), ElectorError>> {
+        match &self.phase {
+            Phase::Stopped(result) => Some(result.clone()),
+            _ => self.released.clone(),
         }
     }
 
@@ -717,7 +731,7 @@ impl ElectionCore for ZkLatch {
         self.show(Leadership::unknown());
     }
 
-    fn leadership(&self, _now: MonotonicTime) -> Leadership {
+    fn leadership(&self, _now: MonotonicTime, _stage: Stage) -> Leadership {
         self.shown.clone()
     }
 }
@@ -725,6 +739,9 @@ impl ElectionCore for ZkLatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// No stop under way.
+    const RUN: Stage = Stage::Campaigning;
 
     const SESSION: Duration = Duration::from_secs(2);
 
@@ -734,13 +751,13 @@ mod tests {
 
     /// Opens session `id` at `now` and answers its first look: the own node `node`, first or not.
     fn queued(latch: &mut ZkLatch, now: MonotonicTime, id: u64, node: &str, is_leader: bool) {
-        assert_eq!(latch.poll_call(now), Some(ZkCall::Connect));
-        latch.handle(now, ZkInput::Connected(Ok((id, SESSION, format!("guid-{id}")))));
-        assert!(matches!(latch.poll_call(now), Some(ZkCall::Observe { session, .. }) if session == id));
+        assert_eq!(latch.poll_call(now, RUN), Some(ZkCall::Connect));
+        latch.handle(now, RUN, ZkInput::Connected(Ok((id, SESSION, format!("guid-{id}")))));
+        assert!(matches!(latch.poll_call(now, RUN), Some(ZkCall::Observe { session, .. }) if session == id));
         let own = OwnNode { name: node.into(), czxid: 7 };
         let (leader_identity, leader_term) = if is_leader { ("a", Term(7)) } else { ("b", Term(3)) };
         let look = Look::View { own, is_leader, leader_identity: leader_identity.into(), leader_term };
-        latch.handle(now, ZkInput::Observed { session: id, result: Ok(look) });
+        latch.handle(now, RUN, ZkInput::Observed { session: id, result: Ok(look) });
     }
 
     /// The server may revive a session the client gave up (its queued requests reach a thawing
@@ -751,13 +768,13 @@ mod tests {
     fn the_next_session_deletes_the_node_of_a_session_given_up() {
         let mut latch = ZkLatch::new("a".into(), SESSION);
         queued(&mut latch, at(0), 1, "n-0001", false);
-        latch.handle(at(100), ZkInput::State { session: 1, state: SessionState::Lost });
-        assert_eq!(latch.poll_call(at(100)), Some(ZkCall::Connect));
-        latch.handle(at(100), ZkInput::Connected(Ok((2, SESSION, "guid-2".into()))));
-        let Some(ZkCall::Delete { session: 2, node, .. }) = latch.poll_call(at(100)) else { panic!("no delete") };
+        latch.handle(at(100), RUN, ZkInput::State { session: 1, state: SessionState::Lost });
+        assert_eq!(latch.poll_call(at(100), RUN), Some(ZkCall::Connect));
+        latch.handle(at(100), RUN, ZkInput::Connected(Ok((2, SESSION, "guid-2".into()))));
+        let Some(ZkCall::Delete { session: 2, node, .. }) = latch.poll_call(at(100), RUN) else { panic!("no delete") };
         assert_eq!(node, "n-0001");
-        latch.handle(at(110), ZkInput::Deleted { session: 2, node, result: Ok(()) });
-        assert!(matches!(latch.poll_call(at(110)), Some(ZkCall::Observe { session: 2, own: None, .. })));
+        latch.handle(at(110), RUN, ZkInput::Deleted { session: 2, node, result: Ok(()) });
+        assert!(matches!(latch.poll_call(at(110), RUN), Some(ZkCall::Observe { session: 2, own: None, .. })));
     }
 
     /// A delete that fails at once is retried after a pause, not in a loop.
@@ -765,16 +782,16 @@ mod tests {
     fn a_failed_delete_of_a_spent_node_waits_before_it_is_tried_again() {
         let mut latch = ZkLatch::new("a".into(), SESSION);
         queued(&mut latch, at(0), 1, "n-0001", false);
-        latch.handle(at(100), ZkInput::State { session: 1, state: SessionState::Lost });
-        assert_eq!(latch.poll_call(at(100)), Some(ZkCall::Connect));
-        latch.handle(at(100), ZkInput::Connected(Ok((2, SESSION, "guid-2".into()))));
-        let Some(ZkCall::Delete { node, .. }) = latch.poll_call(at(100)) else { panic!("no delete") };
+        latch.handle(at(100), RUN, ZkInput::State { session: 1, state: SessionState::Lost });
+        assert_eq!(latch.poll_call(at(100), RUN), Some(ZkCall::Connect));
+        latch.handle(at(100), RUN, ZkInput::Connected(Ok((2, SESSION, "guid-2".into()))));
+        let Some(ZkCall::Delete { node, .. }) = latch.poll_call(at(100), RUN) else { panic!("no delete") };
         let refused = Err(ZkError::Request(zk::Error::NoAuth));
-        latch.handle(at(100), ZkInput::Deleted { session: 2, node, result: refused });
-        assert_eq!(latch.poll_call(at(100)), None, "no delete again at once");
-        let retry = latch.poll_timeout().expect("a retry is due");
+        latch.handle(at(100), RUN, ZkInput::Deleted { session: 2, node, result: refused });
+        assert_eq!(latch.poll_call(at(100), RUN), None, "no delete again at once");
+        let retry = latch.poll_timeout(RUN).expect("a retry is due");
         assert!(retry > at(100), "{retry:?}");
-        assert!(matches!(latch.poll_call(retry), Some(ZkCall::Delete { session: 2, .. })));
+        assert!(matches!(latch.poll_call(retry, RUN), Some(ZkCall::Delete { session: 2, .. })));
     }
 
     /// A leader's node goes the same way, once its tenure's guards are dropped.
@@ -783,12 +800,13 @@ mod tests {
         let mut latch = ZkLatch::new("a".into(), SESSION);
         queued(&mut latch, at(0), 1, "n-0001", true);
         assert!(latch.valid_until().is_some(), "leads");
-        latch.handle(at(100), ZkInput::State { session: 1, state: SessionState::Lost });
+        latch.handle(at(100), RUN, ZkInput::State { session: 1, state: SessionState::Lost });
         assert_eq!(latch.valid_until(), None, "the tenure ended with the session");
-        assert_eq!(latch.poll_call(at(100)), Some(ZkCall::Connect));
-        latch.handle(at(100), ZkInput::Connected(Ok((2, SESSION, "guid-2".into()))));
-        assert_eq!(latch.poll_call(at(100)), None, "the work still runs: nothing is deleted or looked at");
+        assert_eq!(latch.poll_call(at(100), RUN), Some(ZkCall::Connect));
+        latch.handle(at(100), RUN, ZkInput::Connected(Ok((2, SESSION, "guid-2".into()))));
+        assert_eq!(latch.poll_call(at(100), RUN), None, "the work still runs: nothing is deleted or looked at");
         latch.guards_dropped(at(150));
-        assert!(matches!(latch.poll_call(at(150)), Some(ZkCall::Delete { session: 2, node, .. }) if node == "n-0001"));
+        let call = latch.poll_call(at(150), RUN);
+        assert!(matches!(call, Some(ZkCall::Delete { session: 2, node, .. }) if node == "n-0001"));
     }
 }

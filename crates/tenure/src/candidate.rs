@@ -45,6 +45,7 @@ use rand::{RngExt, SeedableRng};
 
 use crate::clock::MonotonicTime;
 use crate::leadership::WaitReason;
+use crate::lifecycle::Stage;
 use crate::lock::{LockError, StoredRecord, Version};
 use crate::record::LeaderElectionRecord;
 use crate::term::Term;
@@ -119,15 +120,6 @@ pub enum AfterRelease {
     Campaign,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Campaigning,
-    /// Not leading any more but still holding (and renewing) the lock while the user's work stops.
-    Draining,
-    Releasing(AfterRelease),
-    Stopped,
-}
-
 #[derive(Debug, Clone)]
 struct Observed {
     stored: Option<StoredRecord>,
@@ -173,13 +165,13 @@ enum Holder {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tenure::{Action, Candidate, MonotonicTime, Timing};
+/// use tenure::{Action, Candidate, MonotonicTime, Stage, Timing};
 /// let mut c = Candidate::new("a", Timing::default(), true, 7);
-/// let t0 = MonotonicTime::ZERO;
-/// assert_eq!(c.poll_action(t0, chrono::Utc::now()), Some(Action::Read));
+/// let (t0, stage) = (MonotonicTime::ZERO, Stage::Campaigning);
+/// assert_eq!(c.poll_action(t0, chrono::Utc::now(), stage), Some(Action::Read));
 /// c.on_read(t0, Ok(None));
-/// let Some(Action::Create(record)) = c.poll_action(t0, chrono::Utc::now()) else { panic!() };
-/// c.on_write(t0, Ok(tenure::Version("1".into())));
+/// let Some(Action::Create(record)) = c.poll_action(t0, chrono::Utc::now(), stage) else { panic!() };
+/// c.on_write(t0, Ok(tenure::Version("1".into())), stage);
 /// assert_eq!(c.is_leader(t0), Some(tenure::Term(1)));
 /// assert_eq!(c.is_leader(t0 + Duration::from_secs(10)), None); // fenced at the renew deadline
 /// # let _ = record;
@@ -190,7 +182,6 @@ pub struct Candidate {
     timing: Timing,
     has_watch: bool,
     rng: SmallRng,
-    mode: Mode,
     observed: Option<Observed>,
     tenure: Option<OwnTenure>,
     /// The term of the last tenure this candidate acquired; a record with it and our identity is ours.
@@ -212,6 +203,11 @@ pub struct Candidate {
     next_attempt: MonotonicTime,
     /// After a resign, do not try to acquire before this instant.
     hold_off_until: Option<MonotonicTime>,
+    /// A release was asked for ([`Candidate::release`]) and has not landed: whenever the lock
+    /// holds this candidate's tenure, it writes the release rather than renew or take the lock,
+    /// whatever the stage (a release that outlives its stop's deadline still lands, and the
+    /// candidate leaves the lock to others for a lease from then).
+    releasing: bool,
     published_holder: Option<(Option<String>, Option<Term>)>,
     events: VecDeque<Event>,
     /// The version of the last change notified while an action was in flight (`Some(None)`: the
@@ -238,11 +234,11 @@ impl Candidate {
     /// does not poll); `seed` makes the jitter of its retries reproducible.
     pub fn new(identity: impl Into<String>, timing: Timing, has_watch: bool, seed: u64) -> Self {
         Candidate {
-            identity: identity.into(), timing, has_watch, rng: SmallRng::seed_from_u64(seed), mode: Mode::Campaigning,
+            identity: identity.into(), timing, has_watch, rng: SmallRng::seed_from_u64(seed),
             observed: None, tenure: None, last_own_term: None, unconfirmed: None, confirming: false,
             highest_term_seen: Term(0), pending: None,
-            needs_read: true, next_attempt: MonotonicTime::ZERO, hold_off_until: None, published_holder: None,
-            events: VecDeque::new(), notified_while_pending: None, resync_after_pending: false,
+            needs_read: true, next_attempt: MonotonicTime::ZERO, hold_off_until: None, releasing: false,
+            published_holder: None, events: VecDeque::new(), notified_while_pending: None, resync_after_pending: false,
             deleted_lease_until: None, consecutive_failures: 0, coordinated: false, granted: None, handover_asked: None,
         }
     }
@@ -267,8 +263,8 @@ impl Candidate {
     ///
     /// Why: such waits can be long (a deleted record that claimed a day-long lease is honoured
     /// for a day) and must be visible to operators, who can then break the lock deliberately.
-    pub fn wait(&self, now: MonotonicTime) -> Option<(WaitReason, MonotonicTime)> {
-        if self.mode != Mode::Campaigning || self.tenure.is_some() {
+    pub fn wait(&self, now: MonotonicTime, stage: Stage) -> Option<(WaitReason, MonotonicTime)> {
+        if stage != Stage::Campaigning || self.releasing || self.tenure.is_some() {
             return None;
         }
         let observed = self.observed.as_ref()?;
@@ -342,14 +338,16 @@ impl Candidate {
         self.observed.as_ref().map(|o| o.seen_at)
     }
 
-    /// True once the candidate has stopped for good (after a shutdown released the lock).
-    pub fn is_stopped(&self) -> bool {
-        self.mode == Mode::Stopped
+    /// True once the release last asked for ([`Candidate::release`]) is over: its write landed,
+    /// or the lock holds nothing of this candidate's.
+    pub fn has_released(&self) -> bool {
+        !self.releasing
     }
 
-    /// True between a step-down and the end of the release (the lock may still be ours).
-    pub fn is_releasing(&self) -> bool {
-        matches!(self.mode, Mode::Draining | Mode::Releasing(_))
+    /// True while the lock holds a tenure this candidate stepped down from (in `stage`): it
+    /// neither leads nor lets another lead until the release.
+    pub fn is_releasing(&self, stage: Stage) -> bool {
+        (stage.is_stepping_down() || self.releasing) && self.holds_lock()
     }
 
     /// True when the record last seen holds this candidate's own tenure.
@@ -380,8 +378,8 @@ impl Candidate {
 
     /// The instant at which the driver must call [`Candidate::poll_action`] again if nothing else
     /// happens: the next attempt, or the self-fencing deadline.
-    pub fn next_wakeup(&self) -> Option<MonotonicTime> {
-        if self.mode == Mode::Stopped {
+    pub fn next_wakeup(&self, stage: Stage) -> Option<MonotonicTime> {
+        if stage == Stage::Stopped {
             return None;
         }
         let fence = self.tenure.as_ref().map(|t| t.valid_until);
@@ -389,20 +387,21 @@ impl Candidate {
         fence.into_iter().chain(attempt).min()
     }
 
-    /// Decides what to do at `now`. `None`: nothing until [`Candidate::next_wakeup`] or a result or
-    /// change arrives. `wall` only fills the informational times of the record.
-    pub fn poll_action(&mut self, now: MonotonicTime, wall: DateTime<Utc>) -> Option<Action> {
+    /// Decides what to do at `now` in the elector's `stage` ([`crate::lifecycle`]). `None`:
+    /// nothing until [`Candidate::next_wakeup`] or a result or change arrives. `wall` only fills
+    /// the informational times of the record.
+    pub fn poll_action(&mut self, now: MonotonicTime, wall: DateTime<Utc>, stage: Stage) -> Option<Action> {
         self.fence(now);
-        if self.pending.is_some() || self.mode == Mode::Stopped || now < self.next_attempt {
+        // Released: the stop ends (nothing more until the stage moves on).
+        let released = matches!(stage, Stage::Releasing(_)) && !self.releasing;
+        if released || stage == Stage::Stopped || self.pending.is_some() || now < self.next_attempt {
             return None;
         }
-        if let Mode::Releasing(after) = self.mode {
-            // Nothing of ours to release, and no uncertain write to check: done, even if the
-            // store is unreachable.
-            if self.tenure.is_none() && !self.holds_lock() && !self.needs_read {
-                self.finish_release(now, after);
-                return None;
-            }
+        // Nothing of ours to release, and no uncertain write to check: released, even if the
+        // store is unreachable.
+        if self.releasing && self.tenure.is_none() && !self.holds_lock() && !self.needs_read {
+            self.released(now);
+            return None;
         }
         if self.needs_read || self.observed.is_none() {
             self.pending = Some(Pending::Read { started: now });
@@ -410,30 +409,32 @@ impl Candidate {
             return Some(Action::Read);
         }
         let holder = self.classify();
-        // A grant skips the hold-off after a resign: the coordinator chose this candidate again.
-        let may_acquire = self.mode == Mode::Campaigning
-            && (self.hold_off_until.is_none_or(|t| now >= t) || matches!(holder, Holder::Granted));
-        match (self.mode, holder) {
-            (Mode::Releasing(_), Holder::Ours) => {
+        if self.releasing {
+            if matches!(holder, Holder::Ours) {
                 return self.write(now, WriteKind::Release, self.released_record(wall));
             }
-            (Mode::Releasing(after), _) => self.finish_release(now, after),
-            (_, Holder::Ours) if self.tenure.is_some() => {
+            // The lock holds nothing of ours any more: released.
+            self.released(now);
+            return None;
+        }
+        let campaigning = stage == Stage::Campaigning;
+        // A grant skips the hold-off after a resign: the coordinator chose this candidate again.
+        let may_acquire =
+            campaigning && (self.hold_off_until.is_none_or(|t| now >= t) || matches!(holder, Holder::Granted));
+        match holder {
+            Holder::Ours if self.tenure.is_some() => {
                 return self.write(now, WriteKind::Renew, self.renewed_record(wall));
             }
-            (_, Holder::Absent | Holder::Free | Holder::Ours | Holder::Granted) if may_acquire => {
+            Holder::Absent | Holder::Free | Holder::Ours | Holder::Granted if may_acquire => {
                 return self.write(now, WriteKind::Acquire, self.acquired_record(wall));
             }
-            (_, Holder::Other { expires_at }) if may_acquire && now >= expires_at => {
+            Holder::Other { expires_at } if may_acquire && now >= expires_at => {
                 return self.write(now, WriteKind::Acquire, self.acquired_record(wall));
             }
-            (Mode::Campaigning, Holder::Other { expires_at }) => {
+            Holder::Other { expires_at } if campaigning => {
                 // Wait for the exact moment the lease runs out; without notifications, look again
                 // every jittered retry period meanwhile.
-                let mut next = expires_at;
-                if let Some(hold) = self.hold_off_until.filter(|_| self.mode == Mode::Campaigning) {
-                    next = next.max(hold);
-                }
+                let mut next = expires_at.max(self.hold_off_until.unwrap_or(expires_at));
                 if !self.has_watch {
                     let poll = now + self.jittered_retry();
                     if poll < next {
@@ -441,18 +442,18 @@ impl Candidate {
                         next = poll;
                     }
                 }
-                // A draining candidate may face an expired lease it must not take: never schedule
-                // in the past, or the driver would spin.
+                // A lease that ran out while held off: never schedule in the past, or the driver
+                // would spin.
                 self.next_attempt = if next > now { next } else { now + self.timing.retry_period };
             }
-            (Mode::Campaigning, Holder::NotOurs) => {
+            Holder::NotOurs if campaigning => {
                 // Only a change can make it ours: wait for one (without notifications, look
                 // again every jittered retry period).
                 let wait = if self.has_watch { self.timing.lease_duration } else { self.jittered_retry() };
                 self.needs_read = !self.has_watch;
                 self.next_attempt = now + wait;
             }
-            (Mode::Campaigning, _) => {
+            _ if campaigning => {
                 // Held off after a resign: look again when the hold-off ends; without notifications,
                 // keep polling meanwhile, so that a new holder's lease counts from when it took over.
                 let mut next = self.hold_off_until.unwrap_or(now).max(now + Duration::from_millis(1));
@@ -463,7 +464,8 @@ impl Candidate {
                 self.next_attempt = next;
             }
             _ => {
-                // Draining without a record of ours: nothing to renew, nothing to take.
+                // Draining without a record of ours, or facing an expired lease it must not take:
+                // nothing to renew, nothing to take; never schedule in the past.
                 self.next_attempt = now + self.timing.retry_period;
             }
         }
@@ -506,8 +508,9 @@ impl Candidate {
         }
     }
 
-    /// The result of an [`Action::Create`] or [`Action::Update`] that completed at `now`.
-    pub fn on_write(&mut self, now: MonotonicTime, result: Result<Version, LockError>) {
+    /// The result of an [`Action::Create`] or [`Action::Update`] that completed at `now`, in the
+    /// elector's `stage`.
+    pub fn on_write(&mut self, now: MonotonicTime, result: Result<Version, LockError>, stage: Stage) {
         // A renew reply handled after the fencing deadline must not revive an ended tenure.
         self.fence(now);
         let Some(Pending::Write { started, kind, record }) = self.pending.take() else {
@@ -552,16 +555,17 @@ impl Candidate {
             Some(Observed { stored: Some(StoredRecord { version, record: Ok(record.clone()) }), seen_at: now });
         self.note_term(term);
         self.needs_read = false;
-        self.next_attempt = match self.mode {
+        self.next_attempt = if self.releasing {
             // A release asked for while this write was in flight goes out at once (L2).
-            Mode::Releasing(_) => now,
-            _ => (started + self.timing.retry_period).max(now),
+            now
+        } else {
+            (started + self.timing.retry_period).max(now)
         };
         let valid_until = started + self.timing.renew_deadline;
         match kind {
             WriteKind::Acquire => {
                 self.last_own_term = Some(term);
-                let leading = self.mode == Mode::Campaigning && now < valid_until;
+                let leading = stage == Stage::Campaigning && !self.releasing && now < valid_until;
                 self.tenure = Some(OwnTenure { term, acquire_time: record.acquire_time, valid_until, leading });
                 if leading {
                     self.events.push_back(Event::StartedLeading { term });
@@ -572,12 +576,8 @@ impl Candidate {
                     tenure.valid_until = tenure.valid_until.max(valid_until);
                 }
             }
-            WriteKind::Release => {
-                self.tenure = None;
-                if let Mode::Releasing(after) = self.mode {
-                    self.finish_release(now, after);
-                }
-            }
+            WriteKind::Release if self.releasing => self.released(now),
+            WriteKind::Release => self.tenure = None,
         }
         if notified_other || std::mem::take(&mut self.resync_after_pending) {
             // A notification arrived while the write was in flight: it may be older than the
@@ -595,23 +595,30 @@ impl Candidate {
         self.observe(now, stored, false);
     }
 
-    /// Stops leading now but keeps holding (and renewing) the lock, so that nobody else starts
-    /// leading while the user's work finishes. Follow with [`Candidate::release`].
+    /// Stops leading now but keeps holding (and renewing, while the stage is
+    /// [`Stage::Draining`]) the lock, so that nobody else starts leading while the user's work
+    /// finishes. Follow with [`Candidate::release`].
     pub fn step_down(&mut self, _now: MonotonicTime) {
-        if self.mode == Mode::Campaigning {
-            self.mode = Mode::Draining;
-        }
         self.stop_leading(StopReason::SteppedDown);
     }
 
-    /// Writes the release (holder cleared, `leaseDurationSeconds: 1`) if the lock still holds
-    /// this candidate's tenure, then stops or campaigns again as `after` says.
-    pub fn release(&mut self, now: MonotonicTime, after: AfterRelease) {
+    /// Starts the release: while the stage is [`Stage::Releasing`], the candidate writes the
+    /// release (holder cleared, `leaseDurationSeconds: 1`) if the lock still holds its tenure,
+    /// until [`Candidate::has_released`]. After a resign (`after` campaigns again) it leaves the
+    /// lock to others for one lease.
+    pub fn release(&mut self, now: MonotonicTime, _after: AfterRelease) {
         self.step_down(now);
-        if self.mode != Mode::Stopped {
-            self.mode = Mode::Releasing(after);
-            self.next_attempt = now;
-        }
+        self.releasing = true;
+        self.next_attempt = now;
+    }
+
+    /// The release is over at `now`: nothing of this candidate's is in the lock. After a resign
+    /// it leaves the lock to others for one lease (a shutdown never campaigns again).
+    fn released(&mut self, now: MonotonicTime) {
+        self.releasing = false;
+        self.tenure = None;
+        self.hold_off_until = Some(now + self.timing.lease_duration);
+        self.next_attempt = now;
     }
 
     /// Forgets any in-flight action, as if its reply was lost (used when the driver gives up on a
@@ -625,18 +632,6 @@ impl Candidate {
             }
             self.needs_read = true;
             self.next_attempt = now;
-        }
-    }
-
-    fn finish_release(&mut self, now: MonotonicTime, after: AfterRelease) {
-        self.tenure = None;
-        match after {
-            AfterRelease::Stop => self.mode = Mode::Stopped,
-            AfterRelease::Campaign => {
-                self.mode = Mode::Campaigning;
-                self.hold_off_until = Some(now + self.timing.lease_duration);
-                self.next_attempt = now;
-            }
         }
     }
 
@@ -910,6 +905,9 @@ impl Candidate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// No stop under way.
+    const RUN: Stage = Stage::Campaigning;
     use crate::record::RecordError;
 
     const T0: MonotonicTime = MonotonicTime::ZERO;
@@ -935,7 +933,7 @@ mod tests {
     /// Candidate `id` (default timing) whose first read, at T0, found `stored`.
     fn after_first_read(id: &str, stored: Option<StoredRecord>) -> Candidate {
         let mut c = Candidate::new(id, Timing::default(), true, 1);
-        assert_eq!(c.poll_action(T0, wall()), Some(Action::Read));
+        assert_eq!(c.poll_action(T0, wall(), RUN), Some(Action::Read));
         c.on_read(T0, Ok(stored));
         c
     }
@@ -949,9 +947,9 @@ mod tests {
         let mut now = start;
         let mut delays = Vec::new();
         for _ in 0..count {
-            assert_eq!(c.poll_action(now, wall()), Some(Action::Read));
+            assert_eq!(c.poll_action(now, wall(), RUN), Some(Action::Read));
             c.on_read(now, Err(LockError::Unavailable("connection refused".into())));
-            let next = c.next_wakeup().unwrap();
+            let next = c.next_wakeup(RUN).unwrap();
             delays.push(next.0 - now.0);
             now = next;
         }
@@ -971,23 +969,25 @@ mod tests {
     fn a_coordinated_candidate_takes_only_what_the_coordinator_gives_it_and_hands_over_when_asked() {
         let timing = Timing::default();
         let mut c = Candidate::new("b", timing, true, 1).coordinated();
-        assert_eq!(c.poll_action(T0, wall()), Some(Action::Read));
+        assert_eq!(c.poll_action(T0, wall(), RUN), Some(Action::Read));
         c.on_read(T0, Ok(None));
         // Absent, then free, then another's expired lease: never taken, however long it waits.
-        assert_eq!(c.poll_action(T0, wall()), None);
-        assert_eq!(c.wait(T0).map(|w| w.0), Some(WaitReason::Coordinator));
+        assert_eq!(c.poll_action(T0, wall(), RUN), None);
+        assert_eq!(c.wait(T0, RUN).map(|w| w.0), Some(WaitReason::Coordinator));
         let later = T0 + Duration::from_secs(3600);
         c.on_change(later, coordinated_lease("", "2", 1, None));
-        assert_eq!(c.poll_action(later, wall()), None);
+        assert_eq!(c.poll_action(later, wall(), RUN), None);
         c.on_change(later, coordinated_lease("a", "3", 1, None));
         let expired = later + Duration::from_secs(3600);
-        assert_eq!(c.poll_action(expired, wall()), None, "an expired lease is the coordinator's to give");
+        assert_eq!(c.poll_action(expired, wall(), RUN), None, "an expired lease is the coordinator's to give");
 
         // The coordinator names b: taken at once, under a new term.
         c.on_change(expired, coordinated_lease("b", "4", 2, None));
-        let Some(Action::Update { expected, record }) = c.poll_action(expired, wall()) else { panic!("takes the grant") };
+        let Some(Action::Update { expected, record }) = c.poll_action(expired, wall(), RUN) else {
+            panic!("takes the grant")
+        };
         assert_eq!((expected, record.holder_identity.as_str(), record.leader_transitions), (Version("4".into()), "b", 3));
-        c.on_write(expired, Ok(Version("5".into())));
+        c.on_write(expired, Ok(Version("5".into())), RUN);
         assert_eq!(c.is_leader(expired), Some(Term(3)));
         events(&mut c);
 
@@ -1003,37 +1003,38 @@ mod tests {
         let timing = Timing::default();
         // First seen naming b but renewed since it was given: perhaps a live duplicate's.
         let mut c = Candidate::new("b", timing, true, 1).coordinated();
-        assert_eq!(c.poll_action(T0, wall()), Some(Action::Read));
+        assert_eq!(c.poll_action(T0, wall(), RUN), Some(Action::Read));
         let mut renewed = coordinated_lease("b", "4", 2, None);
         if let Some(Ok(record)) = renewed.as_mut().map(|s| &mut s.record) {
             record.renew_time = Some(wall() + chrono::Duration::seconds(5));
         }
         c.on_read(T0, Ok(renewed));
-        assert_eq!(c.poll_action(T0, wall()), None);
+        assert_eq!(c.poll_action(T0, wall(), RUN), None);
         let after_lease = T0 + timing.lease_duration;
-        assert!(matches!(c.poll_action(after_lease, wall()), Some(Action::Update { .. })), "taken after one lease");
+        let taken = c.poll_action(after_lease, wall(), RUN);
+        assert!(matches!(taken, Some(Action::Update { .. })), "taken after one lease");
 
         // A strategy it does not know: not even a grant is taken.
         let mut c = Candidate::new("b", timing, true, 1).coordinated();
-        assert_eq!(c.poll_action(T0, wall()), Some(Action::Read));
+        assert_eq!(c.poll_action(T0, wall(), RUN), Some(Action::Read));
         c.on_read(T0, Ok(coordinated_lease("a", "1", 1, None)));
         let mut other = coordinated_lease("b", "2", 2, None);
         if let Some(Ok(record)) = other.as_mut().map(|s| &mut s.record) {
             record.strategy = Some("example.com/Custom".into());
         }
         c.on_change(T0, other);
-        assert_eq!(c.poll_action(T0 + Duration::from_secs(3600), wall()), None);
-        assert_eq!(c.wait(T0).map(|w| w.0), Some(WaitReason::UnknownStrategy));
+        assert_eq!(c.poll_action(T0 + Duration::from_secs(3600), wall(), RUN), None);
+        assert_eq!(c.wait(T0, RUN).map(|w| w.0), Some(WaitReason::UnknownStrategy));
     }
 
     #[test]
     fn a_candidate_outside_the_coordination_never_takes_a_coordinated_lease() {
         let mut c = after_first_read("b", coordinated_lease("", "1", 1, None));
-        assert_eq!(c.poll_action(T0 + Duration::from_secs(3600), wall()), None);
-        assert_eq!(c.wait(T0).map(|w| w.0), Some(WaitReason::CoordinatedLease));
+        assert_eq!(c.poll_action(T0 + Duration::from_secs(3600), wall(), RUN), None);
+        assert_eq!(c.wait(T0, RUN).map(|w| w.0), Some(WaitReason::CoordinatedLease));
         // Without a strategy the same free lease is taken at once.
         c.on_change(T0, held_by("", "2", 1));
-        assert!(matches!(c.poll_action(T0, wall()), Some(Action::Update { .. })));
+        assert!(matches!(c.poll_action(T0, wall(), RUN), Some(Action::Update { .. })));
     }
 
     #[test]
@@ -1054,7 +1055,7 @@ mod tests {
         let now = T0 + Duration::from_secs(300);
         c.needs_read = true;
         c.next_attempt = now;
-        assert_eq!(c.poll_action(now, wall()), Some(Action::Read));
+        assert_eq!(c.poll_action(now, wall(), RUN), Some(Action::Read));
         c.on_read(now, Ok(held_by("a", "7", 3)));
         c.needs_read = true;
         let again = failing_reads(&mut c, now, 1);
@@ -1074,14 +1075,14 @@ mod tests {
         let timing = Timing::default();
         let mut c = after_first_read("b", held_by("a", "1", 4));
         let expired = T0 + timing.lease_duration;
-        let Some(Action::Update { record, .. }) = c.poll_action(expired, wall()) else { panic!() };
+        let Some(Action::Update { record, .. }) = c.poll_action(expired, wall(), RUN) else { panic!() };
         // The store applied it and the watch said so; then the reply failed.
         c.on_change(expired, Some(StoredRecord { version: Version("2".into()), record: Ok(record) }));
         let failed = expired + timing.call_timeout;
-        c.on_write(failed, Err(LockError::Timeout(timing.call_timeout)));
+        c.on_write(failed, Err(LockError::Timeout(timing.call_timeout)), RUN);
         let mut now = failed;
         let written = loop {
-            match c.poll_action(now, wall()) {
+            match c.poll_action(now, wall(), RUN) {
                 Some(Action::Read) => c.on_read(now, Ok(Some(StoredRecord {
                     version: Version("2".into()),
                     record: c.observed_record().cloned().map(Ok).unwrap(),
@@ -1089,7 +1090,7 @@ mod tests {
                 Some(Action::Update { expected, record }) => break (expected, record),
                 other => panic!("b confirms its own record at once, not {other:?}"),
             }
-            now = c.next_wakeup().unwrap().max(now);
+            now = c.next_wakeup(RUN).unwrap().max(now);
             assert!(now < failed + timing.lease_duration, "b waited out its own record");
         };
         assert_eq!(written.0, Version("2".into()));
@@ -1099,11 +1100,11 @@ mod tests {
     #[test]
     fn a_call_that_timed_out_is_followed_at_once() {
         let mut c = Candidate::new("b", Timing::default(), true, 1);
-        assert_eq!(c.poll_action(T0, wall()), Some(Action::Read));
+        assert_eq!(c.poll_action(T0, wall(), RUN), Some(Action::Read));
         let timeout = Timing::default().call_timeout;
         c.on_read(T0 + timeout, Err(LockError::Timeout(timeout)));
-        assert_eq!(c.next_wakeup(), Some(T0 + timeout), "the timeout was the wait");
-        assert_eq!(c.poll_action(T0 + timeout, wall()), Some(Action::Read));
+        assert_eq!(c.next_wakeup(RUN), Some(T0 + timeout), "the timeout was the wait");
+        assert_eq!(c.poll_action(T0 + timeout, wall(), RUN), Some(Action::Read));
     }
 
     #[test]
@@ -1112,36 +1113,36 @@ mod tests {
         let timing = Timing::default();
         let mut c = after_first_read("b", held_by("a", "1", 4));
         let expired = T0 + timing.lease_duration;
-        let Some(Action::Update { record, .. }) = c.poll_action(expired, wall()) else { panic!() };
+        let Some(Action::Update { record, .. }) = c.poll_action(expired, wall(), RUN) else { panic!() };
         assert_eq!(record.leader_transitions, 5);
         let timed_out = expired + timing.call_timeout;
-        c.on_write(timed_out, Err(LockError::Timeout(timing.call_timeout)));
+        c.on_write(timed_out, Err(LockError::Timeout(timing.call_timeout)), RUN);
         assert_eq!(c.is_leader(timed_out), None);
 
         // The store thaws and applied the write: the next read shows it. Not somebody else's
         // lease to wait out: b confirms it with a write at once, and leads.
         let thawed = timed_out + Duration::from_secs(100);
-        assert_eq!(c.poll_action(thawed, wall()), Some(Action::Read));
+        assert_eq!(c.poll_action(thawed, wall(), RUN), Some(Action::Read));
         c.on_read(thawed, Ok(Some(StoredRecord { version: Version("2".into()), record: Ok(record.clone()) })));
-        let Some(Action::Update { expected, record: confirmed }) = c.poll_action(thawed, wall()) else { panic!() };
+        let Some(Action::Update { expected, record: confirmed }) = c.poll_action(thawed, wall(), RUN) else { panic!() };
         assert_eq!(expected, Version("2".into()));
-        c.on_write(thawed, Ok(Version("3".into())));
+        c.on_write(thawed, Ok(Version("3".into())), RUN);
         assert_eq!(c.is_leader(thawed), Some(Term::from_count(confirmed.leader_transitions)));
 
         // A slow link: b's confirmation also lands only after its call timed out. Not recognised
         // again: b waits out a lease like everybody else instead of rewriting the record under a
         // new term every call timeout (which would keep everybody else waiting forever).
         let mut slow = after_first_read("b", held_by("a", "1", 4));
-        let Some(Action::Update { record: first, .. }) = slow.poll_action(expired, wall()) else { panic!() };
-        slow.on_write(timed_out, Err(LockError::Timeout(timing.call_timeout)));
-        assert_eq!(slow.poll_action(thawed, wall()), Some(Action::Read));
+        let Some(Action::Update { record: first, .. }) = slow.poll_action(expired, wall(), RUN) else { panic!() };
+        slow.on_write(timed_out, Err(LockError::Timeout(timing.call_timeout)), RUN);
+        assert_eq!(slow.poll_action(thawed, wall(), RUN), Some(Action::Read));
         slow.on_read(thawed, Ok(Some(StoredRecord { version: Version("2".into()), record: Ok(first) })));
-        let Some(Action::Update { record: second, .. }) = slow.poll_action(thawed, wall()) else { panic!() };
+        let Some(Action::Update { record: second, .. }) = slow.poll_action(thawed, wall(), RUN) else { panic!() };
         let late = thawed + timing.call_timeout;
-        slow.on_write(late, Err(LockError::Timeout(timing.call_timeout)));
+        slow.on_write(late, Err(LockError::Timeout(timing.call_timeout)), RUN);
         let mut now = late;
         loop {
-            match slow.poll_action(now, wall()) {
+            match slow.poll_action(now, wall(), RUN) {
                 Some(Action::Read) => {
                     let stored = StoredRecord { version: Version("3".into()), record: Ok(second.clone()) };
                     slow.on_read(now, Ok(Some(stored)));
@@ -1149,31 +1150,32 @@ mod tests {
                 Some(other) => panic!("b wrote again before a lease had passed: {other:?}"),
                 None => break,
             }
-            now = slow.next_wakeup().unwrap().max(now);
+            now = slow.next_wakeup(RUN).unwrap().max(now);
         }
-        assert!(slow.next_wakeup().unwrap() >= late + timing.lease_duration, "b waits out its own unconfirmed record");
+        let next = slow.next_wakeup(RUN).unwrap();
+        assert!(next >= late + timing.lease_duration, "b waits out its own unconfirmed record");
 
         // The same record written by another process under b's identity, without an own
         // unconfirmed write: a restart, waited out.
         let mut restarted = after_first_read("b", Some(StoredRecord { version: Version("2".into()), record: Ok(record) }));
-        assert_eq!(restarted.poll_action(T0, wall()), None);
+        assert_eq!(restarted.poll_action(T0, wall(), RUN), None);
     }
 
     #[test]
     fn a_leader_never_backs_off_its_renews() {
         let timing = Timing::default();
         let mut c = after_first_read("a", None);
-        assert!(matches!(c.poll_action(T0, wall()), Some(Action::Create(_))));
-        c.on_write(T0, Ok(Version("1".into())));
+        assert!(matches!(c.poll_action(T0, wall(), RUN), Some(Action::Create(_))));
+        c.on_write(T0, Ok(Version("1".into())), RUN);
         let mut now = T0 + timing.retry_period;
         while c.is_leader(now).is_some() {
             let down = LockError::Unavailable("down".into());
-            match c.poll_action(now, wall()) {
+            match c.poll_action(now, wall(), RUN) {
                 Some(Action::Read) => c.on_read(now, Err(down)),
-                Some(Action::Update { .. }) => c.on_write(now, Err(down)),
+                Some(Action::Update { .. }) => c.on_write(now, Err(down), RUN),
                 other => panic!("a leader renews or reads, not {other:?}"),
             }
-            let next = c.next_wakeup().unwrap();
+            let next = c.next_wakeup(RUN).unwrap();
             assert!(next.0 - now.0 <= timing.retry_period, "a leader retries every retry period");
             now = next;
         }
@@ -1187,26 +1189,26 @@ mod tests {
             r.lease_duration_seconds = 86_400;
         }
         let mut c = after_first_read("b", long);
-        assert_eq!(c.wait(T0), None, "a valid holder's lease is not a wait to report");
+        assert_eq!(c.wait(T0, RUN), None, "a valid holder's lease is not a wait to report");
         let seen = T0 + Duration::from_secs(5);
         c.on_change(seen, None);
-        assert_eq!(c.wait(seen), Some((WaitReason::DeletedWhileHeld, seen + Duration::from_secs(86_400))));
+        assert_eq!(c.wait(seen, RUN), Some((WaitReason::DeletedWhileHeld, seen + Duration::from_secs(86_400))));
 
         let corrupt =
             StoredRecord { version: Version("9".into()), record: Err(RecordError::Malformed("empty".into())) };
         let later = seen + Duration::from_secs(1);
         c.on_change(later, Some(corrupt));
-        assert_eq!(c.wait(later), Some((WaitReason::CorruptRecord, later + timing.lease_duration)));
-        assert_eq!(c.wait(later + timing.lease_duration), None, "over once the lease has run out");
+        assert_eq!(c.wait(later, RUN), Some((WaitReason::CorruptRecord, later + timing.lease_duration)));
+        assert_eq!(c.wait(later + timing.lease_duration, RUN), None, "over once the lease has run out");
     }
 
     #[test]
     fn a_follower_that_shuts_down_never_reports_stopped_leading_and_writes_nothing() {
         let mut c = after_first_read("b", held_by("a", "7", 3));
-        assert_eq!(c.poll_action(T0, wall()), None);
+        assert_eq!(c.poll_action(T0, wall(), RUN), None);
         c.release(T0, AfterRelease::Stop);
-        assert_eq!(c.poll_action(T0, wall()), None);
-        assert!(c.is_stopped());
+        assert_eq!(c.poll_action(T0, wall(), Stage::Releasing(AfterRelease::Stop)), None);
+        assert!(c.has_released());
         assert!(events(&mut c).iter().all(|e| matches!(e, Event::LeaderObserved { .. })));
     }
 
@@ -1216,23 +1218,60 @@ mod tests {
         let mut c = after_first_read("b", held_by("a", "7", 3));
         c.step_down(T0);
         let late = T0 + Duration::from_secs(60);
-        assert_eq!(c.poll_action(late, wall()), None);
-        assert!(c.next_wakeup().unwrap() > late, "scheduled in the past: the driver would spin");
+        let draining = Stage::Draining(AfterRelease::Campaign);
+        assert_eq!(c.poll_action(late, wall(), draining), None);
+        assert!(c.next_wakeup(draining).unwrap() > late, "scheduled in the past: the driver would spin");
+    }
+
+    /// Found by comparing the simulation's schedules before and after the stage moved into the
+    /// lifecycle (seed 19100): a resign's release outlived its stop, a second stop began, and
+    /// the late release finishing made the candidate campaign (and, once its hold-off ended,
+    /// take the lock and lead) while the elector was still draining.
+    #[test]
+    fn a_release_that_outlives_its_stop_never_makes_a_draining_candidate_campaign() {
+        let timing = Timing::default();
+        let mut c = after_first_read("a", None);
+        assert!(matches!(c.poll_action(T0, wall(), RUN), Some(Action::Create(_))));
+        c.on_write(T0, Ok(Version("1".into())), RUN);
+        let resigning = Stage::Releasing(AfterRelease::Campaign);
+        c.step_down(T0);
+        c.release(T0, AfterRelease::Campaign);
+        assert!(matches!(c.poll_action(T0, wall(), resigning), Some(Action::Update { .. })), "the release");
+        // The stop gives up on the release at its deadline; a second stop starts draining.
+        let draining = Stage::Draining(AfterRelease::Campaign);
+        c.step_down(T0 + timing.renew_deadline);
+        // The first release lands only now.
+        let landed = T0 + timing.renew_deadline + Duration::from_millis(1);
+        c.on_write(landed, Ok(Version("2".into())), draining);
+        assert!(!c.holds_lock());
+        let mut now = landed;
+        while now < landed + timing.lease_duration * 4 {
+            let action = c.poll_action(now, wall(), draining);
+            assert!(matches!(action, None | Some(Action::Read)), "took the lock while draining: {action:?}");
+            if action.is_some() {
+                let released = StoredRecord { version: Version("2".into()), record: Ok(c.released_record(wall())) };
+                c.on_read(now, Ok(Some(released)));
+            }
+            now = c.next_wakeup(draining).expect("a draining candidate wakes").max(now + Duration::from_millis(1));
+        }
+        assert_eq!(c.is_leader(now), None);
     }
 
     #[test]
     fn a_leader_renews_one_retry_period_after_the_start_of_its_last_renew() {
         let timing = Timing::default();
         let mut c = after_first_read("a", None);
-        assert!(matches!(c.poll_action(T0, wall()), Some(Action::Create(_))));
+        assert!(matches!(c.poll_action(T0, wall(), RUN), Some(Action::Create(_))));
         let replied = T0 + Duration::from_millis(300);
-        c.on_write(replied, Ok(Version("1".into())));
+        c.on_write(replied, Ok(Version("1".into())), RUN);
         assert!(events(&mut c).contains(&Event::StartedLeading { term: Term(1) }));
         // Validity counts from the start of the write, not from its reply (S1).
         assert_eq!(c.leader_valid_until(), Some(T0 + timing.renew_deadline));
-        assert_eq!(c.next_wakeup(), Some(T0 + timing.retry_period));
+        assert_eq!(c.next_wakeup(RUN), Some(T0 + timing.retry_period));
         let renew_at = T0 + timing.retry_period;
-        let Some(Action::Update { expected, record }) = c.poll_action(renew_at, wall()) else { panic!("no renew") };
+        let Some(Action::Update { expected, record }) = c.poll_action(renew_at, wall(), RUN) else {
+            panic!("no renew")
+        };
         assert_eq!((expected, record.leader_transitions), (Version("1".into()), 1));
     }
 
@@ -1241,10 +1280,11 @@ mod tests {
         let mut c = after_first_read("b", held_by("a", "7", 3));
         let deleted = T0 + Duration::from_secs(4);
         c.on_change(deleted, None);
-        assert_eq!(c.poll_action(deleted, wall()), None, "the holder may not know yet: no create");
-        assert_eq!(c.next_wakeup(), Some(deleted + Duration::from_secs(15)));
-        assert_eq!(c.poll_action(T0 + Duration::from_secs(15), wall()), None, "the record's own lease is not enough");
-        let Some(Action::Create(record)) = c.poll_action(deleted + Duration::from_secs(15), wall()) else {
+        assert_eq!(c.poll_action(deleted, wall(), RUN), None, "the holder may not know yet: no create");
+        assert_eq!(c.next_wakeup(RUN), Some(deleted + Duration::from_secs(15)));
+        let at_record_expiry = c.poll_action(T0 + Duration::from_secs(15), wall(), RUN);
+        assert_eq!(at_record_expiry, None, "the record's own lease is not enough");
+        let Some(Action::Create(record)) = c.poll_action(deleted + Duration::from_secs(15), wall(), RUN) else {
             panic!("a lease after the deletion: create")
         };
         assert_eq!(record.leader_transitions, 4, "the term still grows past the deleted record's");
@@ -1254,19 +1294,19 @@ mod tests {
         let mut c = after_first_read("b", held_by("a", "7", 3));
         let late = T0 + Duration::from_secs(16);
         c.on_change(late, None);
-        assert_eq!(c.poll_action(late, wall()), None);
-        assert_eq!(c.next_wakeup(), Some(late + Duration::from_secs(15)));
+        assert_eq!(c.poll_action(late, wall(), RUN), None);
+        assert_eq!(c.next_wakeup(RUN), Some(late + Duration::from_secs(15)));
 
         // A lock that was free when deleted is created at once.
         let mut c = after_first_read("b", held_by("", "7", 3));
         c.on_change(late, None);
-        assert!(matches!(c.poll_action(late, wall()), Some(Action::Create(_))));
+        assert!(matches!(c.poll_action(late, wall(), RUN), Some(Action::Create(_))));
     }
 
     #[test]
     fn a_restarted_process_with_the_same_identity_waits_out_its_previous_lease() {
         let mut c = after_first_read("a", held_by("a", "9", 4));
-        assert_eq!(c.poll_action(T0, wall()), None);
-        assert_eq!(c.next_wakeup(), Some(T0 + Duration::from_secs(15)));
+        assert_eq!(c.poll_action(T0, wall(), RUN), None);
+        assert_eq!(c.next_wakeup(RUN), Some(T0 + Duration::from_secs(15)));
     }
 }

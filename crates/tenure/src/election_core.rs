@@ -15,6 +15,7 @@ use crate::candidate::{AfterRelease, Event};
 use crate::clock::MonotonicTime;
 use crate::command::ElectorError;
 use crate::leadership::{Leadership, WaitReason};
+use crate::lifecycle::Stage;
 
 /// A boxed future of the shell: a call in flight, or a wait for guards.
 pub type ShellFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -60,22 +61,24 @@ pub trait ElectionCore: Send + 'static {
     fn identity(&self) -> &str;
     /// The election timing (the renew deadline bounds the release).
     fn renew_deadline(&self) -> Duration;
-    /// The next call to start at `now`, if any; the shell asks until `None`.
-    fn poll_call(&mut self, now: MonotonicTime) -> Option<Self::Call>;
-    /// Feeds an answer or a notification that arrived at `now`.
-    fn handle(&mut self, now: MonotonicTime, input: Self::Input);
-    /// When the core must be polled again if nothing else happens.
-    fn poll_timeout(&self) -> Option<MonotonicTime>;
+    /// The next call to start at `now` in `stage`, if any; the shell asks until `None`.
+    fn poll_call(&mut self, now: MonotonicTime, stage: Stage) -> Option<Self::Call>;
+    /// Feeds an answer or a notification that arrived at `now`, in `stage`.
+    fn handle(&mut self, now: MonotonicTime, stage: Stage, input: Self::Input);
+    /// When the core must be polled again in `stage` if nothing else happens.
+    fn poll_timeout(&self, stage: Stage) -> Option<MonotonicTime>;
     /// The next report to publish.
     fn poll_report(&mut self) -> Option<Report>;
     /// Ends the tenure now (the user resigns or shuts down); the lock stays held until
-    /// [`ElectionCore::release`], so nobody else leads while the tenure's work stops.
+    /// [`ElectionCore::release`], so nobody else leads while the tenure's work stops. The stage
+    /// is [`Stage::Draining`] from now on; the core never takes the lock or leads in it.
     fn step_down(&mut self, now: MonotonicTime);
-    /// Releases whatever this candidate holds, then stops or campaigns again as `after` says.
+    /// Starts releasing whatever this candidate holds (the stage is [`Stage::Releasing`] from now
+    /// on); afterwards it stops or campaigns again as `after` says.
     fn release(&mut self, now: MonotonicTime, after: AfterRelease);
-    /// `Some` once the release asked for is over: `Ok` when released (or nothing was held),
+    /// `Some` once the release last asked for is over: `Ok` when released (or nothing was held),
     /// `Err` when the core gave up (the store will let the hold run out).
-    fn release_result(&self, after: AfterRelease) -> Option<Result<(), ElectorError>>;
+    fn release_result(&self) -> Option<Result<(), ElectorError>>;
     /// True while the core waits for the guards of ended tenures to be dropped before it lets
     /// go of what those tenures held (after a loss: the next leader must not start while the
     /// lost tenure's work still runs). The shell then calls [`ElectionCore::guards_dropped`].
@@ -89,10 +92,10 @@ pub trait ElectionCore: Send + 'static {
     /// The guards' deadline passed before the shell could extend it: end the tenure for good
     /// (the next one must have a new term, S2).
     fn lapse(&mut self);
-    /// Who leads as far as this candidate knows, and its own role, at `now`.
-    fn leadership(&self, now: MonotonicTime) -> Leadership;
+    /// Who leads as far as this candidate knows, and its own role, at `now` in `stage`.
+    fn leadership(&self, now: MonotonicTime, stage: Stage) -> Leadership;
     /// Why this candidate waits on a lock that no live leader holds, and until when.
-    fn wait(&self, _now: MonotonicTime) -> Option<(WaitReason, MonotonicTime)> {
+    fn wait(&self, _now: MonotonicTime, _stage: Stage) -> Option<(WaitReason, MonotonicTime)> {
         None
     }
 }

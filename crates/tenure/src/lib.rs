@@ -70,6 +70,7 @@ pub use candidate::{Action, AfterRelease, Candidate, Event, StopReason};
 pub use clock::MonotonicTime;
 pub use elector::{Elector, ElectorBuilder, ElectorCommand, ElectorError, ElectorView};
 pub use failure_log::FailureLog;
+pub use lifecycle::Stage;
 pub use leadership::{
     ElectorStats, Leadership, LockWait, NotLeader, Publisher, Role, StatsRecorder, Subscriber, Tenure, WaitReason,
 };

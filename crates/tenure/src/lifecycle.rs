@@ -14,7 +14,13 @@
 //! A second stop is refused while one is under way. Call order for a driver: [`Lifecycle::begin`]
 //! when a command (or the coordinator) asks to stop; after every input and at
 //! [`Lifecycle::deadline`], [`Lifecycle::poll`] until `None`, starting the core's calls after
-//! [`StopAction::Released`].
+//! [`StopAction::Released`] and again after [`StopAction::Finished`] (the stage changed).
+//!
+//! The stage is kept here only: the driver hands [`Lifecycle::stage`] to the core with every
+//! call. The cores keep facts about what they hold (a tenure stepped down from and still held,
+//! the node or key a release deletes, how a release ended), never a stage of their own, so a
+//! core cannot believe it campaigns while the shell drains, nor go on releasing after the shell
+//! has given up waiting (a release that outlives its deadline still ends, and is never led on).
 
 use std::time::Duration;
 
@@ -27,24 +33,36 @@ use crate::election_core::ElectionCore;
 /// timeout taken from user settings.
 const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 86_400);
 
+/// Where an elector stands: campaigning, or a stage of a stop. The lifecycle alone moves it, and
+/// hands it to the core with every call ([`ElectionCore::poll_call`], [`ElectionCore::handle`]
+/// and the views), so no core keeps a copy that could disagree with the shell's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Stage {
+    /// No stop under way: campaign, take the lock when free, lead.
+    #[default]
+    Campaigning,
+    /// The tenure ended; the lock stays held (and renewed) while the tenure's work stops. Never
+    /// take the lock or lead in this stage.
+    Draining(AfterRelease),
+    /// Let go of what is held ([`ElectionCore::release`] was called), then stop or campaign again.
+    Releasing(AfterRelease),
+    /// Shut down: released (or given up on); nothing more to do.
+    Stopped,
+}
+
+impl Stage {
+    /// True between a step-down and the end of its release: no new tenure may start.
+    pub fn is_stepping_down(self) -> bool {
+        matches!(self, Stage::Draining(_) | Stage::Releasing(_))
+    }
+}
+
 /// The stop under way, if any (see the module documentation).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Lifecycle {
-    stop: Option<Stop>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Stop {
-    after: AfterRelease,
     stage: Stage,
-    /// When the current stage gives up.
+    /// When the current stage of a stop gives up.
     deadline: MonotonicTime,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    Draining,
-    Releasing,
 }
 
 /// What [`Lifecycle::poll`] did that its driver must act on.
@@ -63,13 +81,22 @@ pub enum StopAction {
 }
 
 impl Lifecycle {
+    /// The stage to hand the core with each call.
+    pub fn stage(&self) -> Stage {
+        self.stage
+    }
+
     /// What the stop under way is for, if one is.
     pub fn stopping(&self) -> Option<AfterRelease> {
-        self.stop.map(|stop| stop.after)
+        match self.stage {
+            Stage::Draining(after) | Stage::Releasing(after) => Some(after),
+            Stage::Campaigning | Stage::Stopped => None,
+        }
     }
 
     /// Starts a stop at `now`: the tenure ends at once, and the release waits for the guards
-    /// at most `drain_timeout`. False (and nothing done) while another stop is under way.
+    /// at most `drain_timeout`. False (and nothing done) unless campaigning: a second stop is
+    /// refused while one is under way, and nothing starts after a shutdown.
     pub fn begin<C: ElectionCore>(
         &mut self,
         core: &mut C,
@@ -77,11 +104,12 @@ impl Lifecycle {
         after: AfterRelease,
         drain_timeout: Duration,
     ) -> bool {
-        if self.stop.is_some() {
+        if self.stage != Stage::Campaigning {
             return false;
         }
         core.step_down(now);
-        self.stop = Some(Stop { after, stage: Stage::Draining, deadline: now + drain_timeout.min(FAR_FUTURE) });
+        self.stage = Stage::Draining(after);
+        self.deadline = now + drain_timeout.min(FAR_FUTURE);
         true
     }
 
@@ -89,28 +117,34 @@ impl Lifecycle {
     /// still be dropped. `None` when there is nothing to do until the guards are dropped, the
     /// core answers, or [`Lifecycle::deadline`] passes.
     pub fn poll<C: ElectionCore>(&mut self, core: &mut C, now: MonotonicTime, guards_held: bool) -> Option<StopAction> {
-        let stop = self.stop.as_mut()?;
-        if stop.stage == Stage::Draining {
-            if guards_held && now < stop.deadline {
-                return None;
+        match self.stage {
+            Stage::Draining(after) => {
+                if guards_held && now < self.deadline {
+                    return None;
+                }
+                self.stage = Stage::Releasing(after);
+                self.deadline = now + core.renew_deadline();
+                core.release(now, after);
+                Some(StopAction::Released)
             }
-            stop.stage = Stage::Releasing;
-            stop.deadline = now + core.renew_deadline();
-            core.release(now, stop.after);
-            return Some(StopAction::Released);
+            Stage::Releasing(after) => {
+                let result = match core.release_result() {
+                    Some(result) => result,
+                    None if now >= self.deadline => Err(ElectorError::ReleaseTimedOut),
+                    None => return None,
+                };
+                self.stage = match after {
+                    AfterRelease::Stop => Stage::Stopped,
+                    AfterRelease::Campaign => Stage::Campaigning,
+                };
+                Some(StopAction::Finished { after, result })
+            }
+            Stage::Campaigning | Stage::Stopped => None,
         }
-        let result = match core.release_result(stop.after) {
-            Some(result) => result,
-            None if now >= stop.deadline => Err(ElectorError::ReleaseTimedOut),
-            None => return None,
-        };
-        let after = stop.after;
-        self.stop = None;
-        Some(StopAction::Finished { after, result })
     }
 
     /// When the current stage gives up, if a stop is under way: the driver polls again then.
     pub fn deadline(&self) -> Option<MonotonicTime> {
-        self.stop.map(|stop| stop.deadline)
+        self.stage.is_stepping_down().then_some(self.deadline)
     }
 }

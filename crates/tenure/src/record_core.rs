@@ -17,6 +17,7 @@ use crate::clock::MonotonicTime;
 use crate::command::ElectorError;
 use crate::election_core::{ElectionCore, Report, ShellFuture, Transport};
 use crate::leadership::{Leadership, Role, WaitReason};
+use crate::lifecycle::Stage;
 use crate::lock::{ChangeStream, LockError, RecordLock, StoredRecord, Version};
 use crate::term::Term;
 
@@ -81,16 +82,16 @@ impl ElectionCore for RecordCore {
         self.candidate.timing().renew_deadline
     }
 
-    fn poll_call(&mut self, now: MonotonicTime) -> Option<RecordCall> {
+    fn poll_call(&mut self, now: MonotonicTime, stage: Stage) -> Option<RecordCall> {
         if self.reopen_watch_at.is_some_and(|at| now >= at) {
             self.reopen_watch_at = None;
             return Some(RecordCall::OpenWatch);
         }
         let wall = chrono::Duration::from_std(now.0).map_or(self.wall_at_zero, |since| self.wall_at_zero + since);
-        self.candidate.poll_action(now, wall).map(|action| RecordCall::Lock(action, now))
+        self.candidate.poll_action(now, wall, stage).map(|action| RecordCall::Lock(action, now))
     }
 
-    fn handle(&mut self, now: MonotonicTime, input: RecordInput) {
+    fn handle(&mut self, now: MonotonicTime, stage: Stage, input: RecordInput) {
         let timing = *self.candidate.timing();
         match input {
             RecordInput::Read(result) => {
@@ -111,7 +112,7 @@ impl ElectionCore for RecordCore {
                     // A conflict is an answer: the store is reachable.
                     _ => Report::Reached,
                 });
-                self.candidate.on_write(now, result)
+                self.candidate.on_write(now, result, stage)
             }
             RecordInput::Changed(stored) => {
                 self.watch_failures = 0;
@@ -137,8 +138,8 @@ impl ElectionCore for RecordCore {
         }
     }
 
-    fn poll_timeout(&self) -> Option<MonotonicTime> {
-        self.candidate.next_wakeup().into_iter().chain(self.reopen_watch_at).min()
+    fn poll_timeout(&self, stage: Stage) -> Option<MonotonicTime> {
+        self.candidate.next_wakeup(stage).into_iter().chain(self.reopen_watch_at).min()
     }
 
     fn poll_report(&mut self) -> Option<Report> {
@@ -153,12 +154,8 @@ impl ElectionCore for RecordCore {
         self.candidate.release(now, after)
     }
 
-    fn release_result(&self, after: AfterRelease) -> Option<Result<(), ElectorError>> {
-        let done = match after {
-            AfterRelease::Stop => self.candidate.is_stopped(),
-            AfterRelease::Campaign => !self.candidate.is_releasing(),
-        };
-        done.then_some(Ok(()))
+    fn release_result(&self) -> Option<Result<(), ElectorError>> {
+        self.candidate.has_released().then_some(Ok(()))
     }
 
     fn valid_until(&self) -> Option<MonotonicTime> {
@@ -169,11 +166,11 @@ impl ElectionCore for RecordCore {
         self.candidate.lapse()
     }
 
-    fn leadership(&self, now: MonotonicTime) -> Leadership {
+    fn leadership(&self, now: MonotonicTime, stage: Stage) -> Leadership {
         let identity = self.candidate.identity();
         let role = if self.candidate.is_leader(now).is_some() {
             Role::Leader
-        } else if self.candidate.is_releasing() && self.candidate.holds_lock() {
+        } else if self.candidate.is_releasing(stage) {
             Role::Releasing
         } else {
             Role::Follower
@@ -188,8 +185,8 @@ impl ElectionCore for RecordCore {
         Leadership { leader: record.map(|r| r.holder_identity.clone()), term, role }
     }
 
-    fn wait(&self, now: MonotonicTime) -> Option<(WaitReason, MonotonicTime)> {
-        self.candidate.wait(now)
+    fn wait(&self, now: MonotonicTime, stage: Stage) -> Option<(WaitReason, MonotonicTime)> {
+        self.candidate.wait(now, stage)
     }
 }
 

@@ -122,14 +122,18 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
             if std::mem::take(&mut self.handover_requested) && self.lifecycle.stopping().is_none() {
                 self.begin_stop(AfterRelease::Campaign, None);
             }
-            if self.advance_stop() {
-                return;
+            match self.advance_stop() {
+                Some(AfterRelease::Stop) => return,
+                // Campaigning again: the core decides anew in its new stage before the shell sleeps.
+                Some(AfterRelease::Campaign) => continue,
+                None => {}
             }
             if self.core.awaits_guards() {
                 self.wait_for_guards();
             }
 
-            let timer = self.core.poll_timeout().into_iter().chain(self.lifecycle.deadline()).min();
+            let stage = self.lifecycle.stage();
+            let timer = self.core.poll_timeout(stage).into_iter().chain(self.lifecycle.deadline()).min();
             let timer = timer.map(|t| self.instant(t));
             let calling = !self.calls.is_empty();
             let stopping = self.lifecycle.stopping().is_some();
@@ -142,7 +146,7 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
             };
             let now = self.now();
             match wake {
-                Wake::Input(input) => self.core.handle(now, input),
+                Wake::Input(input) => self.core.handle(now, self.lifecycle.stage(), input),
                 Wake::Timer => {}
                 Wake::Command(command) => {
                     // Commands are only received while the channel is open: None closes it.
@@ -163,7 +167,7 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
     }
 
     fn start_calls(&mut self, now: MonotonicTime) {
-        while let Some(call) = self.core.poll_call(now) {
+        while let Some(call) = self.core.poll_call(now, self.lifecycle.stage()) {
             self.calls.extend(self.transport.start(call));
         }
     }
@@ -179,8 +183,8 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
         }
     }
 
-    /// Moves a stop along ([`Lifecycle::poll`]). True when the shell must end.
-    fn advance_stop(&mut self) -> bool {
+    /// Moves a stop along ([`Lifecycle::poll`]). What the stop was for, once it is over.
+    fn advance_stop(&mut self) -> Option<AfterRelease> {
         let now = self.now();
         while let Some(action) = self.lifecycle.poll(&mut self.core, now, self.guards.is_some()) {
             match action {
@@ -192,11 +196,11 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
                     if let Some(reply) = self.reply.take() {
                         let _ = reply.send(result);
                     }
-                    return after == AfterRelease::Stop;
+                    return Some(after);
                 }
             }
         }
-        false
+        None
     }
 
     /// Arms the wait for the guards of the tenures ended so far, unless it is armed.
@@ -231,7 +235,7 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
                 self.publish_reports();
             }
         }
-        self.publisher.publish(self.core.leadership(now));
+        self.publisher.publish(self.core.leadership(now, self.lifecycle.stage()));
         self.publish_wait(now);
     }
 
@@ -280,7 +284,7 @@ impl<C: ElectionCore, T: Transport<C>> Shell<C, T> {
     /// Publishes (and logs, when it changes) why this candidate waits on a lock that is not a
     /// live leader's, and until when.
     fn publish_wait(&mut self, now: MonotonicTime) {
-        let wait = self.core.wait(now).map(|(reason, until)| {
+        let wait = self.core.wait(now, self.lifecycle.stage()).map(|(reason, until)| {
             let remaining = until.0.saturating_sub(now.0);
             let until_wall =
                 std::time::SystemTime::now().checked_add(remaining).unwrap_or_else(std::time::SystemTime::now);

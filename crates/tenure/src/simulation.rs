@@ -214,7 +214,7 @@ where
         // core that asks to be woken now is polled again at once, as the shell's loop would.
         for round in 0.. {
             let started = calls.len();
-            while let Some(call) = self.core.poll_call(local) {
+            while let Some(call) = self.core.poll_call(local, self.lifecycle.stage()) {
                 *next_id += 1;
                 let deadline = limit(&call).map(|limit| self.clock.global(local + limit).max(now + 1));
                 if deadline.is_some() {
@@ -234,7 +234,7 @@ where
                 self.alive = after == AfterRelease::Campaign;
             }
             let moved_on = dropped || stop.is_some();
-            let due = self.core.poll_timeout().is_some_and(|at| at <= real) && !self.unfenced;
+            let due = self.core.poll_timeout(self.lifecycle.stage()).is_some_and(|at| at <= real) && !self.unfenced;
             if !(due || moved_on) || !self.alive {
                 break;
             }
@@ -242,11 +242,11 @@ where
                 // Asked to be woken in the past, twice, with nothing to do: the shell would spin.
                 return Err(format!(
                     "busy loop: woken at {:?}, which is not after now ({real:?})",
-                    self.core.poll_timeout()
+                    self.core.poll_timeout(self.lifecycle.stage())
                 ));
             }
         }
-        let wake = match self.core.poll_timeout() {
+        let wake = match self.core.poll_timeout(self.lifecycle.stage()) {
             // The unfenced shell's clock stops before the deadline: no wake-up can be due.
             Some(at) if at <= real => None,
             at => at,
@@ -313,7 +313,7 @@ where
     /// An answer to call `id` arrives at global `now`; ignored if the call timed out already.
     pub fn answer(&mut self, now: u64, id: u64, input: C::Input) {
         if self.time_out(id).is_some() {
-            self.core.handle(self.local(now), input);
+            self.core.handle(self.local(now), self.lifecycle.stage(), input);
         }
     }
 
@@ -325,7 +325,7 @@ where
 
     /// A notification (or a failed call's error) arrives at global `now`.
     pub fn notify(&mut self, now: u64, input: C::Input) {
-        self.core.handle(self.local(now), input);
+        self.core.handle(self.local(now), self.lifecycle.stage(), input);
     }
 
     /// Starts a resign (`Campaign`) or a shutdown (`Stop`) at global `now` with the shell's

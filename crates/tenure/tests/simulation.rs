@@ -47,8 +47,8 @@ use rand::RngExt;
 use tenure::record_core::{RecordCall, RecordCore, RecordInput};
 use tenure::simulation::{assert_caught, run_schedules, Ev, Model, Opening, Stats, World, MS};
 use tenure::{
-    Action, AfterRelease, Candidate, ElectionCore, Event, LeaderElectionRecord, LockError, MonotonicTime, StoredRecord,
-    Timing, Version,
+    Action, AfterRelease, Candidate, ElectionCore, Event, LeaderElectionRecord, LockError, MonotonicTime, Role, Stage,
+    StoredRecord, Timing, Version,
 };
 
 /// The longest one-way delay of a request, a reply or a notification outside faults.
@@ -291,12 +291,13 @@ impl Model for Store {
         self.handover = None;
         let could_take_over = |q: usize| {
             let (core, local) = (&w.procs[q].core, w.procs[q].clock.local(w.now));
+            let stage = w.procs[q].lifecycle.stage();
             q != releaser
                 && w.is_up(self, q)
                 && self.watch[q].is_some()
-                && w.procs[q].lifecycle.stopping().is_none()
-                && core.release_result(AfterRelease::Campaign).is_some()
-                && core.wait(local).is_none()
+                && stage == Stage::Campaigning
+                && core.leadership(local, stage).role != Role::Releasing
+                && core.wait(local, stage).is_none()
         };
         if !w.undisturbed_since(mark) || !(0..w.procs.len()).any(could_take_over) {
             return Ok(());
@@ -411,26 +412,33 @@ fn stored(version: u64, holder: &str, term: i64, lease_seconds: i64) -> StoredRe
 /// the candidate's next wake-up.
 struct Bench {
     cand: Candidate,
+    /// The elector's stage, moved as the lifecycle would: back to campaigning once released.
+    stage: Stage,
     store: Option<StoredRecord>,
     now: MonotonicTime,
 }
 
 impl Bench {
     fn new(has_watch: bool) -> Bench {
-        Bench { cand: Candidate::new("a", Timing::default(), has_watch, 1), store: None, now: at(0) }
+        let cand = Candidate::new("a", Timing::default(), has_watch, 1);
+        Bench { cand, stage: Stage::Campaigning, store: None, now: at(0) }
     }
 
     /// Runs until `limit`: the instant of the first `StartedLeading`, if any.
     fn run_until_leading(&mut self, limit: MonotonicTime) -> Option<MonotonicTime> {
         for _ in 0..100_000 {
-            if let Some(action) = self.cand.poll_action(self.now, chrono::Utc::now()) {
+            if let Some(action) = self.cand.poll_action(self.now, chrono::Utc::now(), self.stage) {
                 self.perform(action);
+            }
+            if matches!(self.stage, Stage::Releasing(_)) && self.cand.has_released() {
+                self.stage = Stage::Campaigning;
+                continue;
             }
             if std::iter::from_fn(|| self.cand.poll_event()).any(|e| matches!(e, Event::StartedLeading { .. })) {
                 return Some(self.now);
             }
             if !self.cand.is_busy() {
-                self.now = self.now.max(self.cand.next_wakeup()?);
+                self.now = self.now.max(self.cand.next_wakeup(self.stage)?);
             }
             if self.now > limit {
                 return None;
@@ -451,7 +459,14 @@ impl Bench {
                 Ok(Version(next.to_string()))
             }
         };
-        self.cand.on_write(self.now, result);
+        self.cand.on_write(self.now, result, self.stage);
+    }
+
+    /// Resigns now: the stop's release stage (the tenure's guards are dropped at once).
+    fn resign(&mut self) {
+        self.cand.step_down(self.now);
+        self.cand.release(self.now, AfterRelease::Campaign);
+        self.stage = Stage::Releasing(AfterRelease::Campaign);
     }
 }
 
@@ -464,9 +479,9 @@ fn resigned_polling_candidate_counts_a_new_holders_lease_from_its_takeover() {
     assert_eq!(bench.run_until_leading(at(1000)), Some(at(0)));
     // a resigns at 1 s; its release lands at once. b takes the free lock at 1.5 s and dies.
     bench.now = at(1000);
-    bench.cand.release(bench.now, AfterRelease::Campaign);
+    bench.resign();
     assert_eq!(bench.run_until_leading(bench.now), None);
-    assert!(!bench.cand.is_releasing());
+    assert_eq!(bench.stage, Stage::Campaigning, "released");
     bench.store = Some(stored(3, "b", 2, 15));
     // a must see b's record within one jittered poll and take over one lease after that.
     let timing = Timing::default();
@@ -481,7 +496,7 @@ fn resigned_polling_candidate_counts_a_new_holders_lease_from_its_takeover() {
 #[test]
 fn stale_read_reply_does_not_hide_a_release_seen_through_the_watch() {
     let mut bench = Bench::new(true);
-    assert_eq!(bench.cand.poll_action(at(0), chrono::Utc::now()), Some(Action::Read));
+    assert_eq!(bench.cand.poll_action(at(0), chrono::Utc::now(), bench.stage), Some(Action::Read));
     // The read reaches the store while l holds the lock; l releases it; the notification of the
     // release arrives first, the read's reply second.
     bench.store = Some(stored(2, "", 1, 1));
@@ -501,9 +516,9 @@ fn release_reply_does_not_hide_a_takeover_seen_through_the_watch() {
     let mut bench = Bench::new(true);
     assert_eq!(bench.run_until_leading(at(0)), Some(at(0)));
     bench.now = at(1000);
-    bench.cand.release(bench.now, AfterRelease::Campaign);
-    let Some(Action::Update { expected, record: released }) = bench.cand.poll_action(bench.now, chrono::Utc::now())
-    else {
+    bench.resign();
+    let release = bench.cand.poll_action(bench.now, chrono::Utc::now(), bench.stage);
+    let Some(Action::Update { expected, record: released }) = release else {
         panic!("expected the release write")
     };
     assert_eq!(expected, Version("1".into()));
@@ -512,7 +527,7 @@ fn release_reply_does_not_hide_a_takeover_seen_through_the_watch() {
     bench.cand.on_change(at(1010), Some(StoredRecord { version: Version("2".into()), record: Ok(released) }));
     bench.cand.on_change(at(1010), bench.store.clone());
     bench.now = at(1020);
-    bench.cand.on_write(bench.now, Ok(Version("2".into())));
+    bench.cand.on_write(bench.now, Ok(Version("2".into())), bench.stage);
     let started = bench.run_until_leading(at(120_000));
     // b's lease counts from the notification (or a read right after the reply).
     let bound = at(1010) + Timing::default().lease_duration + Duration::from_millis(100);
