@@ -45,7 +45,7 @@ use rand::{RngExt, SeedableRng};
 
 use crate::clock::MonotonicTime;
 use crate::leadership::WaitReason;
-use crate::lifecycle::Stage;
+use crate::stage::{AfterRelease, Stage};
 use crate::lock::{LockError, StoredRecord, Version};
 use crate::record::LeaderElectionRecord;
 use crate::term::Term;
@@ -109,15 +109,6 @@ pub enum Event {
         /// The holder's term, when the record is readable and held.
         term: Option<Term>,
     },
-}
-
-/// What this candidate does once it has released the lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AfterRelease {
-    /// Stop for good (shutdown).
-    Stop,
-    /// Stay a candidate, but leave the lock to others for one lease (resign).
-    Campaign,
 }
 
 #[derive(Debug, Clone)]

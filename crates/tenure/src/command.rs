@@ -14,7 +14,7 @@ pub enum ElectorError {
     /// The identity is empty; candidates must be told apart.
     #[error("the identity of a candidate must not be empty")]
     EmptyIdentity,
-    /// The timing breaks a rule (see [`Timing::validate`]).
+    /// The timing breaks a rule (see [`crate::Timing::validate`]).
     #[error("invalid timing: {0}")]
     Timing(#[from] TimingError),
     /// The elector's task is gone (it was shut down).
@@ -25,8 +25,8 @@ pub enum ElectorError {
     ReleaseTimedOut,
 }
 
-/// A request from an [`Elector`] handle to the driver that runs the election. Public so that
-/// native electors (etcd, ZooKeeper) can be driven by the same handle; see [`Elector::from_driver`].
+/// A request from an [`crate::Elector`] handle to the driver that runs the election. Public so that
+/// native electors (etcd, ZooKeeper) can be driven by the same handle; see [`crate::Elector::from_driver`].
 #[derive(Debug)]
 pub enum ElectorCommand {
     /// Step down if leading (end the tenure, wait for its guards up to the drain timeout, release)

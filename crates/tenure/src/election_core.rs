@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::candidate::{AfterRelease, Event};
+use crate::candidate::Event;
 use crate::clock::MonotonicTime;
 use crate::command::ElectorError;
 use crate::leadership::{Leadership, WaitReason};
-use crate::lifecycle::Stage;
+use crate::stage::{AfterRelease, Stage};
 
 /// A boxed future of the shell: a call in flight, or a wait for guards.
 pub type ShellFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -49,7 +49,7 @@ pub enum Report {
 ///
 /// Why a trait: the record lock ([`crate::Candidate`]), an etcd session and a ZooKeeper session
 /// decide differently, but are driven, fenced, drained and published the same way, by
-/// [`run`]. Implementations must be deterministic functions of the inputs and times they are
+/// [`crate::shell::run`]. Implementations must be deterministic functions of the inputs and times they are
 /// given, so that a simulation can replay any schedule.
 pub trait ElectionCore: Send + 'static {
     /// A store call the core wants made.

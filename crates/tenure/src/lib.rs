@@ -62,15 +62,15 @@ pub mod redact;
 pub mod shell;
 #[cfg(feature = "simulation")]
 pub mod simulation;
+pub mod stage;
 pub mod term;
 pub mod timing;
 
 pub use backoff::Backoff;
-pub use candidate::{Action, AfterRelease, Candidate, Event, StopReason};
+pub use candidate::{Action, Candidate, Event, StopReason};
 pub use clock::MonotonicTime;
 pub use elector::{Elector, ElectorBuilder, ElectorCommand, ElectorError, ElectorView};
 pub use failure_log::FailureLog;
-pub use lifecycle::Stage;
 pub use leadership::{
     ElectorStats, Leadership, LockWait, NotLeader, Publisher, Role, StatsRecorder, Subscriber, Tenure, WaitReason,
 };
@@ -78,5 +78,6 @@ pub use lock::{ChangeStream, LockError, RecordLock, StoredRecord, Version};
 pub use record::{LeaderElectionRecord, RecordError, LEADER_ANNOTATION};
 pub use redact::redact_credentials;
 pub use shell::{ElectionCore, Report, Transport};
+pub use stage::{AfterRelease, Stage};
 pub use term::Term;
 pub use timing::{Timing, TimingError};

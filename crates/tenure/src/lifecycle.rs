@@ -24,38 +24,14 @@
 
 use std::time::Duration;
 
-use crate::candidate::AfterRelease;
 use crate::clock::MonotonicTime;
 use crate::command::ElectorError;
 use crate::election_core::ElectionCore;
+use crate::stage::{AfterRelease, Stage};
 
 /// "Never", far enough from the clock's limits that adding it cannot overflow: caps a drain
 /// timeout taken from user settings.
 const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 86_400);
-
-/// Where an elector stands: campaigning, or a stage of a stop. The lifecycle alone moves it, and
-/// hands it to the core with every call ([`ElectionCore::poll_call`], [`ElectionCore::handle`]
-/// and the views), so no core keeps a copy that could disagree with the shell's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Stage {
-    /// No stop under way: campaign, take the lock when free, lead.
-    #[default]
-    Campaigning,
-    /// The tenure ended; the lock stays held (and renewed) while the tenure's work stops. Never
-    /// take the lock or lead in this stage.
-    Draining(AfterRelease),
-    /// Let go of what is held ([`ElectionCore::release`] was called), then stop or campaign again.
-    Releasing(AfterRelease),
-    /// Shut down: released (or given up on); nothing more to do.
-    Stopped,
-}
-
-impl Stage {
-    /// True between a step-down and the end of its release: no new tenure may start.
-    pub fn is_stepping_down(self) -> bool {
-        matches!(self, Stage::Draining(_) | Stage::Releasing(_))
-    }
-}
 
 /// The stop under way, if any (see the module documentation).
 #[derive(Debug, Clone, Copy, Default)]

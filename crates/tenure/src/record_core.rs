@@ -12,12 +12,12 @@ use futures::StreamExt;
 use tokio::time::timeout;
 
 use crate::backoff::Backoff;
-use crate::candidate::{Action, AfterRelease, Candidate};
+use crate::candidate::{Action, Candidate};
 use crate::clock::MonotonicTime;
 use crate::command::ElectorError;
 use crate::election_core::{ElectionCore, Report, ShellFuture, Transport};
 use crate::leadership::{Leadership, Role, WaitReason};
-use crate::lifecycle::Stage;
+use crate::stage::{AfterRelease, Stage};
 use crate::lock::{ChangeStream, LockError, RecordLock, StoredRecord, Version};
 use crate::term::Term;
 

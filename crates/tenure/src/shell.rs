@@ -9,7 +9,7 @@
 //!   deadline): the rules of [`crate::lifecycle`], which the simulation drives too;
 //! - **self-fencing**: every deadline the core reports is handed to the guards, and a deadline
 //!   that passed before the shell could extend it ends the tenure for good ([`ElectionCore::lapse`]);
-//! - **publishing**: tenure guards, [`Leadership`] snapshots, why a candidate waits, and one log
+//! - **publishing**: tenure guards, [`crate::Leadership`] snapshots, why a candidate waits, and one log
 //!   line per change of leader, in the same words on every backend;
 //! - **the failure log** (one warning per streak of failed store calls) and the stats behind
 //!   `/status`, `/metrics` and the probes.
@@ -31,7 +31,8 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{sleep_until, Instant};
 
-use crate::candidate::{AfterRelease, Event, StopReason};
+use crate::candidate::{Event, StopReason};
+use crate::stage::AfterRelease;
 use crate::clock::MonotonicTime;
 use crate::command::{ElectorCommand, ElectorError};
 pub use crate::election_core::{ElectionCore, Report, ShellFuture, Transport};

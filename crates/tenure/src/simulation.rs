@@ -42,7 +42,8 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
-use crate::candidate::{AfterRelease, Event};
+use crate::candidate::Event;
+use crate::stage::AfterRelease;
 use crate::clock::MonotonicTime;
 use crate::election_core::{ElectionCore, Report};
 use crate::lifecycle::{Lifecycle, StopAction};

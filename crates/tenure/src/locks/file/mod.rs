@@ -28,8 +28,9 @@
 //!
 //! # Protocol
 //!
-//! The protocol is [`ClaimedFile`]'s, written once for every file Tenure keeps on one host: this
-//! lock, the Active/Active group's file store and the file checkpoint store.
+//! The protocol is [`ClaimedFile`](crate::locks::file::ClaimedFile)'s, written once for every
+//! file Tenure keeps on one host: this lock, the Active/Active group's file store and the file
+//! checkpoint store.
 //!
 //! - **Reads** take no lock: they open the file and read it. Writers never modify the file in
 //!   place, so a reader sees one complete version or the absence of the file.
@@ -95,9 +96,10 @@
 //!   A pending claim none of whose links is a temporary file can never land (its writer links
 //!   the claim to a temporary file it made first): it is dead at first sight, without the wait.
 //!
-//!   **Fenced writes** ([`FileLock::write_fenced`]) use the same claim to write a file *beside*
-//!   the lock: claim the next generation with a temporary file holding the new content, check
-//!   that the lock still shows the tenure, rename the temporary file onto the target. A writer
+//!   **Fenced writes** ([`FileLock::write_fenced`](crate::locks::file::FileLock::write_fenced))
+//!   use the same claim to write a file *beside* the lock: claim the next generation with a
+//!   temporary file holding the new content, check that the lock still shows the tenure, rename
+//!   the temporary file onto the target. A writer
 //!   of the lock must get past that claim (wait, or take it over, which removes the temporary
 //!   file and makes the rename fail), so the target changes before the next tenure's first
 //!   write or not at all. The claim then stays linked to the target, dead at first sight.
@@ -221,7 +223,7 @@ pub enum FencedWriteError {
     /// it must not retry under this term.
     #[error("deposed: {lock} no longer shows the tenure of term {term} (it shows {shows})")]
     Deposed {
-        /// The lock, as [`RecordLock::describe`](crate::RecordLock::describe) names it.
+        /// The lock, as [`RecordLock::describe`] names it.
         lock: String,
         /// The term of the tenure the write was made under.
         term: Term,
