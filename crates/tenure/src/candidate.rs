@@ -45,7 +45,7 @@ use rand::{RngExt, SeedableRng};
 
 use crate::clock::MonotonicTime;
 use crate::leadership::WaitReason;
-use crate::stage::{AfterRelease, Stage};
+use crate::stage::Stage;
 use crate::lock::{LockError, StoredRecord, Version};
 use crate::record::LeaderElectionRecord;
 use crate::term::Term;
@@ -593,11 +593,11 @@ impl Candidate {
         self.stop_leading(StopReason::SteppedDown);
     }
 
-    /// Starts the release: while the stage is [`Stage::Releasing`], the candidate writes the
-    /// release (holder cleared, `leaseDurationSeconds: 1`) if the lock still holds its tenure,
-    /// until [`Candidate::has_released`]. After a resign (`after` campaigns again) it leaves the
-    /// lock to others for one lease.
-    pub fn release(&mut self, now: MonotonicTime, _after: AfterRelease) {
+    /// Starts the release: the candidate writes the release (holder cleared,
+    /// `leaseDurationSeconds: 1`) if the lock still holds its tenure, until
+    /// [`Candidate::has_released`]. From then it leaves the lock to others for one lease (what
+    /// a resign asks; after a shutdown the stage is [`Stage::Stopped`] and it never campaigns).
+    pub fn release(&mut self, now: MonotonicTime) {
         self.step_down(now);
         self.releasing = true;
         self.next_attempt = now;
@@ -896,6 +896,7 @@ impl Candidate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stage::AfterRelease;
 
     /// No stop under way.
     const RUN: Stage = Stage::Campaigning;
@@ -1197,7 +1198,7 @@ mod tests {
     fn a_follower_that_shuts_down_never_reports_stopped_leading_and_writes_nothing() {
         let mut c = after_first_read("b", held_by("a", "7", 3));
         assert_eq!(c.poll_action(T0, wall(), RUN), None);
-        c.release(T0, AfterRelease::Stop);
+        c.release(T0);
         assert_eq!(c.poll_action(T0, wall(), Stage::Releasing(AfterRelease::Stop)), None);
         assert!(c.has_released());
         assert!(events(&mut c).iter().all(|e| matches!(e, Event::LeaderObserved { .. })));
@@ -1226,7 +1227,7 @@ mod tests {
         c.on_write(T0, Ok(Version("1".into())), RUN);
         let resigning = Stage::Releasing(AfterRelease::Campaign);
         c.step_down(T0);
-        c.release(T0, AfterRelease::Campaign);
+        c.release(T0);
         assert!(matches!(c.poll_action(T0, wall(), resigning), Some(Action::Update { .. })), "the release");
         // The stop gives up on the release at its deadline; a second stop starts draining.
         let draining = Stage::Draining(AfterRelease::Campaign);

@@ -150,8 +150,8 @@ impl ElectionCore for RecordCore {
         self.candidate.step_down(now)
     }
 
-    fn release(&mut self, now: MonotonicTime, after: AfterRelease) {
-        self.candidate.release(now, after)
+    fn release(&mut self, now: MonotonicTime, _after: AfterRelease) {
+        self.candidate.release(now)
     }
 
     fn release_result(&self) -> Option<Result<(), ElectorError>> {

@@ -465,7 +465,7 @@ impl Bench {
     /// Resigns now: the stop's release stage (the tenure's guards are dropped at once).
     fn resign(&mut self) {
         self.cand.step_down(self.now);
-        self.cand.release(self.now, AfterRelease::Campaign);
+        self.cand.release(self.now);
         self.stage = Stage::Releasing(AfterRelease::Campaign);
     }
 }
