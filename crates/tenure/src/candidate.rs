@@ -930,6 +930,14 @@ mod tests {
         c
     }
 
+    /// `a`, which created the lock at `T0` and leads under term 1.
+    fn leading_from_t0() -> Candidate {
+        let mut c = after_first_read("a", None);
+        assert!(matches!(c.poll_action(T0, wall(), RUN), Some(Action::Create(_))));
+        c.on_write(T0, Ok(Version("1".into())), RUN);
+        c
+    }
+
     fn events(c: &mut Candidate) -> Vec<Event> {
         std::iter::from_fn(|| c.poll_event()).collect()
     }
@@ -1156,9 +1164,7 @@ mod tests {
     #[test]
     fn a_leader_never_backs_off_its_renews() {
         let timing = Timing::default();
-        let mut c = after_first_read("a", None);
-        assert!(matches!(c.poll_action(T0, wall(), RUN), Some(Action::Create(_))));
-        c.on_write(T0, Ok(Version("1".into())), RUN);
+        let mut c = leading_from_t0();
         let mut now = T0 + timing.retry_period;
         while c.is_leader(now).is_some() {
             let down = LockError::Unavailable("down".into());
@@ -1222,9 +1228,7 @@ mod tests {
     #[test]
     fn a_release_that_outlives_its_stop_never_makes_a_draining_candidate_campaign() {
         let timing = Timing::default();
-        let mut c = after_first_read("a", None);
-        assert!(matches!(c.poll_action(T0, wall(), RUN), Some(Action::Create(_))));
-        c.on_write(T0, Ok(Version("1".into())), RUN);
+        let mut c = leading_from_t0();
         let resigning = Stage::Releasing(AfterRelease::Campaign);
         c.step_down(T0);
         c.release(T0);
